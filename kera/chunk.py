@@ -1,0 +1,345 @@
+"""The chunk: a producer-built, checksummed, columnar batch of records for one streamlet.
+
+A chunk is the unit of append, replication and fetch. Brokers and backups read only its
+64-byte header; producers build its body with a handful of numpy/bytes calls and consumers
+read it back as numpy or pyarrow views, never paying a Python call per record unless asked.
+
+Layout (all integers little-endian, fixed width)::
+
+    header (64 bytes)
+      0  u16 magic 0x4B45 ("KE")      2  u8 version      3  u8 flags (bit 0: keys present)
+      4  u32 header_crc  CRC32C of bytes 8..64 (covers body_crc, so the two chain)
+      8  u32 body_crc    CRC32C of the body
+     12  u32 body_len
+     16  u64 producer_id      24 u64 sequence (dense per producer and streamlet)
+     32  u64 stream_id        40 u32 streamlet        44 u32 record_count
+     48  u32 group            52 u32 segment          56 u64 base_offset
+         (group/segment/base_offset are stamped by the broker on append; 0xFFFFFFFF / 2**64-1
+          until then. Stamping rewrites only the header CRC: the body CRC never changes.)
+    body, for n records
+      i64[n]    timestamps (microseconds since the epoch)
+      u32[n+1]  value offsets into the value bytes
+      u32[n+1]  key offsets into the key bytes           (only with keys)
+      bytes     value bytes
+      bytes     key bytes                                 (only with keys)
+      u8[n]     key is null (1) or present (0)            (only with keys)
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from typing import Iterator, NamedTuple, Sequence
+
+import crc32c as _crc32c
+import numpy as np
+
+from kera.errors import CorruptChunk, RecordTooLarge
+
+MAGIC = 0x4B45
+VERSION = 1
+FLAG_KEYS = 0x01
+HEADER = struct.Struct("<HBBIIIQQQIIIIQ")
+HEADER_SIZE = HEADER.size
+assert HEADER_SIZE == 64
+ATTRS = struct.Struct("<IIQ")  # group, segment, base_offset
+ATTRS_AT = 48
+UNSET_U32 = 0xFFFFFFFF
+UNSET_U64 = 0xFFFFFFFFFFFFFFFF
+# One chunk may not exceed this many bytes; it bounds what a producer may build and a
+# broker or backup must accept.
+MAX_CHUNK_BYTES = 64 * 1024 * 1024
+
+crc32c = _crc32c.crc32c
+
+
+class ChunkHeader(NamedTuple):
+    flags: int
+    header_crc: int
+    body_crc: int
+    body_len: int
+    producer_id: int
+    sequence: int
+    stream_id: int
+    streamlet: int
+    record_count: int
+    group: int
+    segment: int
+    base_offset: int
+
+    @property
+    def size(self) -> int:
+        return HEADER_SIZE + self.body_len
+
+    @property
+    def has_keys(self) -> bool:
+        return bool(self.flags & FLAG_KEYS)
+
+
+def read_header(buf) -> ChunkHeader:
+    """Parse and sanity-check the header; raises CorruptChunk on anything off."""
+    if len(buf) < HEADER_SIZE:
+        raise CorruptChunk(f"chunk of {len(buf)} bytes is shorter than its {HEADER_SIZE}-byte header")
+    (magic, version, flags, header_crc, body_crc, body_len, producer_id, sequence, stream_id,
+     streamlet, count, group, segment, base_offset) = HEADER.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise CorruptChunk(f"bad chunk magic 0x{magic:04x}")
+    if version != VERSION:
+        raise CorruptChunk(f"unsupported chunk version {version}")
+    if HEADER_SIZE + body_len > len(buf):
+        raise CorruptChunk(f"chunk body of {body_len} bytes is truncated to {len(buf) - HEADER_SIZE}")
+    if _fixed_columns_size(count, flags) > body_len:
+        raise CorruptChunk(f"{count} records cannot fit a {body_len}-byte body")
+    return ChunkHeader(flags, header_crc, body_crc, body_len, producer_id, sequence, stream_id,
+                       streamlet, count, group, segment, base_offset)
+
+
+def chunk_size(buf, at: int = 0) -> int:
+    """Total size of the chunk starting at `at`, from its header alone."""
+    return HEADER_SIZE + struct.unpack_from("<I", buf, at + 12)[0]
+
+
+def verify(buf) -> ChunkHeader:
+    """Check header sanity and both checksums; returns the header. The pair of checks a
+    receiver runs on every chunk before storing it."""
+    header = read_header(buf)
+    mv = memoryview(buf)
+    if crc32c(mv[8:HEADER_SIZE]) != header.header_crc:
+        raise CorruptChunk("chunk header checksum mismatch")
+    if crc32c(mv[HEADER_SIZE:HEADER_SIZE + header.body_len]) != header.body_crc:
+        raise CorruptChunk("chunk body checksum mismatch")
+    return header
+
+
+def stamp(buf, group: int, segment: int, base_offset: int) -> None:
+    """Write the broker's append attributes into a writable chunk buffer and re-seal the
+    header checksum (the body checksum is untouched)."""
+    ATTRS.pack_into(buf, ATTRS_AT, group, segment, base_offset)
+    struct.pack_into("<I", buf, 4, crc32c(memoryview(buf)[8:HEADER_SIZE]))
+
+
+def _fixed_columns_size(count: int, flags: int) -> int:
+    size = 8 * count + 4 * (count + 1)
+    if flags & FLAG_KEYS:
+        size += 4 * (count + 1) + count
+    return size
+
+
+# --------------------------------------------------------------------------- building
+
+def values_columns(values) -> tuple[object, np.ndarray]:
+    """(blob, u32 offsets[n+1]) for a batch of values, with O(1) Python calls.
+
+    Accepts a sequence of bytes-like, a pyarrow Binary/LargeBinary array, a numpy 'S' array
+    (trailing NUL bytes are not part of a value, as numpy itself reads them) or a 2-D uint8
+    array (each row one fixed-width value).
+    """
+    if isinstance(values, np.ndarray):
+        return _numpy_columns(values)
+    if hasattr(values, "buffers") and hasattr(values, "offset"):  # pyarrow array
+        return _arrow_columns(values)
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    blob = b"".join(values)
+    return blob, _as_u32_offsets(offsets)
+
+
+def _numpy_columns(values: np.ndarray):
+    n = values.shape[0]
+    if values.dtype == np.uint8 and values.ndim == 2:
+        width = values.shape[1]
+        offsets = np.arange(0, (n + 1) * width, width, dtype=np.int64)
+        return np.ascontiguousarray(values).tobytes(), _as_u32_offsets(offsets)
+    if values.dtype.kind == "S" and values.ndim == 1:
+        width = values.dtype.itemsize
+        lengths = np.char.str_len(values).astype(np.int64)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if n and lengths.min() == width:
+            return np.ascontiguousarray(values).tobytes(), _as_u32_offsets(offsets)
+        grid = np.ascontiguousarray(values).view(np.uint8).reshape(n, width)
+        mask = np.arange(width) < lengths[:, None]
+        return grid[mask].tobytes(), _as_u32_offsets(offsets)
+    raise TypeError(f"values array must be 1-D bytes ('S') or 2-D uint8, not {values.dtype} "
+                    f"with {values.ndim} dimensions")
+
+
+def _arrow_columns(array):
+    import pyarrow as pa
+
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if array.null_count:
+        raise TypeError("values may not be null")
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        array = array.cast(pa.large_binary() if pa.types.is_large_string(array.type) else pa.binary())
+    if pa.types.is_binary(array.type):
+        off_dtype = np.int32
+    elif pa.types.is_large_binary(array.type):
+        off_dtype = np.int64
+    else:
+        raise TypeError(f"values must be binary, not {array.type}")
+    _, off_buf, data_buf = array.buffers()
+    n = len(array)
+    offsets = np.frombuffer(off_buf, dtype=off_dtype, count=n + 1, offset=array.offset * off_dtype().itemsize)
+    offsets = offsets.astype(np.int64)
+    start, end = int(offsets[0]), int(offsets[-1])
+    blob = memoryview(data_buf)[start:end] if data_buf is not None else b""
+    return blob, _as_u32_offsets(offsets - start)
+
+
+def _as_u32_offsets(offsets: np.ndarray) -> np.ndarray:
+    if len(offsets) and offsets[-1] > MAX_CHUNK_BYTES:
+        raise RecordTooLarge(f"{int(offsets[-1])} bytes of values exceed the {MAX_CHUNK_BYTES}-byte chunk limit")
+    return offsets.astype("<u4")
+
+
+def encode(producer_id: int, sequence: int, stream_id: int, streamlet: int, values,
+           keys: Sequence[bytes | None] | None = None, timestamps=None) -> bytes:
+    """Build one chunk. `values` as for values_columns; `keys` a sequence of bytes or None
+    (same length as values) or None for no keys; `timestamps` None (now), an int (all the
+    same) or an int64 sequence, in microseconds."""
+    blob, offsets = values_columns(values)
+    return encode_columns(producer_id, sequence, stream_id, streamlet, blob, offsets, keys, timestamps)
+
+
+def encode_columns(producer_id: int, sequence: int, stream_id: int, streamlet: int, blob,
+                   offsets: np.ndarray, keys=None, timestamps=None) -> bytes:
+    n = len(offsets) - 1
+    ts = _timestamps_column(timestamps, n)
+    parts = [ts.tobytes(), offsets.tobytes()]
+    flags = 0
+    key_tail: list = []
+    if keys is not None and any(k is not None for k in keys):
+        if len(keys) != n:
+            raise ValueError(f"{len(keys)} keys for {n} values")
+        flags |= FLAG_KEYS
+        nulls = np.fromiter((k is None for k in keys), dtype=np.uint8, count=n)
+        present = [b"" if k is None else k for k in keys]
+        kblob, koffsets = values_columns(present)
+        parts.append(koffsets.tobytes())
+        key_tail = [kblob, nulls.tobytes()]
+    body = b"".join([*parts, blob, *key_tail])
+    if len(body) + HEADER_SIZE > MAX_CHUNK_BYTES:
+        raise RecordTooLarge(f"chunk of {len(body) + HEADER_SIZE} bytes exceeds {MAX_CHUNK_BYTES}")
+    return seal(flags, body, producer_id, sequence, stream_id, streamlet, n)
+
+
+def seal(flags: int, body: bytes, producer_id: int, sequence: int, stream_id: int,
+         streamlet: int, count: int) -> bytes:
+    header = bytearray(HEADER_SIZE)
+    HEADER.pack_into(header, 0, MAGIC, VERSION, flags, 0, crc32c(body), len(body), producer_id,
+                     sequence, stream_id, streamlet, count, UNSET_U32, UNSET_U32, UNSET_U64)
+    struct.pack_into("<I", header, 4, crc32c(memoryview(header)[8:]))
+    return bytes(header) + body
+
+
+def reseal(chunk, producer_id: int, sequence: int) -> bytes:
+    """A copy of `chunk` with a new producer identity (header CRC recomputed)."""
+    buf = bytearray(chunk)
+    struct.pack_into("<QQ", buf, 16, producer_id, sequence)
+    struct.pack_into("<I", buf, 4, crc32c(memoryview(buf)[8:HEADER_SIZE]))
+    return bytes(buf)
+
+
+def _timestamps_column(timestamps, n: int) -> np.ndarray:
+    if timestamps is None:
+        return np.full(n, time.time_ns() // 1000, dtype="<i8")
+    if isinstance(timestamps, (int, np.integer)):
+        return np.full(n, int(timestamps), dtype="<i8")
+    ts = np.asarray(timestamps, dtype="<i8")
+    if ts.shape != (n,):
+        raise ValueError(f"{ts.shape[0] if ts.ndim else 1} timestamps for {n} values")
+    return ts
+
+
+# --------------------------------------------------------------------------- reading
+
+class Chunk:
+    """A decoded view over one chunk's bytes: numpy columns without copying."""
+
+    __slots__ = ("buf", "header", "timestamps", "value_offsets", "key_offsets", "_values_at",
+                 "_keys_at", "_nulls_at")
+
+    def __init__(self, buf, check: bool = True):
+        self.buf = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
+        h = verify(self.buf) if check else read_header(self.buf)
+        self.header = h
+        n = h.record_count
+        base = HEADER_SIZE
+        self.timestamps = np.frombuffer(self.buf, dtype="<i8", count=n, offset=base)
+        base += 8 * n
+        self.value_offsets = np.frombuffer(self.buf, dtype="<u4", count=n + 1, offset=base)
+        base += 4 * (n + 1)
+        self.key_offsets = None
+        if h.has_keys:
+            self.key_offsets = np.frombuffer(self.buf, dtype="<u4", count=n + 1, offset=base)
+            base += 4 * (n + 1)
+        self._values_at = base
+        values_len = int(self.value_offsets[-1]) if n >= 0 else 0
+        self._keys_at = base + values_len
+        end = HEADER_SIZE + h.body_len
+        if self.key_offsets is not None:
+            self._nulls_at = self._keys_at + int(self.key_offsets[-1])
+            tail = self._nulls_at + n
+        else:
+            self._nulls_at = -1
+            tail = self._keys_at
+        if tail != end or not _monotonic(self.value_offsets) or (
+                self.key_offsets is not None and not _monotonic(self.key_offsets)):
+            raise CorruptChunk("chunk columns do not match its body length")
+
+    def __len__(self) -> int:
+        return self.header.record_count
+
+    @property
+    def values_blob(self) -> memoryview:
+        return self.buf[self._values_at:self._keys_at]
+
+    @property
+    def key_nulls(self) -> np.ndarray | None:
+        if self.key_offsets is None:
+            return None
+        return np.frombuffer(self.buf, dtype=np.uint8, count=len(self), offset=self._nulls_at)
+
+    def values(self) -> list[bytes]:
+        blob = bytes(self.values_blob)
+        off = self.value_offsets.tolist()
+        return [blob[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+
+    def keys(self) -> list[bytes | None]:
+        n = len(self)
+        if self.key_offsets is None:
+            return [None] * n
+        blob = bytes(self.buf[self._keys_at:self._nulls_at])
+        off = self.key_offsets.tolist()
+        nulls = self.key_nulls.tolist()
+        return [None if nulls[i] else blob[off[i]:off[i + 1]] for i in range(n)]
+
+    def records(self) -> Iterator[tuple[bytes | None, bytes, int]]:
+        return zip(self.keys(), self.values(), self.timestamps.tolist())
+
+    def to_arrow(self):
+        """A pyarrow RecordBatch (key binary, value binary, timestamp int64 µs), zero-copy
+        over the chunk's buffer except for the offsets' widening."""
+        import pyarrow as pa
+
+        n = len(self)
+        buf = pa.py_buffer(self.buf)
+        values = pa.Array.from_buffers(
+            pa.binary(), n, [None, pa.py_buffer(self.value_offsets.astype(np.int32)),
+                             buf.slice(self._values_at, self._keys_at - self._values_at)])
+        if self.key_offsets is None:
+            keys = pa.nulls(n, pa.binary())
+        else:
+            valid = np.packbits(self.key_nulls == 0, bitorder="little")
+            keys = pa.Array.from_buffers(
+                pa.binary(), n, [pa.py_buffer(valid), pa.py_buffer(self.key_offsets.astype(np.int32)),
+                                 buf.slice(self._keys_at, self._nulls_at - self._keys_at)])
+        ts = pa.Array.from_buffers(pa.int64(), n, [None, buf.slice(HEADER_SIZE, 8 * n)])
+        return pa.RecordBatch.from_arrays([keys, values, ts], names=["key", "value", "timestamp"])
+
+
+def _monotonic(offsets: np.ndarray) -> bool:
+    return bool(offsets[0] == 0 and (len(offsets) < 2 or (np.diff(offsets.astype(np.int64)) >= 0).all()))

@@ -1,0 +1,40 @@
+"""Defaults shared by daemons and clients; every bound has a name with its unit."""
+
+KiB = 1024
+MiB = 1024 * KiB
+
+# Stream layout
+DEFAULT_STREAMLETS = 1
+DEFAULT_ACTIVE_GROUPS = 1          # Q: groups of a streamlet open to appends at once
+DEFAULT_GROUP_SEGMENTS = 16        # G: segments in a group before it closes
+DEFAULT_SEGMENT_SIZE_BYTES = 8 * MiB
+DEFAULT_REPLICATION = 1            # R: copies of each chunk (broker + R-1 backups)
+DURABILITY_MEMORY = "memory"       # backup acks once the replica is in its memory
+DURABILITY_DISK = "disk"           # backup acks once the replica is fsynced
+DEFAULT_DURABILITY = DURABILITY_MEMORY
+
+# Broker
+DEFAULT_VIRTUAL_LOGS = 1           # V: shared virtual logs per broker (replication capacity)
+DEFAULT_VIRTUAL_SEGMENT_BYTES = 8 * MiB
+REPLICATION_TIMEOUT_S = 2.0        # a backup slower than this is replaced for the open segment
+REPLICATION_IN_FLIGHT_MAX = 1      # replication writes in flight per virtual log
+PRODUCER_TABLE_MAX = 100_000       # (producer, streamlet) entries kept for duplicate detection
+
+# Producer
+DEFAULT_CHUNK_SIZE_BYTES = 16 * KiB
+DEFAULT_LINGER_MS = 5
+DEFAULT_REQUEST_SIZE_BYTES = 1 * MiB
+DEFAULT_IN_FLIGHT_PER_BROKER = 4
+DEFAULT_BUFFER_BYTES = 64 * MiB
+DEFAULT_MAX_RECORD_BYTES = 4 * MiB
+DEFAULT_SEND_TIMEOUT_S = 30.0
+DEFAULT_REQUEST_TIMEOUT_S = 10.0
+
+# Consumer
+DEFAULT_CACHE_CHUNKS_MAX = 256
+DEFAULT_FETCH_MAX_BYTES = 4 * MiB  # per broker request
+DEFAULT_FETCH_WAIT_MS = 5          # idle back-off when a fetch returns nothing
+
+# Coordinator
+HEARTBEAT_INTERVAL_S = 0.1
+HEARTBEAT_MISSED_MAX = 20          # a daemon silent this many intervals is declared dead

@@ -1,0 +1,112 @@
+"""Every error kera reports, local or remote, with a wire code and whether a retry may help.
+
+Errors are classified once, at the boundary: a daemon turns any KeraError into an error reply
+(`code`, `message`, `retriable`) and a client turns that reply back into the same class.
+"""
+
+from __future__ import annotations
+
+
+class KeraError(Exception):
+    code = "internal"
+    retriable = False
+
+    def __init__(self, message: str = "", *, retriable: bool | None = None):
+        super().__init__(message or self.__class__.__doc__ or self.code)
+        if retriable is not None:
+            self.retriable = retriable
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class BadRequest(KeraError):
+    """The request is malformed: a missing or mistyped field, a bad frame count."""
+    code = "bad_request"
+
+
+class CorruptChunk(BadRequest):
+    """A chunk failed its checksum or its layout check."""
+    code = "corrupt_chunk"
+
+
+class RecordTooLarge(KeraError):
+    """A record or chunk exceeds the configured limit."""
+    code = "record_too_large"
+
+
+class UnknownStream(KeraError):
+    """No stream by that name or id."""
+    code = "unknown_stream"
+
+
+class StreamExists(KeraError):
+    """A stream by that name already exists."""
+    code = "stream_exists"
+
+
+class NotOwner(KeraError):
+    """This broker does not own that streamlet (any longer); refresh metadata and retry."""
+    code = "not_owner"
+    retriable = True
+
+
+class SequenceGap(KeraError):
+    """A chunk's sequence skips ahead of what the broker holds; resend the missing ones."""
+    code = "sequence_gap"
+    retriable = True
+
+
+class NotReady(KeraError):
+    """The daemon cannot serve this yet (no backups, stream being created, recovering)."""
+    code = "not_ready"
+    retriable = True
+
+
+class Throttled(KeraError):
+    """The daemon is out of buffer space; slow down and retry."""
+    code = "throttled"
+    retriable = True
+
+
+class OffsetOutOfRange(KeraError):
+    """The requested position is no longer (or not yet) available."""
+    code = "offset_out_of_range"
+
+
+class Timeout(KeraError):
+    """No answer within the timeout."""
+    code = "timeout"
+    retriable = True
+
+
+class ClientClosed(KeraError):
+    """The client was closed."""
+    code = "closed"
+
+
+class ReplicationFailed(KeraError):
+    """The data could not be stored on enough copies."""
+    code = "replication_failed"
+    retriable = True
+
+
+class StorageError(KeraError):
+    """A disk operation failed (full disk, I/O error)."""
+    code = "storage_error"
+    retriable = True
+
+
+_BY_CODE = {cls.code: cls for cls in (
+    KeraError, BadRequest, CorruptChunk, RecordTooLarge, UnknownStream, StreamExists, NotOwner,
+    SequenceGap, NotReady, Throttled, OffsetOutOfRange, Timeout, ClientClosed,
+    ReplicationFailed, StorageError)}
+
+
+def from_reply(code: str, message: str, retriable: bool) -> KeraError:
+    cls = _BY_CODE.get(code, KeraError)
+    err = cls(message, retriable=retriable)
+    if cls is KeraError:
+        err.code = code
+    return err

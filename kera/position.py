@@ -1,0 +1,28 @@
+"""Where a reader is: exact and resumable."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Position(NamedTuple):
+    """The next record to read in one group: resuming here yields no gap and no duplicate.
+
+    A consumer's positions for a streamlet list every group from the lowest unfinished one up:
+    groups below the lowest listed are finished, groups above the highest listed start at 0.
+    """
+
+    stream: str
+    streamlet: int
+    group: int
+    offset: int
+
+
+class Record(NamedTuple):
+    key: bytes | None
+    value: bytes
+    timestamp: int  # microseconds since the epoch
+    stream: str
+    streamlet: int
+    group: int
+    offset: int

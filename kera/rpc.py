@@ -1,0 +1,92 @@
+"""Client side of the wire: one DEALER connection to one daemon, with timeouts on every wait.
+
+A Connection belongs to one thread (zmq sockets are not thread-safe). `call` is a blocking
+request/reply; `send` + `recv` let a caller keep a window of requests in flight and match the
+replies by id.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import zmq
+
+from kera import wire
+from kera.errors import ClientClosed, Timeout
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+def context() -> zmq.Context:
+    return zmq.Context.instance()
+
+
+class Connection:
+    def __init__(self, address: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 ctx: zmq.Context | None = None):
+        self.address = address
+        self.timeout_s = timeout_s
+        self.sock = (ctx or context()).socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        # Queue nothing for a peer that is not connected: a send to a dead daemon waits for
+        # POLLOUT and times out, instead of piling up messages delivered after a restart.
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)
+        self.sock.setsockopt(zmq.RCVHWM, 10_000)
+        self.sock.setsockopt(zmq.SNDHWM, 10_000)
+        self.sock.connect(f"tcp://{address}")
+        self._ids = itertools.count(int.from_bytes(os.urandom(3), "little") << 16)
+        self._closed = False
+
+    def send(self, op: str, fields: dict | None = None, frames=(), timeout_s: float | None = None) -> int:
+        """Send one request; returns its id. Raises Timeout if the daemon cannot take it."""
+        if self._closed:
+            raise ClientClosed(f"connection to {self.address} is closed")
+        req_id = next(self._ids)
+        wait_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
+        if not self.sock.poll(wait_ms, zmq.POLLOUT):
+            raise Timeout(f"{self.address} is not accepting requests ({op}) after {wait_ms} ms")
+        msg = [wire.request(op, req_id, fields), *frames]
+        self.sock.send_multipart(msg, copy=False, flags=zmq.NOBLOCK)
+        return req_id
+
+    def recv(self, timeout_s: float | None = None) -> tuple[dict, list]:
+        """The next reply (header, payload frames), or Timeout."""
+        wait_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
+        if not self.sock.poll(wait_ms, zmq.POLLIN):
+            raise Timeout(f"no reply from {self.address} within {wait_ms} ms")
+        parts = self.sock.recv_multipart(copy=False)
+        return wire.unpack_header(parts[0].buffer), parts[1:]
+
+    def call(self, op: str, fields: dict | None = None, frames=(), timeout_s: float | None = None
+             ) -> tuple[dict, list]:
+        """Request and wait for its reply; raises the KeraError an error reply carries."""
+        budget = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + budget
+        req_id = self.send(op, fields, frames, budget)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Timeout(f"no reply from {self.address} to {op} within {budget:.1f} s")
+            header, payload = self.recv(left)
+            if header.get("id") == req_id:
+                return wire.raise_for_reply(header), payload
+            # A late reply to an earlier request that timed out: drop it.
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.sock.close(linger=0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def call(address: str, op: str, fields: dict | None = None, frames=(), timeout_s: float = DEFAULT_TIMEOUT_S):
+    """One-shot request on a fresh connection."""
+    with Connection(address, timeout_s=timeout_s) as conn:
+        return conn.call(op, fields, frames)

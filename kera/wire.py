@@ -1,0 +1,121 @@
+"""Wire messages: `[header, *payload]`, header a msgpack map, payload raw chunk frames.
+
+Requests carry `v` (protocol version), `op` and `id`; replies echo `id` and carry `ok`. An error
+reply carries `code`, `message` and `retriable`. Every field read from the network goes through
+`Fields`, which raises BadRequest for anything missing, mistyped or out of range.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from kera.errors import BadRequest, KeraError, from_reply
+
+PROTOCOL_VERSION = 1
+MAX_HEADER_BYTES = 4 * 1024 * 1024
+MAX_FRAMES = 8192
+# zmq drops (disconnects) a peer that sends a single frame larger than this.
+MAX_FRAME_BYTES = 128 * 1024 * 1024
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def pack(obj: dict) -> bytes:
+    return _packer.pack(obj)
+
+
+def unpack_header(frame) -> dict:
+    if len(frame) > MAX_HEADER_BYTES:
+        raise BadRequest(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=False, max_buffer_size=MAX_HEADER_BYTES)
+    except Exception as exc:  # msgpack raises several unrelated types for garbage input
+        raise BadRequest(f"header is not valid msgpack: {exc.__class__.__name__}") from None
+    if not isinstance(obj, dict):
+        raise BadRequest("header is not a map")
+    return obj
+
+
+def request(op: str, req_id: int, fields: dict | None = None) -> bytes:
+    header = {"v": PROTOCOL_VERSION, "op": op, "id": req_id}
+    if fields:
+        header.update(fields)
+    return pack(header)
+
+
+def ok_reply(req_id: Any, fields: dict | None = None) -> bytes:
+    header = {"v": PROTOCOL_VERSION, "id": req_id, "ok": True}
+    if fields:
+        header.update(fields)
+    return pack(header)
+
+
+def error_reply(req_id: Any, err: KeraError) -> bytes:
+    return pack({"v": PROTOCOL_VERSION, "id": req_id, "ok": False, "code": err.code,
+                 "message": err.message, "retriable": err.retriable})
+
+
+def raise_for_reply(header: dict) -> dict:
+    """Return the reply header, or raise the KeraError it carries."""
+    if header.get("ok") is True:
+        return header
+    raise from_reply(str(header.get("code", "internal")), str(header.get("message", "")),
+                     bool(header.get("retriable", False)))
+
+
+class Fields:
+    """Typed access to a decoded header; every accessor raises BadRequest when off."""
+
+    __slots__ = ("h",)
+
+    def __init__(self, header: dict):
+        self.h = header
+
+    def get(self, name: str, kind, default: Any = ..., *, lo: int | None = None,
+            hi: int | None = None):
+        if name not in self.h:
+            if default is ...:
+                raise BadRequest(f"missing field '{name}'")
+            return default
+        value = self.h[name]
+        if kind is int:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise BadRequest(f"field '{name}' must be an integer")
+            if (lo is not None and value < lo) or (hi is not None and value > hi):
+                raise BadRequest(f"field '{name}'={value} is outside [{lo}, {hi}]")
+        elif kind is str:
+            if not isinstance(value, str) or (hi is not None and len(value) > hi):
+                raise BadRequest(f"field '{name}' must be a string" + (f" of at most {hi} characters" if hi else ""))
+        elif not isinstance(value, kind):
+            raise BadRequest(f"field '{name}' must be {getattr(kind, '__name__', kind)}")
+        return value
+
+    def int(self, name: str, default: Any = ..., lo: int | None = 0, hi: int | None = 2**64 - 1):
+        return self.get(name, int, default, lo=lo, hi=hi)
+
+    def str(self, name: str, default: Any = ..., hi: int = 1024):
+        return self.get(name, str, default, hi=hi)
+
+    def bool(self, name: str, default: Any = ...):
+        return self.get(name, bool, default)
+
+    def list(self, name: str, default: Any = ..., max_len: int = MAX_FRAMES):
+        value = self.get(name, list, default)
+        if value is not None and len(value) > max_len:
+            raise BadRequest(f"field '{name}' has {len(value)} entries, more than {max_len}")
+        return value
+
+    def dict(self, name: str, default: Any = ...):
+        return self.get(name, dict, default)
+
+
+def int_list(value, name: str, length: int | None = None, lo: int = 0, hi: int = 2**64 - 1) -> list[int]:
+    """Validate a list of ints taken from a header."""
+    if not isinstance(value, list) or (length is not None and len(value) != length):
+        raise BadRequest(f"'{name}' must be a list" + (f" of {length} integers" if length is not None else ""))
+    for item in value:
+        if not isinstance(item, int) or isinstance(item, bool) or not lo <= item <= hi:
+            raise BadRequest(f"'{name}' holds {item!r}, not an integer in [{lo}, {hi}]")
+    return value
