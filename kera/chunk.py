@@ -8,7 +8,7 @@ Layout (all integers little-endian, fixed width)::
 
     header (64 bytes)
       0  u16 magic 0x4B45 ("KE")      2  u8 version      3  u8 flags (bit 0: keys present)
-      4  u32 header_crc  CRC32C of bytes 8..64 (covers body_crc, so the two chain)
+      4  u32 header_crc  CRC32C of bytes 0..4 then 8..64 (covers body_crc, so the two chain)
       8  u32 body_crc    CRC32C of the body
      12  u32 body_len
      16  u64 producer_id      24 u64 sequence (dense per producer and streamlet)
@@ -104,7 +104,7 @@ def verify(buf) -> ChunkHeader:
     receiver runs on every chunk before storing it."""
     header = read_header(buf)
     mv = memoryview(buf)
-    if crc32c(mv[8:HEADER_SIZE]) != header.header_crc:
+    if header_crc(mv) != header.header_crc:
         raise CorruptChunk("chunk header checksum mismatch")
     if crc32c(mv[HEADER_SIZE:HEADER_SIZE + header.body_len]) != header.body_crc:
         raise CorruptChunk("chunk body checksum mismatch")
@@ -115,7 +115,13 @@ def stamp(buf, group: int, segment: int, base_offset: int) -> None:
     """Write the broker's append attributes into a writable chunk buffer and re-seal the
     header checksum (the body checksum is untouched)."""
     ATTRS.pack_into(buf, ATTRS_AT, group, segment, base_offset)
-    struct.pack_into("<I", buf, 4, crc32c(memoryview(buf)[8:HEADER_SIZE]))
+    struct.pack_into("<I", buf, 4, header_crc(buf))
+
+
+def header_crc(buf) -> int:
+    """The header checksum: every header byte but the checksum field itself."""
+    mv = memoryview(buf)
+    return crc32c(mv[8:HEADER_SIZE], crc32c(mv[0:4]))
 
 
 def _fixed_columns_size(count: int, flags: int) -> int:
@@ -211,12 +217,19 @@ def encode_columns(producer_id: int, sequence: int, stream_id: int, streamlet: i
     parts = [ts.tobytes(), offsets.tobytes()]
     flags = 0
     key_tail: list = []
-    if keys is not None and any(k is not None for k in keys):
+    if keys is not None:
+        keys = keys if isinstance(keys, list) else list(keys)
+        nones = keys.count(None)  # C speed: the common all-present case skips per-key Python
+    if keys is not None and nones < len(keys):
         if len(keys) != n:
             raise ValueError(f"{len(keys)} keys for {n} values")
         flags |= FLAG_KEYS
-        nulls = np.fromiter((k is None for k in keys), dtype=np.uint8, count=n)
-        present = [b"" if k is None else k for k in keys]
+        if nones:
+            nulls = np.fromiter((k is None for k in keys), dtype=np.uint8, count=n)
+            present = [b"" if k is None else k for k in keys]
+        else:
+            nulls = np.zeros(n, dtype=np.uint8)
+            present = keys
         kblob, koffsets = values_columns(present)
         parts.append(koffsets.tobytes())
         key_tail = [kblob, nulls.tobytes()]
@@ -231,7 +244,7 @@ def seal(flags: int, body: bytes, producer_id: int, sequence: int, stream_id: in
     header = bytearray(HEADER_SIZE)
     HEADER.pack_into(header, 0, MAGIC, VERSION, flags, 0, crc32c(body), len(body), producer_id,
                      sequence, stream_id, streamlet, count, UNSET_U32, UNSET_U32, UNSET_U64)
-    struct.pack_into("<I", header, 4, crc32c(memoryview(header)[8:]))
+    struct.pack_into("<I", header, 4, header_crc(header))
     return bytes(header) + body
 
 
@@ -239,7 +252,7 @@ def reseal(chunk, producer_id: int, sequence: int) -> bytes:
     """A copy of `chunk` with a new producer identity (header CRC recomputed)."""
     buf = bytearray(chunk)
     struct.pack_into("<QQ", buf, 16, producer_id, sequence)
-    struct.pack_into("<I", buf, 4, crc32c(memoryview(buf)[8:HEADER_SIZE]))
+    struct.pack_into("<I", buf, 4, header_crc(buf))
     return bytes(buf)
 
 

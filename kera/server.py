@@ -9,6 +9,7 @@ boundary: a KeraError becomes an error reply, any other exception is logged and 
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
@@ -53,6 +54,9 @@ class Peer:
         self.sock.connect(f"tcp://{address}")
         self._ids = itertools.count(int.from_bytes(os.urandom(3), "little") << 16)
         self.pending: dict[int, tuple[float, Callable]] = {}
+        # Messages the socket would not take yet (not connected: IMMEDIATE refuses to queue);
+        # retried on every loop turn until sent or their request's deadline passes.
+        self.unsent: collections.deque = collections.deque()
 
     def request(self, op: str, fields: dict | None, frames, timeout_s: float,
                 callback: Callable[[dict | None, list | None, KeraError | None], None]) -> int:
@@ -60,12 +64,21 @@ class Peer:
         an error reply (error set), or on timeout."""
         req_id = next(self._ids)
         self.pending[req_id] = (time.monotonic() + timeout_s, callback)
-        try:
-            self.sock.send_multipart([wire.request(op, req_id, fields), *frames], copy=False,
-                                     flags=zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # not connected: the deadline check reports the timeout
+        self.unsent.append((req_id, [wire.request(op, req_id, fields), *frames]))
+        self.send_unsent()
         return req_id
+
+    def send_unsent(self) -> None:
+        while self.unsent:
+            req_id, parts = self.unsent[0]
+            if req_id not in self.pending:  # timed out before it could be sent
+                self.unsent.popleft()
+                continue
+            try:
+                self.sock.send_multipart(parts, copy=False, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return  # not connected yet, or queue full: next loop turn
+            self.unsent.popleft()
 
     def on_readable(self) -> None:
         for _ in range(MAX_BATCH_MESSAGES):
@@ -91,17 +104,21 @@ class Peer:
                     callback(None, None, err)
 
     def expire(self, now: float) -> None:
+        self.send_unsent()
         if not self.pending:
             return
         late = [rid for rid, (deadline, _) in self.pending.items() if deadline <= now]
         for rid in late:
             _, callback = self.pending.pop(rid)
             callback(None, None, Timeout(f"no reply from {self.address}"))
+        if not self.pending:
+            self.unsent.clear()
 
     def close(self) -> None:
         for _, callback in self.pending.values():
             callback(None, None, Timeout(f"connection to {self.address} closed"))
         self.pending.clear()
+        self.unsent.clear()
         self.sock.close(linger=0)
 
 
@@ -183,6 +200,8 @@ class Server:
         wait = max_wait_s
         if self._timers:
             wait = max(0.0, min(wait, self._timers[0][0] - now))
+        if any(peer.unsent for peer in self.peers.values()):
+            wait = min(wait, 0.002)  # a connection is coming up: retry its first sends soon
         events = dict(self.poller.poll(int(wait * 1000)))
         if self.router in events:
             self._drain_router()

@@ -30,7 +30,7 @@ def unpack_header(frame) -> dict:
     if len(frame) > MAX_HEADER_BYTES:
         raise BadRequest(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
     try:
-        obj = msgpack.unpackb(frame, raw=False, strict_map_key=False, max_buffer_size=MAX_HEADER_BYTES)
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types for garbage input
         raise BadRequest(f"header is not valid msgpack: {exc.__class__.__name__}") from None
     if not isinstance(obj, dict):

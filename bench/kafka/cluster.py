@@ -260,8 +260,8 @@ class KafkaCluster:
         return ",".join(f"127.0.0.1:{n.broker_port}" for n in self.nodes)
 
     def start(self) -> "KafkaCluster":
-        if self.nodes:
-            raise KafkaClusterError("cluster already started")
+        if any(n.process is not None and n.process.poll() is None for n in self.nodes):
+            raise KafkaClusterError("cluster already running")
         self.ensure_jars()
         self.nodes = self._plan_nodes()
         _LIVE_CLUSTERS.add(self)
@@ -438,7 +438,7 @@ class KafkaCluster:
     def _wait_for(self, condition, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while True:
-            self._check_alive()
+            self.check_alive()
             if condition():
                 return
             if time.monotonic() >= deadline:
@@ -447,7 +447,8 @@ class KafkaCluster:
                     f"(bootstrap {self.bootstrap})\n{self._failure_report()}")
             time.sleep(0.25)
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        """Raise KafkaClusterError (with log tails) if any node has exited."""
         dead = [n for n in self.nodes if n.process is not None and n.process.poll() is not None]
         if dead:
             raise KafkaClusterError(
@@ -502,6 +503,23 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        _serve(args)
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+    except KafkaClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> None:
+    """Start the cluster, print its bootstrap, block until interrupted.
+
+    The ExitStack stops the brokers (and removes a temporary work dir) however
+    this returns, including on Ctrl-C at any point.
+    """
     with contextlib.ExitStack() as stack:
         work_dir = args.work_dir or Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="kera-kafka-")))
@@ -518,25 +536,15 @@ def main(argv: list[str] | None = None) -> int:
             cluster.create_topic(name, int(parts or 1), replication=args.brokers)
         print(f"jars ready in {t1 - t0:.1f}s, cluster started in {t2 - t1:.1f}s",
               file=sys.stderr)
-        print(f"work dir: {work_dir}", file=sys.stderr)
+        print(f"work dir: {work_dir}  (Ctrl-C to stop)", file=sys.stderr)
         print(cluster.bootstrap, flush=True)
-        _wait_for_interrupt(cluster)
-    return 0
+        while True:  # until Ctrl-C / SIGTERM; fail loudly if a broker dies
+            cluster.check_alive()
+            time.sleep(1)
 
 
 def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
-
-
-def _wait_for_interrupt(cluster: KafkaCluster) -> None:
-    """Block until Ctrl-C / SIGTERM, failing loudly if a broker dies."""
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        while True:
-            cluster._check_alive()
-            time.sleep(1)
-    except KeyboardInterrupt:
-        print("stopping...", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,4 @@ if str(REPO_ROOT) not in sys.path:  # make `bench` importable under any rootdir
     sys.path.insert(0, str(REPO_ROOT))
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "kafka: runs a real Apache Kafka broker (JVM; Maven fetches jars on first run)")
+# The `kafka` marker is registered in pyproject.toml ([tool.pytest.ini_options]).

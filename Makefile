@@ -1,0 +1,27 @@
+# Fresh machine: `make demo` sets up and runs the main job; `make test` sets up and runs the tests.
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+STAMP := .venv-stamp
+
+.PHONY: setup demo test test-fast bench clean
+
+$(STAMP): pyproject.toml
+	$(PIP) install --quiet --disable-pip-version-check -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PYTHON) -m kera.demo --records 1000000
+
+test: setup
+	$(PYTHON) -m pytest tests -q
+
+test-fast: setup
+	$(PYTHON) -m pytest tests -q -m "not kafka and not spark and not slow"
+
+bench: setup
+	$(PYTHON) -m pytest bench -q --benchmark-enable -p no:randomly
+
+clean:
+	rm -rf $(STAMP) build dist *.egg-info .pytest_cache

@@ -1,0 +1,161 @@
+"""Replica files: the blocking file I/O, run only by the flusher and reader threads and at startup.
+
+Layout under the data dir: `<broker_id>/<vlog:04d>-<vseg:012d>.seg` holds the replica's chunks
+back to back, exactly the bytes the store holds in memory; `<…>.meta` next to it is the commit
+record (kera.backup.meta): only its `length` bytes of the `.seg` file count. Zero-padded names
+make `ls` list a broker's replicas in log order.
+
+Write order of a flush: chunk bytes at their offset, fdatasync, then the metadata record to a
+temporary name, fsync, rename over the old one, fsync the directory. A crash at any point leaves
+the previous record, which names only bytes that were synced before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from kera import chunk
+from kera.errors import CorruptChunk
+
+from kera.backup import meta as meta_codec
+from kera.backup.meta import Meta
+from kera.backup.replica import Key
+from kera.backup.store import DiskRead, FlushJob
+
+log = logging.getLogger(__name__)
+
+IOV_MAX = 1024  # buffers per pwritev call (the Linux limit)
+
+
+def base_name(key: Key) -> str:
+    return f"{key[1]:04d}-{key[2]:012d}"
+
+
+def segment_path(root: Path, key: Key) -> Path:
+    return root / str(key[0]) / f"{base_name(key)}.seg"
+
+
+def meta_path(root: Path, key: Key) -> Path:
+    return root / str(key[0]) / f"{base_name(key)}.meta"
+
+
+# --------------------------------------------------------------------------- writing
+
+def flush(root: Path, job: FlushJob) -> None:
+    """Run one flush job; raises OSError (full disk, I/O error, bad directory) to the caller."""
+    directory = root / str(job.key[0])
+    if not directory.is_dir():
+        directory.mkdir(parents=True, exist_ok=True)
+        _fsync_dir(root)
+    fd = os.open(segment_path(root, job.key), os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        _pwrite_all(fd, job.buffers, job.offset)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    write_meta(root, job.meta)
+
+
+def _pwrite_all(fd: int, buffers, offset: int) -> None:
+    pending = [b for b in buffers if len(b)]
+    while pending:
+        batch = pending[:IOV_MAX]
+        written = os.pwritev(fd, batch, offset)
+        offset += written
+        # Drop what was written; a short write leaves the tail of one buffer to go again.
+        consumed = 0
+        while consumed < len(batch) and written >= len(batch[consumed]):
+            written -= len(batch[consumed])
+            consumed += 1
+        rest = pending[consumed:]
+        if written:
+            rest[0] = rest[0][written:]
+        pending = rest
+
+
+def write_meta(root: Path, meta: Meta) -> None:
+    key = (meta.broker_id, meta.vlog, meta.vseg)
+    final = meta_path(root, key)
+    temp = final.with_suffix(".meta.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        data = meta_codec.encode(meta)
+        if os.write(fd, data) != len(data):
+            raise OSError(f"short write of {temp}")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temp, final)
+    _fsync_dir(final.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- reading
+
+def read_meta(path: Path) -> Meta:
+    with open(path, "rb") as f:
+        return meta_codec.decode(f.read(meta_codec.SIZE + 1))
+
+
+def scan(root: Path) -> list[Meta]:
+    """Every replica recorded under `root` whose metadata record and file check out; anything
+    else is logged and skipped (never deleted: an operator may want to look at it)."""
+    found: list[Meta] = []
+    if not root.is_dir():
+        return found
+    for directory in sorted(root.iterdir()):
+        if not directory.is_dir() or not directory.name.isdigit():
+            continue
+        for path in sorted(directory.glob("*.meta")):
+            try:
+                record = read_meta(path)
+                key = (record.broker_id, record.vlog, record.vseg)
+                if meta_path(root, key) != path:
+                    raise meta_codec.CorruptMeta(f"record names {key}, not this file")
+                size = segment_path(root, key).stat().st_size
+                if size < record.length:
+                    raise meta_codec.CorruptMeta(f"segment file holds {size} of {record.length} bytes")
+            except (OSError, meta_codec.CorruptMeta) as err:
+                log.error("skipping replica record %s: %s", path, err)
+                continue
+            found.append(record)
+    return found
+
+
+def read_chunks(root: Path, job: DiskRead) -> list[memoryview]:
+    """Whole chunks of the replica file from `job.offset`, verified again on the way out."""
+    with open(segment_path(root, job.key), "rb", buffering=0) as f:
+        first = os.pread(f.fileno(), chunk.HEADER_SIZE, job.offset)
+        if len(first) < chunk.HEADER_SIZE or job.offset + chunk.HEADER_SIZE > job.limit:
+            raise CorruptChunk(f"no chunk header at byte {job.offset} of {base_name(job.key)}")
+        want = max(job.max_bytes, chunk.chunk_size(first))
+        size = min(want, job.limit - job.offset)
+        data = memoryview(os.pread(f.fileno(), size, job.offset))
+    if len(data) < size:
+        raise CorruptChunk(f"{base_name(job.key)} is shorter than its metadata record says")
+    chunks: list[memoryview] = []
+    at = 0
+    while at + chunk.HEADER_SIZE <= len(data):
+        end = at + chunk.chunk_size(data, at)
+        if end > len(data):
+            break  # the next chunk does not fit in max_bytes (or is cut by the limit)
+        try:
+            chunk.verify(data[at:end])
+        except CorruptChunk as err:
+            raise CorruptChunk(f"{base_name(job.key)} byte {job.offset + at}: {err.message} "
+                               f"(not a chunk boundary, or the file is damaged)") from None
+        chunks.append(data[at:end])
+        at = end
+    if not chunks:
+        raise CorruptChunk(f"{base_name(job.key)}: the chunk at byte {job.offset} runs past "
+                           f"the replica's {job.limit} bytes")
+    return chunks

@@ -1,0 +1,113 @@
+"""Staying registered with the coordinator: register until it answers, then heartbeat.
+
+Runs on the server loop through a kera.server.Peer: one request in flight at a time, each with a
+timeout, so a dead or slow coordinator never blocks the loop; the daemon serves requests all the
+while. The daemon's identity travels as `daemon_id` (docs/PROTOCOL.md). A heartbeat answered
+with an error (the coordinator restarted and does not know this id: `not_ready`) makes it
+register again, asking for the same id.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from kera import config, wire
+from kera.errors import KeraError, Timeout
+from kera.server import Server
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_S = 1.0
+
+
+class Registration:
+    def __init__(self, server: Server, coordinator: str, kind: str, address: str, node: str,
+                 daemon_id: int | None = None, stats: Callable[[], dict] | None = None,
+                 timeout_s: float = REQUEST_TIMEOUT_S):
+        self.kind = kind
+        self.address = address
+        self.node = node
+        self.id = daemon_id
+        self.registered = False
+        self.heartbeat_interval_s = config.HEARTBEAT_INTERVAL_S
+        self.registrations = 0
+        self.heartbeats = 0
+        self._stats = stats
+        self._timeout_s = timeout_s
+        self._server = server
+        self._peer = server.peer(coordinator)
+        self._busy = False
+        self._unreachable_logged = False
+        self._timer_generation = 0
+        self._arm(self.heartbeat_interval_s)
+
+    def _arm(self, interval_s: float) -> None:
+        """Tick every `interval_s`; a timer armed before (kera.server timers cannot be removed)
+        turns into a no-op."""
+        self._timer_generation += 1
+        generation = self._timer_generation
+
+        def tick() -> None:
+            if generation == self._timer_generation:
+                self.tick()
+
+        self._server.every(interval_s, tick)
+
+    def tick(self) -> None:
+        if self._busy:
+            return
+        if not self.registered:
+            fields = {"kind": self.kind, "address": self.address, "node": self.node}
+            if self.id is not None:
+                fields["daemon_id"] = self.id
+            self._send("register", fields, self._on_registered)
+            return
+        fields = {"kind": self.kind, "daemon_id": self.id, "metadata_version": 0}
+        if self._stats is not None:
+            fields["stats"] = self._stats()
+        self._send("heartbeat", fields, self._on_heartbeat)
+
+    def _send(self, op: str, fields: dict, callback) -> None:
+        self._busy = True
+        self._peer.request(op, fields, (), self._timeout_s, callback)
+
+    def _on_registered(self, header, frames, err: KeraError | None) -> None:
+        self._busy = False
+        if err is not None:
+            self._unreachable(f"register failed: {err.code}: {err.message}", err)
+            return
+        try:
+            fields = wire.Fields(header)
+            self.id = fields.int("daemon_id")
+            interval_ms = fields.int("heartbeat_interval_ms", config.HEARTBEAT_INTERVAL_S * 1000,
+                                     lo=1, hi=60_000)
+        except KeraError as bad:
+            log.error("coordinator sent a bad register reply: %s", bad.message)
+            return
+        if interval_ms / 1000 != self.heartbeat_interval_s:
+            self.heartbeat_interval_s = interval_ms / 1000
+            self._arm(self.heartbeat_interval_s)  # the coordinator's interval, not our default
+        self.registered = True
+        self.registrations += 1
+        self._unreachable_logged = False
+        log.info("registered with the coordinator as %s %d", self.kind, self.id)
+
+    def _on_heartbeat(self, header, frames, err: KeraError | None) -> None:
+        self._busy = False
+        if err is None:
+            self.heartbeats += 1
+            self._unreachable_logged = False
+            return
+        if isinstance(err, Timeout):
+            self._unreachable("heartbeat timed out", err)
+            return
+        # The coordinator answered but does not take this heartbeat (typically `not_ready`:
+        # it restarted and forgot us): register again under the same id.
+        log.warning("coordinator refused a heartbeat (%s: %s); registering again", err.code, err.message)
+        self.registered = False
+
+    def _unreachable(self, what: str, err: KeraError) -> None:
+        level = logging.DEBUG if self._unreachable_logged else logging.WARNING
+        log.log(level, "coordinator %s: %s", self._peer.address, what)
+        self._unreachable_logged = True

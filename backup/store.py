@@ -1,0 +1,345 @@
+"""The backup's sans-IO core: replicas of virtual segments, keyed by (broker_id, vlog, vseg).
+
+`replicate` verifies a write's chunks, appends them at exactly the offset the broker says, and
+answers `offset` + the write's bytes (every byte below is stored): at once for durability
+"memory", or once the flusher reports the bytes fsynced for "disk" (the reply is deferred and
+comes back from `flush_done`). Retries are idempotent (kera.backup.replica). The store never
+touches a file:
+it hands out FlushJobs (the flusher thread writes them) and DiskReads (a reader thread serves
+them), and is told their outcome. The clock is passed in.
+
+Bounds: a replica holds at most `max_replica_bytes`; at most `max_unflushed_bytes` may wait for
+the flusher and at most `max_memory_bytes` stay in memory (flushed bytes of open replicas are
+let go, oldest written first, to make room; a closed replica leaves memory once it is on disk);
+beyond those a write is answered `throttled`. At most `flush_jobs_max` flush jobs are out at
+once, one per replica, so the flusher's queue never grows past that.
+
+A flush that fails (full disk, I/O error) answers the replica's waiting "disk" writes with
+`storage_error`, refuses further writes to that replica with `storage_error` until a retried
+flush (after `flush_retry_s`, doubling up to `flush_retry_max_s`) succeeds, and keeps its bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Hashable, NamedTuple
+
+from kera.config import DURABILITY_DISK, DURABILITY_MEMORY, MiB
+from kera.errors import BadRequest, KeraError, NotReady, OffsetOutOfRange, StorageError, Throttled
+from kera.metrics import Counters
+
+from kera.backup.frames import split_chunks
+from kera.backup.meta import Meta
+from kera.backup.replica import Key, Replica, describe
+
+log = logging.getLogger(__name__)
+
+DURABILITIES = (DURABILITY_MEMORY, DURABILITY_DISK)
+
+
+@dataclass(slots=True)
+class StoreConfig:
+    max_replica_bytes: int = 64 * MiB       # a virtual segment's replica, at most
+    max_unflushed_bytes: int = 256 * MiB    # received but not yet on disk, all replicas
+    max_memory_bytes: int = 512 * MiB       # held in memory, all replicas (>= unflushed bound)
+    flush_job_max_bytes: int = 16 * MiB     # one flush job writes at most this (plus one chunk)
+    flush_jobs_max: int = 16                # flush jobs handed out and not yet done
+    flush_retry_s: float = 0.5              # first back-off after a failed flush
+    flush_retry_max_s: float = 30.0
+
+    def check(self) -> None:
+        if min(self.max_replica_bytes, self.max_unflushed_bytes, self.flush_job_max_bytes,
+               self.flush_jobs_max) <= 0:
+            raise ValueError("store bounds must be positive")
+        if self.max_memory_bytes < self.max_unflushed_bytes:
+            raise ValueError("max_memory_bytes must be at least max_unflushed_bytes")
+
+
+class FlushJob(NamedTuple):
+    """Write `buffers` at byte `offset` of the replica file, fsync, then record `meta`."""
+    key: Key
+    offset: int
+    buffers: tuple[memoryview, ...]
+    meta: Meta
+
+    @property
+    def size(self) -> int:
+        return self.meta.length - self.offset
+
+
+class DiskRead(NamedTuple):
+    """Read whole chunks of a replica file from `offset`, not past `limit`, up to `max_bytes`
+    (at least one chunk), verifying each."""
+    key: Key
+    offset: int
+    limit: int
+    max_bytes: int
+
+
+class Waiter(NamedTuple):
+    end: int
+    closed: bool
+    token: Hashable
+
+
+Reply = tuple[object, "int | KeraError"]  # (token, length acknowledged or the error)
+
+
+class ReplicaStore:
+    def __init__(self, config: StoreConfig | None = None):
+        self.config = config or StoreConfig()
+        self.config.check()
+        self.replicas: dict[Key, Replica] = {}
+        self.counters = Counters()
+        self.unflushed_bytes = 0
+        self.memory_bytes = 0
+        self.flush_jobs_out = 0
+        self.replicas_open = 0
+        self.replicas_on_disk = 0
+        self.replicas_failed = 0
+        self._dirty: dict[Key, None] = {}      # replicas needing a flush and not flushing (FIFO)
+        self._resident: dict[Key, None] = {}   # replicas holding memory, least recently written first
+        self._waiters: dict[Key, list[Waiter]] = {}
+
+    # ------------------------------------------------------------------ writes
+    def replicate(self, key: Key, offset: int, frames, durability: str, close: bool,
+                  token: Hashable, now: float) -> int | None:
+        """Store one write. Returns the length to acknowledge now, or None when the reply is
+        deferred until `flush_done` returns it. Raises KeraError to refuse the whole write."""
+        if durability not in DURABILITIES:
+            raise BadRequest(f"durability '{durability}' is not one of {DURABILITIES}")
+        replica = self.replicas.get(key)
+        chunks, repeated = self._check(key, replica, offset, frames, close)
+        new = chunks[repeated:]
+        added = sum(map(len, new))
+        self._admit(key, replica, added, bool(new))
+        replica = self._append(key, replica, new, offset, close)
+        end = offset + sum(map(len, chunks))
+        self.counters.add("replicate_writes")
+        self.counters.add("chunks_received", len(chunks))
+        self.counters.add("bytes_received", end - offset)
+        self.counters.add("repeated_chunks", repeated)
+        if durability == DURABILITY_MEMORY or replica.durable(end, close):
+            return end
+        self._waiters.setdefault(key, []).append(Waiter(end, close, token))
+        return None
+
+    def _check(self, key: Key, replica: Replica | None, offset: int, frames,
+               close: bool) -> tuple[list[memoryview], int]:
+        """The write's verified chunks and how many of them repeat stored ones (a retry)."""
+        length = replica.length if replica is not None else 0
+        if replica is None and offset:
+            raise BadRequest(f"unknown {describe(key)} at offset {offset} > 0")
+        if offset > length:
+            raise BadRequest(f"offset mismatch: {describe(key)} holds {length} bytes, not {offset}")
+        try:
+            chunks = split_chunks(frames)
+        except KeraError:
+            self.counters.add("chunks_rejected", len(frames))
+            raise
+        if offset == length:
+            return chunks, 0
+        if not chunks:
+            raise BadRequest(f"offset mismatch: {describe(key)} holds {length} bytes, not {offset}")
+        repeated = replica.repeated(offset, chunks)
+        if close and offset + sum(map(len, chunks)) < length:
+            raise BadRequest(f"offset mismatch: cannot close {describe(key)} before its end {length}")
+        return chunks, repeated
+
+    def _append(self, key: Key, replica: Replica | None, new: list[memoryview], offset: int,
+                close: bool) -> Replica:
+        if replica is None:
+            replica = self.replicas[key] = Replica(key)
+            self.replicas_open += 1
+        added = replica.append(new, offset)
+        if added:
+            self.unflushed_bytes += added
+            self.memory_bytes += added
+            self._resident.pop(key, None)  # most recently written last
+            self._resident[key] = None
+        if close and not replica.closed:
+            replica.closed = True
+            self.replicas_open -= 1
+        self._mark(replica)
+        return replica
+
+    def _admit(self, key: Key, replica: Replica | None, added: int, appends: bool) -> None:
+        """Refuse a write the replica's state or the store's bounds cannot take."""
+        length = replica.length if replica is not None else 0
+        if replica is not None and replica.closed and appends:
+            raise BadRequest(f"{describe(key)} is closed at {length} bytes")
+        if replica is not None and replica.failed:
+            raise StorageError(f"{describe(key)} cannot be written to disk: {replica.failed}")
+        if length + added > self.config.max_replica_bytes:
+            raise BadRequest(f"{describe(key)} would hold {length + added} bytes, more than "
+                             f"{self.config.max_replica_bytes}")
+        # An empty flusher always takes one write, however large, so progress is guaranteed.
+        if added and self.unflushed_bytes and self.unflushed_bytes + added > self.config.max_unflushed_bytes:
+            self.counters.add("throttled")
+            raise Throttled(f"{self.unflushed_bytes} bytes wait for the disk "
+                            f"(max_unflushed_bytes {self.config.max_unflushed_bytes})")
+        if added and self.memory_bytes + added > self.config.max_memory_bytes:
+            self._release_memory(self.memory_bytes + added - self.config.max_memory_bytes)
+            if self.memory_bytes and self.memory_bytes + added > self.config.max_memory_bytes:
+                self.counters.add("throttled")
+                raise Throttled(f"{self.memory_bytes} bytes held in memory "
+                                f"(max_memory_bytes {self.config.max_memory_bytes})")
+
+    def _release_memory(self, wanted: int) -> None:
+        released = 0
+        for key in list(self._resident):
+            released += self._drop_flushed(self.replicas[key])
+            if released >= wanted:
+                return
+
+    def _drop_flushed(self, replica: Replica) -> int:
+        released = replica.drop_flushed()
+        self.memory_bytes -= released
+        if not replica.memory_bytes:
+            self._resident.pop(replica.key, None)
+        return released
+
+    def _mark(self, replica: Replica) -> None:
+        if replica.needs_flush() and not replica.flushing:
+            self._dirty[replica.key] = None
+
+    # ------------------------------------------------------------------ flushing
+    def take_flush_jobs(self, now: float) -> list[FlushJob]:
+        """Flush jobs to hand to the flusher now (at most one per replica in flight)."""
+        jobs: list[FlushJob] = []
+        for key in list(self._dirty):
+            if self.flush_jobs_out >= self.config.flush_jobs_max:
+                break
+            replica = self.replicas[key]
+            if replica.retry_at > now:
+                continue
+            del self._dirty[key]
+            jobs.append(self._flush_job(replica))
+        return jobs
+
+    def _flush_job(self, replica: Replica) -> FlushJob:
+        buffers = replica.slice(replica.flushed_length, self.config.flush_job_max_bytes)
+        end = replica.flushed_length + sum(map(len, buffers))
+        closed = replica.closed and end == replica.length
+        replica.flushing = True
+        self.flush_jobs_out += 1
+        key = replica.key
+        return FlushJob(key, replica.flushed_length, tuple(buffers),
+                        Meta(key[0], key[1], key[2], end, closed))
+
+    def flush_done(self, job: FlushJob, error: Exception | None, now: float) -> list[Reply]:
+        """Record a flush job's outcome; returns the deferred replies it settles."""
+        replica = self.replicas[job.key]
+        assert replica.flushing and job.offset == replica.flushed_length
+        replica.flushing = False
+        self.flush_jobs_out -= 1
+        if error is not None:
+            return self._flush_failed(replica, error, now)
+        replica.flushed_length = job.meta.length
+        replica.disk_closed = job.meta.closed
+        if not replica.on_disk:
+            replica.on_disk = True
+            self.replicas_on_disk += 1
+        if replica.failed:
+            replica.failed = None
+            self.replicas_failed -= 1
+        replica.failures = 0
+        replica.retry_at = 0.0
+        self.unflushed_bytes -= job.size
+        self.counters.add("flushes")
+        self.counters.add("flush_bytes", job.size)
+        if replica.closed and replica.disk_closed:
+            self._drop_flushed(replica)  # closed and on disk: its memory is no longer needed
+        self._mark(replica)
+        return self._settle(replica)
+
+    def _flush_failed(self, replica: Replica, error: Exception, now: float) -> list[Reply]:
+        replica.failures += 1
+        if not replica.failed:
+            self.replicas_failed += 1
+        replica.failed = f"{error.__class__.__name__}: {error}"
+        delay = min(self.config.flush_retry_s * 2 ** (replica.failures - 1), self.config.flush_retry_max_s)
+        replica.retry_at = now + delay
+        self.counters.add("storage_errors")
+        log.error("flushing %s failed (retry in %.1f s): %s", describe(replica.key), delay, replica.failed)
+        self._mark(replica)
+        err = StorageError(f"{describe(replica.key)} could not be written to disk: {replica.failed}")
+        return [(w.token, err) for w in self._waiters.pop(replica.key, [])]
+
+    def _settle(self, replica: Replica) -> list[Reply]:
+        waiters = self._waiters.get(replica.key)
+        if not waiters:
+            return []
+        done = [w for w in waiters if replica.durable(w.end, w.closed)]
+        if done:
+            waiting = [w for w in waiters if not replica.durable(w.end, w.closed)]
+            if waiting:
+                self._waiters[replica.key] = waiting
+            else:
+                del self._waiters[replica.key]
+        return [(w.token, w.end) for w in done]
+
+    def idle(self) -> bool:
+        """Nothing waits for the disk and no flush is out (pending retries after a failure
+        still count as work)."""
+        return not self._dirty and not self.flush_jobs_out
+
+    def stuck(self) -> bool:
+        """No flush is out and everything left to flush belongs to replicas whose disk fails:
+        waiting longer at shutdown would not help."""
+        return not self.flush_jobs_out and all(self.replicas[k].failed for k in self._dirty)
+
+    def abandon_waiters(self, reason: str) -> list[Reply]:
+        """Every deferred reply, answered with NotReady (at shutdown)."""
+        replies = [(w.token, NotReady(reason)) for ws in self._waiters.values() for w in ws]
+        self._waiters.clear()
+        return replies
+
+    # ------------------------------------------------------------------ reading back
+    def read(self, key: Key, offset: int, max_bytes: int) -> list[memoryview] | DiskRead:
+        """Whole chunks from `offset` (a chunk boundary) up to `max_bytes`, at least one when
+        any is stored: the chunks themselves when in memory, else the DiskRead to run."""
+        replica = self.replicas.get(key)
+        if replica is None:
+            raise BadRequest(f"unknown {describe(key)}")
+        if offset > replica.length:
+            raise OffsetOutOfRange(f"{describe(key)} holds {replica.length} bytes, not {offset}")
+        self.counters.add("reads")
+        if offset < replica.memory_from:
+            return DiskRead(key, offset, replica.memory_from, max_bytes)
+        chunks = replica.slice(offset, max_bytes)
+        self.counters.add("read_bytes", sum(map(len, chunks)))
+        return chunks
+
+    def list_replicas(self, broker_id: int) -> list[dict]:
+        return [{"broker_id": r.key[0], "vlog": r.key[1], "vseg": r.key[2], "length": r.length,
+                 "closed": r.closed, "memory_from": r.memory_from, "disk_length": r.flushed_length,
+                 "in_memory": r.memory_bytes > 0, "on_disk": r.on_disk}
+                for key, r in sorted(self.replicas.items()) if key[0] == broker_id]
+
+    def load(self, meta: Meta) -> None:
+        """Adopt a replica found on disk at startup: all of its bytes are on disk only."""
+        key = (meta.broker_id, meta.vlog, meta.vseg)
+        assert key not in self.replicas, key
+        replica = self.replicas[key] = Replica(key)
+        replica.length = replica.flushed_length = replica.memory_from = meta.length
+        replica.closed = replica.disk_closed = meta.closed
+        replica.on_disk = True
+        self.replicas_on_disk += 1
+        self.replicas_open += not meta.closed
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> dict:
+        out = dict.fromkeys(("replicate_writes", "chunks_received", "bytes_received",
+                             "chunks_rejected", "flushes", "flush_bytes", "throttled",
+                             "storage_errors", "repeated_chunks", "reads", "read_bytes"), 0)
+        out.update(self.counters)
+        out["unflushed_bytes"] = self.unflushed_bytes
+        out["memory_bytes"] = self.memory_bytes
+        out["flush_jobs_out"] = self.flush_jobs_out
+        out["replicas"] = len(self.replicas)
+        out["replicas_open"] = self.replicas_open
+        out["replicas_on_disk"] = self.replicas_on_disk
+        out["replicas_failed"] = self.replicas_failed
+        return out

@@ -1,0 +1,114 @@
+"""The broker's view of live backups, and the choice of backups for a new virtual segment.
+
+Each virtual segment gets its own R-1 distinct backups: never on the broker's own node while
+another node has one, on distinct nodes when possible, least loaded first (load = replicas this
+broker has assigned and not yet finished), ties rotated so many segments spread evenly. A
+backup that just failed a write is *suspect* for a while: chosen only when nothing else is left.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+ID_MAX = 2**32 - 1
+ADDRESS_CHARS_MAX = 300
+
+
+@dataclass(slots=True)
+class Backup:
+    id: int
+    address: str
+    node: str
+    alive: bool = True
+    load: int = 0               # replicas assigned by this broker, not yet finished
+    suspect_until: float = 0.0  # clock value before which a failed backup is avoided
+
+
+class BackupPool:
+    def __init__(self, own_node: str = ""):
+        self.own_node = own_node
+        self.backups: dict[int, Backup] = {}
+        self._turn = 0
+
+    def update(self, entries) -> list[int]:
+        """Apply the coordinator's backup list (`cluster` reply); returns ids of backups that
+        were alive and no longer are (dead or gone). Malformed entries are skipped."""
+        seen: dict[int, tuple[str, str, bool]] = {}
+        for e in entries if isinstance(entries, list) else ():
+            parsed = _parse(e)
+            if parsed is None:
+                log.warning("ignoring malformed backup entry %r", e)
+                continue
+            seen[parsed[0]] = parsed[1:]
+        lost = []
+        for bid, b in self.backups.items():
+            now_alive = bid in seen and seen[bid][2]
+            if b.alive and not now_alive:
+                lost.append(bid)
+            if bid not in seen:
+                b.alive = False
+        for bid, (address, node, alive) in seen.items():
+            b = self.backups.get(bid)
+            if b is None:
+                self.backups[bid] = Backup(bid, address, node, alive)
+            else:
+                b.address, b.node, b.alive = address, node, alive
+        # Forget dead backups nothing refers to any more, so the table stays bounded.
+        for bid in [bid for bid, b in self.backups.items() if not b.alive and b.load <= 0 and bid not in seen]:
+            del self.backups[bid]
+        return lost
+
+    def alive(self, backup_id: int) -> bool:
+        b = self.backups.get(backup_id)
+        return b is not None and b.alive
+
+    def live_count(self) -> int:
+        return sum(1 for b in self.backups.values() if b.alive)
+
+    def choose(self, exclude, used_nodes, now: float) -> Backup | None:
+        """The best live backup not in `exclude` (ids), preferring nodes not in `used_nodes`."""
+        candidates = [b for b in self.backups.values() if b.alive and b.id not in exclude]
+        if not candidates:
+            return None
+        n = len(candidates)
+        turn = self._turn
+        self._turn += 1
+        candidates.sort(key=lambda b: b.id)
+        best = min(range(n), key=lambda i: (
+            candidates[i].suspect_until > now,
+            candidates[i].node == self.own_node,
+            candidates[i].node in used_nodes,
+            candidates[i].load,
+            (i - turn) % n))
+        return candidates[best]
+
+    def assign(self, backup_id: int) -> None:
+        b = self.backups.get(backup_id)
+        if b is not None:
+            b.load += 1
+
+    def unassign(self, backup_id: int) -> None:
+        b = self.backups.get(backup_id)
+        if b is not None and b.load > 0:
+            b.load -= 1
+
+    def suspect(self, backup_id: int, until: float) -> None:
+        b = self.backups.get(backup_id)
+        if b is not None:
+            b.suspect_until = max(b.suspect_until, until)
+
+
+def _parse(e) -> tuple[int, str, str, bool] | None:
+    if not isinstance(e, dict):
+        return None
+    bid, address, node, alive = e.get("id"), e.get("address"), e.get("node", ""), e.get("alive", True)
+    if not isinstance(bid, int) or isinstance(bid, bool) or not 0 <= bid <= ID_MAX:
+        return None
+    if not isinstance(address, str) or not 0 < len(address) <= ADDRESS_CHARS_MAX or ":" not in address:
+        return None
+    if not isinstance(node, str) or not isinstance(alive, bool):
+        return None
+    return bid, address, node, alive

@@ -1,0 +1,509 @@
+"""The broker's sans-IO core: streams, appends, fetches and replication, driven by the caller.
+
+Feed it decoded requests and the clock; it returns what to send. `produce` answers at once or
+defers (the answer appears in `take_replies()` once every chunk is durable, or fails after
+`produce_timeout_s`); `sync` returns the replication writes to send; `write_done` takes their
+outcome; `tick` expires what waited too long. No sockets, no threads, no clock reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections import deque
+from dataclasses import dataclass
+
+from kera import config, wire
+from kera.broker.backups import BackupPool
+from kera.broker.group import Group
+from kera.broker.producers import APPEND, DUPLICATE, GAP, Entry, ProducerTable, classify
+from kera.broker.streamlet import Streamlet
+from kera.broker.streams import StreamInfo
+from kera.broker.virtual_log import ReplicationWrite, VirtualLog
+from kera.chunk import FLAG_KEYS, HEADER_SIZE, verify
+from kera.errors import (BadRequest, CorruptChunk, KeraError, NotOwner, NotReady, OffsetOutOfRange,
+                         RecordTooLarge, ReplicationFailed, SequenceGap, Throttled, Timeout,
+                         UnknownStream)
+from kera.metrics import Counters
+
+log = logging.getLogger(__name__)
+
+FETCH_GROUPS_MAX = 64                    # groups described per fetch read (protocol)
+FETCH_READS_MAX = 4096                   # reads in one fetch request
+FETCH_READ_MAX_BYTES = 64 * config.MiB   # one read's budget is clamped to this
+FETCH_REPLY_MAX_BYTES = 64 * config.MiB  # chunk bytes in one fetch reply, all reads together
+FETCH_CURSOR_GROUPS_MAX = 4096           # entries in one cursor's `offsets`
+
+
+@dataclass(slots=True)
+class BrokerConfig:
+    virtual_logs: int = config.DEFAULT_VIRTUAL_LOGS
+    virtual_segment_bytes: int = config.DEFAULT_VIRTUAL_SEGMENT_BYTES
+    replication_timeout_s: float = config.REPLICATION_TIMEOUT_S
+    replication_in_flight_max: int = config.REPLICATION_IN_FLIGHT_MAX
+    # A produce request not durable after this long fails with a retriable replication_failed
+    # (its chunks stay and become durable later; the retry is then a duplicate). Shorter than a
+    # client's request timeout (config.DEFAULT_REQUEST_TIMEOUT_S), so the client hears why.
+    produce_timeout_s: float = 3 * config.REPLICATION_TIMEOUT_S
+    # A backup that failed a write is not given that virtual segment again, and is the last
+    # choice for new ones, for this long.
+    backup_exclude_s: float = 5 * config.REPLICATION_TIMEOUT_S
+    producer_table_max: int = config.PRODUCER_TABLE_MAX
+    # Produce requests waiting for durability; beyond this new ones are throttled.
+    pending_produce_max: int = 20_000
+    # Chunk headers scanned to find a producer forgotten by the bounded table.
+    producer_scan_chunks_max: int = 65_536
+
+
+class Pending:
+    """A produce request waiting for its chunks to be durable."""
+    __slots__ = ("token", "results", "remaining", "deadline", "done")
+
+    def __init__(self, token, results: list, deadline: float):
+        self.token = token
+        self.results = results
+        self.remaining = 0
+        self.deadline = deadline
+        self.done = False
+
+
+class Stream:
+    __slots__ = ("info", "streamlets", "turn")
+
+    def __init__(self, info: StreamInfo):
+        self.info = info
+        self.streamlets: dict[int, Streamlet] = {}
+        self.turn = 0   # rotates the virtual-log choice among equally loaded logs
+
+
+class Broker:
+    def __init__(self, node: str = "", cfg: BrokerConfig | None = None, broker_id: int | None = None):
+        self.cfg = cfg or BrokerConfig()
+        assert self.cfg.virtual_logs >= 1 and self.cfg.virtual_segment_bytes >= 1
+        self.node = node
+        self.broker_id = broker_id
+        self.metadata_version = 0
+        self.streams: dict[int, Stream] = {}
+        self.producers = ProducerTable(self.cfg.producer_table_max)
+        self.pool = BackupPool(node)
+        self.counters = Counters()
+        self.vlogs: dict[tuple[int, int, str], VirtualLog] = {}   # (index, R, durability)
+        self.vlog_list: list[VirtualLog] = []                     # by wire id
+        self._replies: list = []
+        self._pending: deque[Pending] = deque()
+        self._pending_count = 0
+        self._writes: deque[ReplicationWrite] = deque()           # in flight, in send order
+        # Hot counters as attributes (cheaper than a dict update per chunk).
+        self.chunks_appended = 0
+        self.bytes_appended = 0
+        self.duplicates = 0
+
+    # ================================================================== metadata
+    def set_identity(self, broker_id: int) -> None:
+        self.broker_id = broker_id
+
+    def apply_metadata(self, descriptors, version: int | None = None) -> None:
+        """The full list of streams with a streamlet here: add new ones, update placement,
+        drop those missing (deleted)."""
+        if not isinstance(descriptors, list):
+            raise BadRequest("stream list is not a list")
+        seen: set[int] = set()
+        for d in descriptors:
+            try:
+                info = StreamInfo.from_descriptor(d)
+            except BadRequest as err:
+                log.warning("ignoring a bad stream descriptor: %s", err)
+                continue
+            seen.add(info.id)
+            stream = self.streams.get(info.id)
+            if stream is None:
+                self.streams[info.id] = Stream(info)
+                log.info("stream %s (id %d): %d streamlets, R=%d", info.name, info.id,
+                         info.streamlets, info.replication)
+            else:
+                old = stream.info
+                if (old.streamlets, old.replication, old.durability) != (
+                        info.streamlets, info.replication, info.durability):
+                    log.warning("stream %s: layout change ignored", info.name)
+                    continue
+                stream.info = info
+        for sid in [sid for sid in self.streams if sid not in seen]:
+            self._drop_stream(sid)
+        if version is not None:
+            self.metadata_version = version
+
+    def _drop_stream(self, sid: int) -> None:
+        stream = self.streams.pop(sid)
+        log.info("stream %s (id %d) deleted", stream.info.name, sid)
+        err = UnknownStream(f"stream {stream.info.name!r} was deleted", retriable=False)
+        for streamlet in stream.streamlets.values():
+            for waiter in streamlet.release():
+                self._fail(waiter, err)
+        self.producers.drop_stream(sid)
+
+    def set_backups(self, entries, now: float) -> None:
+        """The coordinator's backup list; replicas on backups that died are replaced."""
+        lost = self.pool.update(entries)
+        if lost:
+            log.warning("backups %s are gone: re-replicating what they held", lost)
+            lost_set = set(lost)
+            for vlog in self.vlog_list:
+                self.counters.add("replicas_lost", vlog.backups_lost(lost_set, now))
+
+    # ------------------------------------------------------------------ group listener
+    def group_opened(self, group: Group) -> None:
+        stream = self.streams[group.stream_id]
+        if stream.info.replication > 1:
+            vlog = self._choose_vlog(stream)
+            group.vlog = vlog
+            vlog.active_groups += 1
+        self.counters.add("groups_opened")
+
+    def group_closed(self, group: Group) -> None:
+        if group.vlog is not None:
+            group.vlog.active_groups -= 1
+        self.counters.add("groups_closed")
+
+    def _choose_vlog(self, stream: Stream) -> VirtualLog:
+        """The least loaded of the stream's allowed logs: `replication_capacity` of them (0 = all)
+        starting at one spread by stream id. With V at least the number of open groups, every
+        group gets a log of its own (the Kafka-like layout)."""
+        info = stream.info
+        v = self.cfg.virtual_logs
+        capacity = min(info.replication_capacity or v, v)
+        start = info.id % v
+        turn = stream.turn
+        stream.turn += 1
+        best = None
+        best_key = None
+        for k in range(capacity):
+            index = (start + (turn + k) % capacity) % v
+            vlog = self.vlogs.get((index, info.replication, info.durability))
+            load = vlog.active_groups if vlog is not None else 0
+            if best_key is None or load < best_key:
+                best, best_key = index, load
+        key = (best, info.replication, info.durability)
+        vlog = self.vlogs.get(key)
+        if vlog is None:
+            vlog = VirtualLog(len(self.vlog_list), info.replication, info.durability,
+                              self.cfg.virtual_segment_bytes, self.pool,
+                              in_flight_max=self.cfg.replication_in_flight_max,
+                              exclude_s=self.cfg.backup_exclude_s, counters=self.counters)
+            self.vlogs[key] = vlog
+            self.vlog_list.append(vlog)
+        return vlog
+
+    # ================================================================== produce
+    def produce(self, token, frames, now: float, acks: bool = True) -> list | None:
+        """Append each chunk frame (buffer-like). Returns the `results` list when the reply can
+        go now, or None when it is deferred until durable (see take_replies)."""
+        if self.broker_id is None:
+            raise NotReady("broker is not registered yet")
+        if self._pending_count >= self.cfg.pending_produce_max:
+            raise Throttled(f"{self._pending_count} produce requests await replication")
+        self.counters.add("produce_requests")
+        results: list = []
+        waits: list = []
+        for buf in frames:
+            try:
+                results.append(self._append(buf, waits))
+            except KeraError as err:
+                self.counters.add(f"refused_{err.code}")
+                results.append([err.code, err.message, err.retriable])
+        if not waits or not acks:
+            return results
+        p = Pending(token, results, now + self.cfg.produce_timeout_s)
+        for group, end in waits:
+            if group.wait(end, p):
+                p.remaining += 1
+        if p.remaining == 0:
+            return results
+        self._pending.append(p)
+        self._pending_count += 1
+        return None
+
+    def _append(self, buf, waits: list) -> list:
+        h = verify(buf)
+        size = len(buf)
+        if HEADER_SIZE + h.body_len != size:
+            raise CorruptChunk(f"frame of {size} bytes holds a {HEADER_SIZE + h.body_len}-byte chunk")
+        if h.record_count == 0:
+            raise CorruptChunk("chunk holds no records")
+        _check_columns(buf, h.record_count, h.flags, h.body_len)
+        stream = self.streams.get(h.stream_id)
+        if stream is None:
+            raise UnknownStream(f"unknown stream id {h.stream_id}", retriable=True)
+        info = stream.info
+        sl = h.streamlet
+        if sl >= info.streamlets:
+            raise BadRequest(f"stream {info.name!r} has no streamlet {sl}")
+        if info.placement[sl] != self.broker_id:
+            raise NotOwner(f"streamlet {sl} of {info.name!r} is on broker {info.placement[sl]}")
+        if size > info.segment_size_bytes:
+            raise RecordTooLarge(f"chunk of {size} bytes exceeds the {info.segment_size_bytes}-byte segment")
+        streamlet = stream.streamlets.get(sl)
+        if streamlet is None:
+            streamlet = stream.streamlets[sl] = Streamlet(
+                info.id, sl, info.active_groups, info.group_segments, info.segment_size_bytes, self)
+        pid, seq = h.producer_id, h.sequence
+        key = (pid, info.id, sl)
+        entry = self.producers.get(key)
+        verdict = classify(entry, seq)
+        if verdict == GAP and entry is None and self.producers.evictions:
+            entry = self._recall(streamlet, key)
+            verdict = classify(entry, seq)
+        if verdict == DUPLICATE:
+            return self._duplicate(streamlet, key, entry, seq, waits)
+        if verdict == GAP:
+            last = "none" if entry is None else entry.sequence
+            raise SequenceGap(f"producer {pid}: sequence {seq} after {last}")
+        assert verdict == APPEND
+        group, seg, idx = streamlet.append(buf, size, h.record_count, pid)
+        base = group.head - h.record_count
+        self.producers.put(key, Entry(seq, group.id, seg.number, base, group.head))
+        self.chunks_appended += 1
+        self.bytes_appended += size
+        vlog = group.vlog
+        if vlog is None:
+            group.durable = group.head    # R=1: the broker's copy is the only one asked for
+        else:
+            vlog.add(seg, idx, size)
+            waits.append((group, group.head))
+        return [group.id, seg.number, base]
+
+    def _recall(self, streamlet: Streamlet, key) -> Entry | None:
+        """A producer the bounded table may have forgotten: find its newest chunk."""
+        found = streamlet.find_chunk(key[0], None, self.cfg.producer_scan_chunks_max)
+        self.counters.add("producer_scans")
+        if found is None:
+            return None
+        group, seg, i, seq = found
+        entry = Entry(seq, group.id, seg.number, seg.bases[i], seg.end_offset(i))
+        self.producers.put(key, entry)
+        return entry
+
+    def _duplicate(self, streamlet: Streamlet, key, entry: Entry, seq: int, waits: list) -> list:
+        self.duplicates += 1
+        g, segno, base, end = entry.group, entry.segment, entry.base_offset, entry.end_offset
+        if seq != entry.sequence:  # a retry of an older chunk: find where it went
+            found = streamlet.find_chunk(key[0], seq, self.cfg.producer_scan_chunks_max)
+            if found is not None:
+                group, seg, i, _ = found
+                g, segno, base, end = group.id, seg.number, seg.bases[i], seg.end_offset(i)
+        group = streamlet.group(g)
+        # Acknowledge a duplicate only once the original is durable: the first attempt may
+        # have been answered replication_failed while its chunk was still being replicated.
+        if group is not None and group.durable < end:
+            waits.append((group, end))
+        return [g, segno, base]
+
+    # ------------------------------------------------------------------ durability
+    def _durable(self, updates: dict) -> None:
+        for group, end in updates.items():
+            for waiter in group.set_durable(end):
+                if not waiter.done:
+                    waiter.remaining -= 1
+                    if waiter.remaining == 0:
+                        waiter.done = True
+                        self._pending_count -= 1
+                        self._replies.append((waiter.token, waiter.results))
+
+    def _fail(self, waiter: Pending, err: KeraError) -> None:
+        if not waiter.done:
+            waiter.done = True
+            self._pending_count -= 1
+            self._replies.append((waiter.token, err))
+
+    def take_replies(self) -> list:
+        """Deferred produce answers ready to send: (token, results list | KeraError)."""
+        replies, self._replies = self._replies, []
+        return replies
+
+    # ================================================================== replication
+    def sync(self, now: float) -> list[ReplicationWrite]:
+        """Replication writes to send now (see VirtualLog.sync)."""
+        if self.broker_id is None:
+            return []
+        writes: list[ReplicationWrite] = []
+        for vlog in self.vlog_list:
+            if vlog.has_work:
+                writes.extend(vlog.sync(now, self.broker_id))
+        self._writes.extend(writes)
+        return writes
+
+    def write_done(self, write: ReplicationWrite, header: dict | None, error: KeraError | None,
+                   now: float) -> None:
+        """The reply (or error, or timeout) of a replication write."""
+        updates = write.vlog.write_done(write, header, error, now)
+        if updates:
+            self._durable(updates)
+
+    def tick(self, now: float) -> None:
+        """Expire replication writes and produce requests that waited too long."""
+        writes = self._writes
+        timeout = self.cfg.replication_timeout_s
+        while writes and (writes[0].done or writes[0].sent_at + timeout <= now):
+            w = writes.popleft()
+            if not w.done:
+                self.write_done(w, None, Timeout(f"backup {w.backup_id} ({w.address}) did not "
+                                                  f"answer within {timeout} s"), now)
+        pending = self._pending
+        while pending and (pending[0].done or pending[0].deadline <= now):
+            p = pending.popleft()
+            if not p.done:
+                self.counters.add("produce_replication_failed")
+                self._fail(p, ReplicationFailed(
+                    f"not replicated to enough backups within {self.cfg.produce_timeout_s} s "
+                    f"({self.pool.live_count()} live backups)"))
+
+    # ================================================================== reads
+    def _streamlet_for_read(self, sid: int, sl: int) -> Streamlet | None:
+        if self.broker_id is None:
+            raise NotReady("broker is not registered yet")
+        stream = self.streams.get(sid)
+        if stream is None:
+            raise UnknownStream(f"unknown stream id {sid}", retriable=True)
+        info = stream.info
+        if sl >= info.streamlets:
+            raise BadRequest(f"stream {info.name!r} has no streamlet {sl}")
+        if info.placement[sl] != self.broker_id:
+            raise NotOwner(f"streamlet {sl} of {info.name!r} is on broker {info.placement[sl]}")
+        return stream.streamlets.get(sl)
+
+    def offsets(self, sid: int, sl: int) -> list:
+        streamlet = self._streamlet_for_read(sid, sl)
+        return [] if streamlet is None else streamlet.describe_groups()
+
+    def fetch(self, reads) -> tuple[list, list]:
+        """(results, frames) for a `fetch` request's `reads` (see docs/PROTOCOL.md)."""
+        if not isinstance(reads, list) or len(reads) > FETCH_READS_MAX:
+            raise BadRequest(f"'reads' must be a list of at most {FETCH_READS_MAX} reads")
+        self.counters.add("fetch_requests")
+        results: list = []
+        frames: list = []
+        budget = [FETCH_REPLY_MAX_BYTES]
+        for read in reads:
+            before = len(frames)
+            try:
+                sid, sl, low, offsets, max_bytes = _parse_read(read)
+                groups = self._read(sid, sl, low, offsets, max_bytes, frames, budget)
+            except KeraError as err:
+                del frames[before:]
+                results.append([[err.code, err.message, err.retriable], 0, []])
+                continue
+            results.append([None, len(frames) - before, groups])
+        self.counters.add("fetch_chunks", len(frames))
+        self.counters.add("fetch_bytes", FETCH_REPLY_MAX_BYTES - budget[0])
+        return results, frames
+
+    def _read(self, sid, sl, low, offsets, max_bytes, frames, budget) -> list:
+        streamlet = self._streamlet_for_read(sid, sl)
+        if streamlet is None:
+            return []
+        groups = streamlet.groups[low:low + FETCH_GROUPS_MAX]
+        # For each slot, only its lowest unfinished group is served: one producer's records
+        # (one slot) are then read in order.
+        candidates = []
+        slots_seen: set[int] = set()
+        for g in groups:
+            if g.slot in slots_seen:
+                continue
+            off = offsets.get(g.id, 0)
+            if off > g.head:
+                raise OffsetOutOfRange(f"offset {off} is past the end {g.head} of group {g.id}")
+            if g.finished and off >= g.head:
+                continue
+            slots_seen.add(g.slot)
+            candidates.append((g, off))
+            if len(slots_seen) == streamlet.active_groups:
+                break
+        left = min(max_bytes, budget[0])
+        k = len(candidates)
+        taken = 0
+        for i, (g, off) in enumerate(candidates):
+            if len(frames) >= wire.MAX_FRAMES:
+                break
+            share = left // (k - i)   # fair share of what is left, so no slot starves
+            views, nbytes = g.read(off, share, at_least_one=(taken == 0 and budget[0] > 0))
+            room = wire.MAX_FRAMES - len(frames)
+            if len(views) > room:
+                views = views[:room]
+                nbytes = sum(len(v) for v in views)
+            frames.extend(views)
+            taken += len(views)
+            left -= nbytes
+            budget[0] -= nbytes
+        return [g.describe() for g in groups]
+
+    # ================================================================== stats
+    def stats(self) -> dict:
+        c = self.counters
+        s = dict(c)
+        writes = c.get("replication_writes", 0)
+        s.update(
+            chunks_appended=self.chunks_appended,
+            bytes_appended=self.bytes_appended,
+            duplicates=self.duplicates,
+            replication_writes=writes,
+            replication_bytes=c.get("replication_bytes", 0),
+            chunks_per_replication_write=(c.get("replication_chunks", 0) / writes) if writes else 0.0,
+            durable_lag_bytes=sum(v.lag_bytes for v in self.vlog_list),
+            pending_produce=self._pending_count,
+            writes_in_flight=sum(1 for w in self._writes if not w.done),
+            streams=len(self.streams),
+            virtual_logs=len(self.vlog_list),
+            virtual_segments=sum(len(v.vsegs) for v in self.vlog_list),
+            live_backups=self.pool.live_count(),
+            producer_entries=len(self.producers),
+            metadata_version=self.metadata_version,
+        )
+        return s
+
+
+_U32 = struct.Struct("<I")
+
+
+def _check_columns(buf, n: int, flags: int, body_len: int) -> None:
+    """O(1) layout check: the column sizes the header and the last offsets imply add up to the
+    body length (per-record monotonicity is left to readers: no per-record work here)."""
+    at = HEADER_SIZE + 8 * n
+    first, = _U32.unpack_from(buf, at)
+    values_len, = _U32.unpack_from(buf, at + 4 * n)
+    size = 12 * n + 4 + values_len
+    if flags & FLAG_KEYS:
+        k_at = at + 4 * (n + 1)
+        k_first, = _U32.unpack_from(buf, k_at)
+        keys_len, = _U32.unpack_from(buf, k_at + 4 * n)
+        size += 4 * (n + 1) + keys_len + n
+        first |= k_first
+    if first != 0 or size != body_len:
+        raise CorruptChunk("chunk columns do not add up to its body length")
+
+
+def _parse_read(read) -> tuple[int, int, int, dict, int]:
+    if not isinstance(read, list) or len(read) != 4:
+        raise BadRequest("a read is [sid, sl, cursor, max_bytes]")
+    sid, sl, cursor, max_bytes = read
+    _check_int(sid, "sid", 2**64 - 1)
+    _check_int(sl, "sl", 2**32 - 1)
+    _check_int(max_bytes, "max_bytes", 2**64 - 1)
+    if not isinstance(cursor, dict):
+        raise BadRequest("cursor must be a map")
+    low = cursor.get("low", 0)
+    _check_int(low, "low", 2**32 - 1)
+    raw = cursor.get("offsets", {})
+    if not isinstance(raw, dict) or len(raw) > FETCH_CURSOR_GROUPS_MAX:
+        raise BadRequest(f"cursor offsets must be a map of at most {FETCH_CURSOR_GROUPS_MAX} groups")
+    offsets: dict[int, int] = {}
+    for g, off in raw.items():
+        if isinstance(g, str) and g.isdigit() and len(g) <= 10:
+            g = int(g)   # tolerate string keys (a JSON-minded client)
+        _check_int(g, "cursor group", 2**32 - 1)
+        _check_int(off, "cursor offset", 2**64 - 1)
+        offsets[g] = off
+    return sid, sl, low, offsets, min(max(max_bytes, 1), FETCH_READ_MAX_BYTES)
+
+
+def _check_int(value, name: str, hi: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
+        raise BadRequest(f"'{name}' must be an integer in [0, {hi}]")

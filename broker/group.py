@@ -1,0 +1,144 @@
+"""A group: a fixed-size sub-partition of a streamlet, up to G segments of whole chunks.
+
+Record offsets are dense from 0 within a group. The group has two heads: `head` (records
+appended) and `durable` (records stored on every copy the stream asks for); readers never see
+past `durable`. A chunk that does not fit the last segment of a full group closes the group.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from array import array
+from bisect import bisect_right
+
+from kera.broker.segment import Segment
+
+_tiebreak = itertools.count()  # orders waiters with equal offsets without comparing them
+
+
+class Group:
+    __slots__ = ("id", "slot", "max_segments", "segment_size_bytes", "segments", "seg_bases",
+                 "head", "durable", "closed", "vlog", "waiters", "stream_id", "streamlet")
+
+    def __init__(self, group_id: int, slot: int, max_segments: int, segment_size_bytes: int,
+                 stream_id: int = 0, streamlet: int = 0):
+        self.id = group_id
+        self.slot = slot
+        self.max_segments = max_segments
+        self.segment_size_bytes = segment_size_bytes
+        self.stream_id = stream_id
+        self.streamlet = streamlet
+        self.segments: list[Segment] = []
+        self.seg_bases = array("Q")   # first record offset of each segment, for bisect
+        self.head = 0                 # records appended
+        self.durable = 0              # records durable (<= head)
+        self.closed = False
+        self.vlog = None              # the VirtualLog replicating this group (None: R=1)
+        # (end_offset, tiebreak, waiter): produce requests waiting for records to be durable.
+        self.waiters: list = []
+
+    # ------------------------------------------------------------------ append
+    def append(self, chunk, size: int, count: int) -> tuple[Segment, int] | None:
+        """Store a verified chunk; returns (segment, index in segment), or None when the group
+        is full: it is then closed and the chunk belongs in a new group."""
+        assert not self.closed, "append to a closed group"
+        assert size <= self.segment_size_bytes, "chunk larger than a segment"
+        seg = self.segments[-1] if self.segments else None
+        if seg is None or not seg.fits(size):
+            if len(self.segments) >= self.max_segments:
+                self.closed = True
+                return None
+            seg = Segment(self, len(self.segments), self.segment_size_bytes)
+            self.segments.append(seg)
+            self.seg_bases.append(self.head)
+        index = seg.append(chunk, size, self.id, self.head, count)
+        self.head += count
+        return seg, index
+
+    # ------------------------------------------------------------------ durability
+    def set_durable(self, end_offset: int) -> list:
+        """Records below `end_offset` are durable; returns the waiters that are now satisfied."""
+        assert end_offset <= self.head, "durable head passes the head"
+        if end_offset > self.durable:
+            self.durable = end_offset
+        done = []
+        waiters = self.waiters
+        while waiters and waiters[0][0] <= self.durable:
+            done.append(heapq.heappop(waiters)[2])
+        return done
+
+    def wait(self, end_offset: int, waiter) -> bool:
+        """Register `waiter` for records below `end_offset`; False if they already are durable."""
+        if end_offset <= self.durable:
+            return False
+        heapq.heappush(self.waiters, (end_offset, next(_tiebreak), waiter))
+        return True
+
+    def take_waiters(self) -> list:
+        waiters = [w[2] for w in self.waiters]
+        self.waiters.clear()
+        return waiters
+
+    @property
+    def finished(self) -> bool:
+        """Closed and wholly durable: nothing more will ever be readable in it."""
+        return self.closed and self.durable == self.head
+
+    def describe(self) -> list:
+        """`[g, slot, start, durable_end, closed]` as in the protocol. `closed` is reported only
+        once every record is durable, so a reader at `durable_end` of a closed group really is
+        at its end."""
+        return [self.id, self.slot, 0, self.durable, self.finished]
+
+    # ------------------------------------------------------------------ read
+    def locate(self, offset: int) -> tuple[int, int] | None:
+        """(segment number, chunk index) of the chunk holding record `offset`."""
+        if offset >= self.head or not self.segments:
+            return None
+        si = bisect_right(self.seg_bases, offset) - 1
+        seg = self.segments[si]
+        return si, bisect_right(seg.bases, offset) - 1
+
+    def read(self, offset: int, max_bytes: int, at_least_one: bool) -> tuple[list, int]:
+        """Whole durable chunks from the one holding `offset` on, up to `max_bytes` (one chunk
+        over the budget when `at_least_one`); returns (views, bytes)."""
+        limit = self.durable
+        if offset >= limit:
+            return [], 0
+        si, ci = self.locate(offset)
+        frames: list = []
+        total = 0
+        segments = self.segments
+        while si < len(segments):
+            seg = segments[si]
+            bases, sizes = seg.bases, seg.sizes
+            n = len(bases)
+            while ci < n:
+                if bases[ci] >= limit:
+                    return frames, total
+                size = sizes[ci]
+                if total + size > max_bytes and (frames or not at_least_one):
+                    return frames, total
+                view = seg.view(ci)
+                if view is None:
+                    return frames, total
+                frames.append(view)
+                total += size
+                ci += 1
+            si += 1
+            ci = 0
+        return frames, total
+
+    def chunk_count(self) -> int:
+        return sum(len(s) for s in self.segments)
+
+    def iter_chunks_reversed(self):
+        """(segment, index) of every chunk, newest first (used by rare recovery scans)."""
+        for seg in reversed(self.segments):
+            for i in range(len(seg) - 1, -1, -1):
+                yield seg, i
+
+    def release(self) -> None:
+        for seg in self.segments:
+            seg.release()

@@ -1,0 +1,78 @@
+"""A segment: one fixed-capacity in-memory buffer holding whole chunks of one group, back to back.
+
+The buffer is an anonymous mmap, so a segment costs address space when opened and resident
+memory only as chunks are written into it (the kernel hands out zero pages lazily). Each chunk
+is copied in once and stamped in place; the per-chunk index lives in compact arrays, never in a
+Python object per chunk.
+"""
+
+from __future__ import annotations
+
+import mmap
+from array import array
+
+from kera.chunk import stamp
+
+
+class Segment:
+    __slots__ = ("group", "number", "capacity_bytes", "buf", "mv", "used_bytes", "positions",
+                 "sizes", "bases", "counts")
+
+    def __init__(self, group, number: int, capacity_bytes: int):
+        self.group = group                  # the owning Group (None in tests that need none)
+        self.number = number                # index of this segment inside its group
+        self.capacity_bytes = capacity_bytes
+        self.buf: mmap.mmap | None = mmap.mmap(-1, capacity_bytes)
+        self.mv: memoryview | None = memoryview(self.buf)
+        self.used_bytes = 0
+        # One entry per chunk, in append order. u32 positions/sizes: a segment is at most
+        # 1 GiB (the coordinator's bound); u64 record offsets.
+        self.positions = array("I")
+        self.sizes = array("I")
+        self.bases = array("Q")             # record offset (in the group) of the chunk's first record
+        self.counts = array("I")            # records in the chunk
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def fits(self, size: int) -> bool:
+        return self.used_bytes + size <= self.capacity_bytes
+
+    def append(self, chunk, size: int, group_id: int, base_offset: int, count: int) -> int:
+        """Copy a verified chunk of `size` bytes in, stamp it, index it; returns its index.
+        The caller checked `fits`."""
+        pos = self.used_bytes
+        end = pos + size
+        assert end <= self.capacity_bytes, "chunk overflows its segment"
+        view = self.mv[pos:end]
+        view[:] = chunk
+        stamp(view, group_id, self.number, base_offset)
+        self.used_bytes = end
+        self.positions.append(pos)
+        self.sizes.append(size)
+        self.bases.append(base_offset)
+        self.counts.append(count)
+        return len(self.positions) - 1
+
+    def view(self, index: int) -> memoryview | None:
+        """The stored bytes of chunk `index` (no copy); None once the segment is released."""
+        mv = self.mv
+        if mv is None:
+            return None
+        pos = self.positions[index]
+        return mv[pos:pos + self.sizes[index]]
+
+    def end_offset(self, index: int) -> int:
+        """Record offset just past chunk `index`."""
+        return self.bases[index] + self.counts[index]
+
+    @property
+    def released(self) -> bool:
+        return self.mv is None
+
+    def release(self) -> None:
+        """Drop the buffer (its stream was deleted). The memory returns to the system once the
+        last outstanding view (e.g. a frame zmq is still sending) is gone. The index stays, so
+        accounting that walks old references keeps working."""
+        self.mv = None
+        self.buf = None

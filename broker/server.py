@@ -1,0 +1,296 @@
+"""The broker daemon: a thin loop around the sans-IO core (kera.broker.core.Broker).
+
+It answers `produce` (deferred until durable), `fetch`, `offsets` and `stats`; sends the
+core's replication writes to backups through Peers; registers with the coordinator, heartbeats,
+and applies stream metadata and the live-backup list as they change. Every wait on another
+daemon is a Peer request with a deadline, so a dead coordinator or backup never blocks the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import time
+
+import zmq
+
+from kera import config
+from kera.broker.core import Broker, BrokerConfig
+from kera.broker.outbox import Outbox
+from kera.broker.virtual_log import ReplicationWrite
+from kera.errors import KeraError
+from kera.metrics import serve_metrics
+from kera.server import DEFERRED, Request, Server
+
+log = logging.getLogger(__name__)
+
+# Coordinator requests are small; this bounds how long one may stay unanswered.
+COORDINATOR_TIMEOUT_S = 2.0
+# Heartbeat intervals accepted from the coordinator, and the timer that checks them.
+HEARTBEAT_MS_MIN = 5
+HEARTBEAT_MS_MAX = 60_000
+TIMER_S = 0.01
+# Refresh the live-backup list every this many heartbeats.
+CLUSTER_EVERY_HEARTBEATS = 2
+SID_MAX = 2**64 - 1
+SL_MAX = 2**32 - 1
+
+
+class _LoopServer(Server):
+    """kera.server.Server plus a hook after every loop turn: replication acks arrive through
+    peer callbacks, after the request batch's hook has run, and must be acted on promptly."""
+
+    post_turn = None
+
+    def run_once(self, max_wait_s: float = 0.05) -> None:
+        super().run_once(max_wait_s)
+        if self.post_turn is not None:
+            self._guarded(self.post_turn)
+
+
+class BrokerDaemon:
+    def __init__(self, coordinator: str, *, host: str = "127.0.0.1", port: int = 0,
+                 node: str | None = None, broker_id: int | None = None,
+                 cfg: BrokerConfig | None = None,
+                 heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
+                 advertise: str | None = None):
+        self.node = node or socket.gethostname()
+        self.core = Broker(self.node, cfg)
+        self.server = _LoopServer("broker", host, port)
+        self.server.post_turn = self.pump
+        self.server.after_batch.append(self.pump)
+        self.server.on("produce", self._on_produce)
+        self.server.on("fetch", self._on_fetch)
+        self.server.on("offsets", self._on_offsets)
+        self.server.on("stats", self._on_stats)
+        self.coordinator_address = coordinator
+        self.outbox = Outbox(self.server)
+        self.outbox.connect(coordinator)
+        if advertise is None:
+            advertise = self.server.address
+            if host in ("0.0.0.0", "*", "::", ""):
+                advertise = f"{socket.gethostname()}:{self.server.port}"
+        self.advertise = advertise
+        self.wanted_id = broker_id        # identity to (re-)register with
+        self.snapshot: dict = {}          # replaced whole, read by the metrics thread
+        self._in_flight: set[str] = set()  # coordinator ops awaiting an answer
+        self._beats = 0
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._last_beat = 0.0
+        self.server.every(TIMER_S, self._timer)
+        self._register()
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    # ------------------------------------------------------------------ handlers
+    def _on_produce(self, req: Request):
+        acks = req.fields.bool("acks", True)
+        frames = [f.buffer for f in req.frames]
+        results = self.core.produce(req, frames, time.monotonic(), acks)
+        if results is None:
+            return DEFERRED
+        return {"results": results}
+
+    def _on_fetch(self, req: Request):
+        results, frames = self.core.fetch(req.fields.list("reads"))
+        return {"results": results}, frames
+
+    def _on_offsets(self, req: Request):
+        f = req.fields
+        return {"groups": self.core.offsets(f.int("sid", hi=SID_MAX), f.int("sl", hi=SL_MAX))}
+
+    def _on_stats(self, req: Request):
+        return {"stats": self.core.stats()}
+
+    # ------------------------------------------------------------------ replication
+    def pump(self) -> None:
+        """Expire, send the replication writes due, answer produce requests now durable."""
+        now = time.monotonic()
+        core = self.core
+        core.tick(now)
+        self.outbox.flush(now)
+        for w in core.sync(now):
+            self._send_write(w)
+        for token, result in core.take_replies():
+            if isinstance(result, KeraError):
+                self.server.fail(token, result)
+            else:
+                self.server.reply(token, {"results": result})
+
+    def _send_write(self, w: ReplicationWrite) -> None:
+        def done(header, frames, error, w=w):
+            self.core.write_done(w, header, error, time.monotonic())
+
+        # The core times writes out itself (replication_timeout_s); the peer's deadline only
+        # cleans up a reply that never comes.
+        timeout_s = 2 * self.core.cfg.replication_timeout_s
+        self.outbox.request(w.address, "replicate", w.fields, w.frames, timeout_s, done,
+                            time.monotonic(), wanted=lambda w=w: not w.done)
+
+    # ------------------------------------------------------------------ coordinator
+    def _call(self, op: str, fields: dict, on_reply) -> None:
+        """One coordinator request at a time per op; `on_reply(header)` on success."""
+        if op in self._in_flight:
+            return
+        self._in_flight.add(op)
+
+        def done(header, frames, error):
+            self._in_flight.discard(op)
+            if error is not None:
+                self._coordinator_error(op, error)
+                return
+            try:
+                on_reply(header)
+            except KeraError as err:
+                log.warning("bad %s reply from the coordinator: %s", op, err)
+
+        self.outbox.request(self.coordinator_address, op, fields, [], COORDINATOR_TIMEOUT_S, done,
+                            time.monotonic())
+
+    def _coordinator_error(self, op: str, error: KeraError) -> None:
+        if op == "heartbeat" and error.code == "not_ready":
+            log.warning("the coordinator does not know broker %s: registering again", self.core.broker_id)
+            self._register()
+        else:
+            log.warning("coordinator %s %s failed: %s: %s", self.coordinator_address, op,
+                        error.code, error.message)
+
+    def _register(self) -> None:
+        fields = {"kind": "broker", "address": self.advertise, "node": self.node}
+        if self.wanted_id is not None:
+            fields["daemon_id"] = self.wanted_id
+        self._call("register", fields, self._registered)
+
+    def _registered(self, header: dict) -> None:
+        interval_ms = header.get("heartbeat_interval_ms")
+        if isinstance(interval_ms, int) and not isinstance(interval_ms, bool) and \
+                HEARTBEAT_MS_MIN <= interval_ms <= HEARTBEAT_MS_MAX:
+            self.heartbeat_interval_s = interval_ms / 1000
+        bid = header.get("daemon_id")
+        if not isinstance(bid, int) or isinstance(bid, bool) or bid < 0:
+            log.warning("register reply without a usable id: %r", bid)
+            return
+        if self.core.broker_id is not None and self.core.broker_id != bid:
+            log.warning("registered as broker %d (was %d)", bid, self.core.broker_id)
+        self.wanted_id = bid
+        self.core.set_identity(bid)
+        log.info("registered with %s as broker %d (%s)", self.coordinator_address, bid, self.advertise)
+        self._refresh_streams()
+        self._refresh_cluster()
+
+    def _timer(self) -> None:
+        # The interval is the coordinator's (register reply), so a timer checks the clock.
+        now = time.monotonic()
+        if now - self._last_beat >= self.heartbeat_interval_s:
+            self._last_beat = now
+            self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        self.snapshot = self.core.stats()
+        if self.core.broker_id is None:
+            self._register()
+            return
+        self._beats += 1
+        self._call("heartbeat", {"kind": "broker", "daemon_id": self.core.broker_id,
+                                 "metadata_version": self.core.metadata_version,
+                                 "stats": self.snapshot}, self._heartbeat_reply)
+        if self._beats % CLUSTER_EVERY_HEARTBEATS == 0:
+            self._refresh_cluster()
+
+    def _heartbeat_reply(self, header: dict) -> None:
+        version = header.get("metadata_version")
+        if isinstance(version, int) and not isinstance(version, bool) and version > self.core.metadata_version:
+            self._refresh_streams()
+
+    def _refresh_streams(self) -> None:
+        if self.core.broker_id is None:
+            return
+        self._call("broker_streams", {"broker_id": self.core.broker_id}, self._streams_reply)
+
+    def _streams_reply(self, header: dict) -> None:
+        version = header.get("metadata_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            log.warning("broker_streams reply without a metadata_version")
+            return
+        self.core.apply_metadata(header.get("streams"), version)
+
+    def _refresh_cluster(self) -> None:
+        self._call("cluster", {}, self._cluster_reply)
+
+    def _cluster_reply(self, header: dict) -> None:
+        self.core.set_backups(header.get("backups"), time.monotonic())
+        for b in self.core.pool.backups.values():
+            if b.alive:
+                self.outbox.connect(b.address)   # connected before the first write
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> None:
+        self.server.run()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+# ====================================================================== command line
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--coordinator", required=True, metavar="HOST:PORT",
+                        help="the coordinator's address")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind (default: any free port)")
+    parser.add_argument("--advertise", default=None, metavar="HOST:PORT",
+                        help="address given to the coordinator (default: HOST:bound port)")
+    parser.add_argument("--node", default=None, help="host identity for placement (default: hostname)")
+    parser.add_argument("--id", type=int, default=None, help="broker id to re-register with")
+    parser.add_argument("--virtual-logs", type=int, default=config.DEFAULT_VIRTUAL_LOGS,
+                        help="shared virtual logs (replication capacity) per replication factor")
+    parser.add_argument("--virtual-segment-bytes", type=int, default=config.DEFAULT_VIRTUAL_SEGMENT_BYTES,
+                        help="chunk bytes referenced by one virtual segment")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="serve Prometheus metrics on this port (default: off)")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if args.virtual_logs < 1 or args.virtual_segment_bytes < 1:
+        log.error("--virtual-logs and --virtual-segment-bytes must be positive")
+        return 2
+    cfg = BrokerConfig(virtual_logs=args.virtual_logs, virtual_segment_bytes=args.virtual_segment_bytes)
+    try:
+        daemon = BrokerDaemon(args.coordinator, host=args.host, port=args.port, node=args.node,
+                              broker_id=args.id, cfg=cfg, advertise=args.advertise)
+    except (OSError, zmq.ZMQError) as exc:   # port in use, bad interface
+        log.error("cannot start: %s", exc)
+        return 1
+    httpd = None
+    if args.metrics_port:
+        httpd = serve_metrics(args.metrics_port, "kera_broker", lambda: daemon.snapshot,
+                              labels={"address": daemon.address}, host=args.host)
+
+    def stop(signum, frame):
+        log.info("signal %d: stopping", signum)
+        daemon.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"kera broker listening on {daemon.address}", flush=True)
+    try:
+        daemon.run()
+    finally:
+        if httpd is not None:
+            httpd.shutdown()
+    log.info("broker stopped")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="kera broker", description="Run a kera broker.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

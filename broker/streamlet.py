@@ -1,0 +1,103 @@
+"""A streamlet: one partition of a stream on this broker, as groups numbered densely from 0.
+
+Q slots are open to appends at once; a producer's chunks go to slot `producer_id % Q`, so one
+producer's chunks to a streamlet stay in one group at a time, in order. Groups are created
+lazily as data arrives; a full group closes and a new one takes its slot.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Protocol
+
+from kera.broker.group import Group
+from kera.broker.segment import Segment
+
+_PRODUCER_SEQ = struct.Struct("<QQ")  # producer_id, sequence at byte 16 of a chunk header
+
+
+class GroupListener(Protocol):
+    def group_opened(self, group: Group) -> None: ...
+    def group_closed(self, group: Group) -> None: ...
+
+
+class Streamlet:
+    __slots__ = ("stream_id", "index", "active_groups", "group_segments", "segment_size_bytes",
+                 "groups", "slots", "listener")
+
+    def __init__(self, stream_id: int, index: int, active_groups: int, group_segments: int,
+                 segment_size_bytes: int, listener: GroupListener | None = None):
+        self.stream_id = stream_id
+        self.index = index
+        self.active_groups = active_groups
+        self.group_segments = group_segments
+        self.segment_size_bytes = segment_size_bytes
+        self.groups: list[Group] = []
+        self.slots: list[Group | None] = [None] * active_groups
+        self.listener = listener
+
+    def append(self, chunk, size: int, count: int, producer_id: int) -> tuple[Group, Segment, int]:
+        """Store a verified chunk in its producer's slot; returns (group, segment, index)."""
+        slot = producer_id % self.active_groups
+        group = self.slots[slot]
+        if group is None:
+            group = self._open_group(slot)
+        loc = group.append(chunk, size, count)
+        if loc is None:  # the group was full and is now closed
+            if self.listener is not None:
+                self.listener.group_closed(group)
+            group = self._open_group(slot)
+            loc = group.append(chunk, size, count)
+            assert loc is not None, "a chunk no larger than a segment fits a new group"
+        return group, loc[0], loc[1]
+
+    def _open_group(self, slot: int) -> Group:
+        group = Group(len(self.groups), slot, self.group_segments, self.segment_size_bytes,
+                      self.stream_id, self.index)
+        self.groups.append(group)
+        self.slots[slot] = group
+        if self.listener is not None:
+            self.listener.group_opened(group)
+        return group
+
+    def group(self, group_id: int) -> Group | None:
+        return self.groups[group_id] if 0 <= group_id < len(self.groups) else None
+
+    def find_chunk(self, producer_id: int, sequence: int | None, max_chunks: int):
+        """Newest chunk of `producer_id` (with `sequence`, if given) in its slot, scanning chunk
+        headers newest first and at most `max_chunks` of them. Returns (group, segment, index,
+        sequence) or None. A rare path: a producer forgotten by the bounded duplicate table, or
+        a retry of a chunk older than the producer's last."""
+        slot = producer_id % self.active_groups
+        scanned = 0
+        for group in reversed(self.groups):
+            if group.slot != slot:
+                continue
+            for seg, i in group.iter_chunks_reversed():
+                if scanned >= max_chunks:
+                    return None
+                scanned += 1
+                mv = seg.view(i)
+                if mv is None:
+                    return None
+                pid, seq = _PRODUCER_SEQ.unpack_from(mv, 16)
+                if pid == producer_id and (sequence is None or seq == sequence):
+                    return group, seg, i, seq
+                if pid == producer_id and sequence is not None and seq < sequence:
+                    return None  # went past it: sequences only grow going forward
+        return None
+
+    def describe_groups(self, low: int = 0, limit: int | None = None) -> list[list]:
+        groups = self.groups[low:] if limit is None else self.groups[low:low + limit]
+        return [g.describe() for g in groups]
+
+    def release(self) -> list:
+        """Free the buffers (stream deleted); returns the produce waiters left hanging."""
+        waiters = []
+        for group in self.groups:
+            waiters.extend(group.take_waiters())
+            group.release()
+            if not group.closed and self.listener is not None:
+                group.closed = True
+                self.listener.group_closed(group)
+        return waiters

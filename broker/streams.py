@@ -1,0 +1,77 @@
+"""Stream descriptors as the broker uses them, validated (they come from the network too)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kera import config
+from kera.errors import BadRequest
+
+# Bounds a broker accepts in a descriptor; the coordinator enforces tighter ones on creation.
+STREAMLETS_MAX = 1 << 16
+ACTIVE_GROUPS_MAX = 4096
+REPLICATION_MAX = 16
+GROUP_SEGMENTS_MAX = 1 << 20
+SEGMENT_SIZE_BYTES_MIN = 1024
+SEGMENT_SIZE_BYTES_MAX = 1 << 30     # segment positions are u32
+U64_MAX = 2**64 - 1
+DURABILITIES = (config.DURABILITY_MEMORY, config.DURABILITY_DISK)
+
+
+@dataclass(slots=True)
+class StreamInfo:
+    id: int
+    name: str
+    streamlets: int
+    active_groups: int
+    replication: int
+    group_segments: int
+    segment_size_bytes: int
+    durability: str
+    replication_capacity: int
+    placement: list
+    version: int
+
+    @classmethod
+    def from_descriptor(cls, d) -> "StreamInfo":
+        if not isinstance(d, dict):
+            raise BadRequest("stream descriptor is not a map")
+        info = cls(
+            id=_int(d, "id", 0, U64_MAX),
+            name=_str(d, "name"),
+            streamlets=_int(d, "streamlets", 1, STREAMLETS_MAX),
+            active_groups=_int(d, "active_groups", 1, ACTIVE_GROUPS_MAX),
+            replication=_int(d, "replication", 1, REPLICATION_MAX),
+            group_segments=_int(d, "group_segments", 1, GROUP_SEGMENTS_MAX),
+            segment_size_bytes=_int(d, "segment_size_bytes", SEGMENT_SIZE_BYTES_MIN, SEGMENT_SIZE_BYTES_MAX),
+            durability=_str(d, "durability"),
+            replication_capacity=_int(d, "replication_capacity", 0, U64_MAX, default=0),
+            placement=d.get("placement"),
+            version=_int(d, "version", 0, U64_MAX, default=0),
+        )
+        if info.durability not in DURABILITIES:
+            raise BadRequest(f"stream {info.name!r}: unknown durability {info.durability!r}")
+        p = info.placement
+        if not isinstance(p, list) or len(p) != info.streamlets or not all(
+                isinstance(b, int) and not isinstance(b, bool) for b in p):
+            raise BadRequest(f"stream {info.name!r}: placement must list {info.streamlets} broker ids")
+        return info
+
+    def owner(self, streamlet: int):
+        return self.placement[streamlet]
+
+
+def _int(d: dict, name: str, lo: int, hi: int, default=...) -> int:
+    value = d.get(name, default)
+    if value is ...:
+        raise BadRequest(f"stream descriptor lacks '{name}'")
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise BadRequest(f"stream descriptor field '{name}'={value!r} is not an integer in [{lo}, {hi}]")
+    return value
+
+
+def _str(d: dict, name: str) -> str:
+    value = d.get(name)
+    if not isinstance(value, str) or len(value) > 1024:
+        raise BadRequest(f"stream descriptor field '{name}' must be a string")
+    return value

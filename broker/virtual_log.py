@@ -1,0 +1,376 @@
+"""Virtual logs: how a broker replicates (KerA's shared virtual logs).
+
+A virtual log is shared by many groups of many streams. It is a sequence of *virtual segments*
+that hold only references to chunks already stored in physical segments (segment object, chunk
+index), in append order, up to `segment_bytes` of referenced chunk bytes. Each virtual segment
+has R-1 replicas on backups, chosen when it is first synced; a replica receives the segment's
+chunks as frames of `replicate` writes that append at an exact byte offset.
+
+Durability advances in log order: a reference becomes durable once every current replica of its
+virtual segment has acknowledged it, and references are walked strictly in order, so a group's
+durable head (each group is served by exactly one virtual log) only moves forward over whole
+chunks. A replica whose backup times out or fails is replaced by another backup that starts
+empty: everything the virtual segment holds is sent again from offset 0, and the durable walk
+waits for the new replica, so nothing is acknowledged on fewer than R copies.
+
+Choice (documented in broker/README): one virtual log carries one replication factor and one
+durability mode; the broker keeps V logs per (R, durability) pair that occurs. A log's writes
+therefore always go to exactly R-1 backups with one `durability` value.
+"""
+
+from __future__ import annotations
+
+import logging
+from array import array
+from bisect import insort
+from dataclasses import dataclass
+
+from kera import wire
+from kera.chunk import crc32c
+from kera.errors import BadRequest, KeraError
+from kera.metrics import Counters
+
+log = logging.getLogger(__name__)
+
+# A write carries at most this many chunks (so never more than wire.MAX_FRAMES frames, which
+# the receiving daemon refuses); the rest go in the next write.
+WRITE_CHUNKS_MAX = wire.MAX_FRAMES
+# Virtual segments already wholly durable whose redundancy is being restored (a backup holding
+# them died) are re-sent one at a time per log, so a backup loss cannot flood the network.
+BACKGROUND_VSEGS_MAX = 1
+THROTTLE_BACKOFF_S = 0.05
+
+
+@dataclass(slots=True, eq=False)
+class Replica:
+    backup_id: int
+    address: str
+    node: str
+    sent_idx: int = 0        # references sent (in writes acknowledged or in flight)
+    sent_bytes: int = 0
+    acked_idx: int = 0       # references the backup acknowledged
+    acked_bytes: int = 0
+    in_flight: int = 0
+    close_sent: bool = False
+    close_acked: bool = False
+    gen: int = 0             # bumped to disown writes in flight (rewind after `throttled`)
+    retry_at: float = 0.0
+
+
+@dataclass(slots=True, eq=False)
+class ReplicationWrite:
+    """One `replicate` request to one backup: what the server sends, and what the core needs
+    back in `VirtualLog.write_done`."""
+    vlog: "VirtualLog"
+    vseg: "VirtualSegment"
+    replica: Replica
+    gen: int
+    end_idx: int
+    end_bytes: int
+    close: bool
+    address: str
+    fields: dict
+    frames: list
+    sent_at: float
+    chunks: int = 0
+    done: bool = False
+
+    @property
+    def backup_id(self) -> int:
+        return self.replica.backup_id
+
+    @property
+    def nbytes(self) -> int:
+        return self.end_bytes - self.fields["offset"]
+
+
+class VirtualSegment:
+    __slots__ = ("number", "segs", "idxs", "nbytes", "closed", "finished", "replicas",
+                 "excluded", "checksum")
+
+    def __init__(self, number: int, copies: int):
+        self.number = number
+        self.segs: list = []            # physical Segment of each reference
+        self.idxs = array("I")          # chunk index inside that segment
+        self.nbytes = 0                 # chunk bytes referenced
+        self.closed = False             # no more references will be added
+        self.finished = False           # closed, and every replica acknowledged all and the close
+        self.replicas: list[Replica | None] = [None] * copies
+        self.excluded: dict[int, float] = {}   # backup id -> clock until which it is not reused
+        self.checksum = 0               # CRC32C chained over the referenced chunks' header CRCs
+
+    def __len__(self) -> int:
+        return len(self.idxs)
+
+    def durable_idx(self) -> int:
+        """References acknowledged by every replica; 0 while a replica slot is empty."""
+        best = len(self.idxs)
+        for r in self.replicas:
+            if r is None:
+                return 0
+            if r.acked_idx < best:
+                best = r.acked_idx
+        return best
+
+    def all_acked(self) -> bool:
+        n = len(self.idxs)
+        return self.closed and all(r is not None and r.close_acked and r.acked_idx == n
+                                   for r in self.replicas)
+
+
+
+def _frames(segs: list, idxs, start: int, end: int) -> tuple[list, int, int]:
+    """Payload of a write: references start..end as views of the physical segments (no copy),
+    chunks adjacent in one segment sharing one frame. The protocol allows whole chunks back to
+    back in a frame, and it matters: zmq copies frames under 64 KiB and every frame costs a
+    Python-level send, while one large frame goes zero-copy. Returns (frames, bytes, chunks)."""
+    frames: list = []
+    nbytes = chunks = 0
+    run_seg = None
+    run_start = run_end = 0
+    for k in range(start, end):
+        seg = segs[k]
+        mv = seg.mv
+        if mv is None:
+            continue   # the stream was deleted: its chunks need no more copies
+        i = idxs[k]
+        pos = seg.positions[i]
+        size = seg.sizes[i]
+        chunks += 1
+        nbytes += size
+        if seg is run_seg and pos == run_end:
+            run_end += size
+            continue
+        if run_seg is not None:
+            frames.append(run_seg.mv[run_start:run_end])
+        run_seg, run_start, run_end = seg, pos, pos + size
+    if run_seg is not None:
+        frames.append(run_seg.mv[run_start:run_end])
+    return frames, nbytes, chunks
+
+
+class VirtualLog:
+    def __init__(self, log_id: int, replication: int, durability: str, segment_bytes: int,
+                 pool, *, in_flight_max: int = 1, exclude_s: float = 10.0,
+                 counters: Counters | None = None):
+        assert replication >= 2, "R=1 streams are durable at append and need no virtual log"
+        self.id = log_id
+        self.copies = replication - 1
+        self.durability = durability
+        self.segment_bytes = segment_bytes
+        self.pool = pool
+        self.in_flight_max = in_flight_max
+        self.exclude_s = exclude_s
+        self.counters = counters if counters is not None else Counters()
+        self.vsegs: list[VirtualSegment] = []
+        self.open: VirtualSegment | None = None
+        self.unfinished: list[tuple[int, VirtualSegment]] = []   # (number, vseg), sorted
+        self.walk_seg = 0                # durable walk: virtual segment number ...
+        self.walk_idx = 0                # ... and reference index inside it
+        self.lag_bytes = 0               # referenced bytes not yet durable
+        self.active_groups = 0           # open groups this log serves (for spreading groups)
+
+    # ------------------------------------------------------------------ append
+    def add(self, seg, index: int, size: int) -> None:
+        """Reference chunk `index` of physical segment `seg` (already stored and stamped)."""
+        vs = self.open
+        if vs is None or (vs.nbytes and vs.nbytes + size > self.segment_bytes):
+            if vs is not None:
+                vs.closed = True
+            vs = self.open = VirtualSegment(len(self.vsegs), self.copies)
+            self.vsegs.append(vs)
+            self.unfinished.append((vs.number, vs))
+        vs.segs.append(seg)
+        vs.idxs.append(index)
+        vs.nbytes += size
+        pos = seg.positions[index]
+        vs.checksum = crc32c(seg.mv[pos + 4:pos + 8], vs.checksum)
+        self.lag_bytes += size
+
+    def close_open(self) -> None:
+        """Close the open virtual segment (the next reference opens a new one)."""
+        if self.open is not None:
+            self.open.closed = True
+            self.open = None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.unfinished)
+
+    # ------------------------------------------------------------------ sync
+    def sync(self, now: float, broker_id: int) -> list[ReplicationWrite]:
+        """One write per replica that has unsent references (or an unsent close) and room in
+        its in-flight window, carrying all of them (views of the segments, see _frames)."""
+        writes: list[ReplicationWrite] = []
+        background = 0
+        for number, vs in self.unfinished:
+            if number < self.walk_seg:  # already durable: restoring redundancy only
+                if background >= BACKGROUND_VSEGS_MAX:
+                    continue
+                background += 1
+            self._staff(vs, now)
+            for r in vs.replicas:
+                if r is not None and r.in_flight < self.in_flight_max and r.retry_at <= now:
+                    w = self._write(vs, r, now, broker_id)
+                    if w is not None:
+                        writes.append(w)
+        return writes
+
+    def _write(self, vs: VirtualSegment, r: Replica, now: float, broker_id: int):
+        n = len(vs.idxs)
+        start = r.sent_idx
+        if start < n:
+            end = min(n, start + WRITE_CHUNKS_MAX)
+        elif vs.closed and not r.close_sent:
+            end = n
+        else:
+            return None
+        close = vs.closed and end == n
+        frames, nbytes, chunks = _frames(vs.segs, vs.idxs, start, end)
+        fields = {"broker_id": broker_id, "vlog": self.id, "vseg": vs.number,
+                  "offset": r.sent_bytes, "durability": self.durability, "close": close}
+        r.sent_idx = end
+        r.sent_bytes += nbytes
+        r.in_flight += 1
+        if close:
+            r.close_sent = True
+        c = self.counters
+        c.add("replication_writes")
+        c.add("replication_bytes", nbytes)
+        c.add("replication_chunks", chunks)
+        c.add("replication_frames", len(frames))
+        return ReplicationWrite(self, vs, r, r.gen, end, r.sent_bytes, close, r.address, fields,
+                                frames, now, chunks)
+
+    def _staff(self, vs: VirtualSegment, now: float) -> None:
+        """Fill empty replica slots with live backups (distinct, spread, see BackupPool)."""
+        if all(r is not None for r in vs.replicas):
+            return
+        exclude = {r.backup_id for r in vs.replicas if r is not None}
+        exclude.update(bid for bid, until in vs.excluded.items() if until > now)
+        used_nodes = {r.node for r in vs.replicas if r is not None}
+        for slot, r in enumerate(vs.replicas):
+            if r is not None:
+                continue
+            b = self.pool.choose(exclude, used_nodes, now)
+            if b is None:
+                return
+            self.pool.assign(b.id)
+            vs.replicas[slot] = Replica(b.id, b.address, b.node)
+            exclude.add(b.id)
+            used_nodes.add(b.node)
+            log.debug("vlog %d vseg %d: replica on backup %d (%s)", self.id, vs.number, b.id, b.address)
+
+    # ------------------------------------------------------------------ acknowledgements
+    def write_done(self, w: ReplicationWrite, header: dict | None, error: KeraError | None,
+                   now: float) -> dict:
+        """Account for a write's reply (or its failure); returns {group: durable end offset}
+        for the groups whose durable head moved."""
+        if w.done:
+            return {}
+        w.done = True
+        vs, r = w.vseg, w.replica
+        if r.gen != w.gen or not any(x is r for x in vs.replicas):
+            return {}  # the replica was replaced or rewound since: this reply says nothing
+        r.in_flight -= 1
+        if error is None:
+            length = header.get("length") if isinstance(header, dict) else None
+            if not isinstance(length, int) or isinstance(length, bool) or length != w.end_bytes:
+                error = BadRequest(f"backup stored {length!r} bytes, expected {w.end_bytes}")
+        if error is not None:
+            self._replica_failed(vs, r, error, now)
+            return {}
+        if w.end_idx > r.acked_idx:
+            r.acked_idx = w.end_idx
+            r.acked_bytes = w.end_bytes
+        if w.close:
+            r.close_acked = True
+        updates = self._advance()
+        if vs.all_acked():
+            self._finish(vs)
+        return updates
+
+    def _replica_failed(self, vs: VirtualSegment, r: Replica, error: KeraError, now: float) -> None:
+        if error.code == "throttled":
+            # The backup is alive but full of unflushed buffers: retry it after a pause from
+            # what it acknowledged. Writes still in flight to it will be refused (their offset
+            # no longer matches), and their replies are disowned by the new generation.
+            r.gen += 1
+            r.in_flight = 0
+            r.sent_idx, r.sent_bytes = r.acked_idx, r.acked_bytes
+            r.close_sent = r.close_acked
+            r.retry_at = now + THROTTLE_BACKOFF_S
+            self.counters.add("replication_throttled")
+            return
+        log.warning("vlog %d vseg %d: backup %d (%s) failed (%s: %s); re-replicating elsewhere",
+                    self.id, vs.number, r.backup_id, r.address, error.code, error.message)
+        self.counters.add("replica_failures")
+        self._drop_replica(vs, r, now)
+        self.pool.suspect(r.backup_id, now + self.exclude_s)
+
+    def _drop_replica(self, vs: VirtualSegment, r: Replica, now: float) -> None:
+        slot = next(i for i, x in enumerate(vs.replicas) if x is r)
+        vs.replicas[slot] = None
+        r.gen += 1
+        vs.excluded[r.backup_id] = now + self.exclude_s
+        if vs.finished:
+            # Wholly replicated once: its remaining replicas count as load again until the
+            # replacement has caught up.
+            vs.finished = False
+            insort(self.unfinished, (vs.number, vs), key=lambda e: e[0])
+            for other in vs.replicas:
+                if other is not None:
+                    self.pool.assign(other.backup_id)
+        else:
+            self.pool.unassign(r.backup_id)
+
+    def backups_lost(self, lost: set[int], now: float) -> int:
+        """Replace every replica held by a backup that died, in every virtual segment this log
+        still references (finished ones too: their redundancy is restored in the background).
+        Returns how many replicas were dropped."""
+        dropped = 0
+        for vs in self.vsegs:
+            for r in list(vs.replicas):
+                if r is not None and r.backup_id in lost:
+                    self._drop_replica(vs, r, now)
+                    dropped += 1
+        return dropped
+
+    def _finish(self, vs: VirtualSegment) -> None:
+        vs.finished = True
+        self.unfinished = [e for e in self.unfinished if e[1] is not vs]
+        for r in vs.replicas:
+            self.pool.unassign(r.backup_id)
+
+    def _advance(self) -> dict:
+        """Walk references that every replica now holds, in log order."""
+        updates: dict = {}
+        vsegs = self.vsegs
+        while self.walk_seg < len(vsegs):
+            vs = vsegs[self.walk_seg]
+            limit = vs.durable_idx()
+            i = self.walk_idx
+            if limit > i:
+                segs, idxs = vs.segs, vs.idxs
+                lag = 0
+                for k in range(i, limit):
+                    seg = segs[k]
+                    ci = idxs[k]
+                    updates[seg.group] = seg.bases[ci] + seg.counts[ci]
+                    lag += seg.sizes[ci]
+                self.lag_bytes -= lag
+                self.walk_idx = limit
+            if vs.closed and self.walk_idx == len(vs.idxs):
+                self.walk_seg += 1
+                self.walk_idx = 0
+                continue
+            break
+        assert self.lag_bytes >= 0, "durable walk passed the appended references"
+        return updates
+
+    # ------------------------------------------------------------------ views
+    def describe(self) -> dict:
+        return {"id": self.id, "copies": self.copies, "durability": self.durability,
+                "vsegs": len(self.vsegs), "unfinished": len(self.unfinished),
+                "lag_bytes": self.lag_bytes, "active_groups": self.active_groups,
+                "walk": [self.walk_seg, self.walk_idx]}

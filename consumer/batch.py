@@ -1,0 +1,84 @@
+"""Batch: the records of one fetched chunk, as columns (no Python call per record)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from kera.chunk import Chunk
+from kera.position import Record
+
+
+class Batch:
+    """Records `offset` .. `offset + len - 1` of one group of one streamlet, in order.
+
+    `to_arrow()` is a pyarrow RecordBatch (key, value, timestamp) over the chunk's buffer;
+    `values` the pyarrow binary array of values; `value_offsets` / `values_blob` /
+    `timestamps` numpy and memoryview columns; `offsets` the record offsets (numpy int64).
+    Unpacks as (stream, streamlet, group, offset, record_batch).
+    """
+
+    __slots__ = ("stream", "streamlet", "group", "offset", "chunk", "skip")
+
+    def __init__(self, stream: str, streamlet: int, group: int, offset: int, chunk: Chunk, skip: int):
+        self.stream = stream
+        self.streamlet = streamlet
+        self.group = group
+        self.offset = offset
+        self.chunk = chunk
+        self.skip = skip
+
+    def __len__(self) -> int:
+        return len(self.chunk) - self.skip
+
+    def __iter__(self):
+        return iter((self.stream, self.streamlet, self.group, self.offset, self.to_arrow()))
+
+    def __repr__(self) -> str:
+        return (f"Batch({self.stream!r}, streamlet={self.streamlet}, group={self.group}, "
+                f"offset={self.offset}, records={len(self)})")
+
+    @property
+    def next_offset(self) -> int:
+        return self.offset + len(self)
+
+    def to_arrow(self):
+        batch = self.chunk.to_arrow()
+        return batch.slice(self.skip) if self.skip else batch
+
+    @property
+    def values(self):
+        """pyarrow BinaryArray of the values."""
+        return self.to_arrow().column(1)
+
+    @property
+    def values_blob(self) -> memoryview:
+        """The value bytes of these records (value_offsets index into it)."""
+        off = self.chunk.value_offsets
+        return self.chunk.values_blob[int(off[self.skip]):]
+
+    @property
+    def value_offsets(self) -> np.ndarray:
+        """u32/int64 offsets (len + 1) of each value in values_blob."""
+        off = self.chunk.value_offsets[self.skip:]
+        return off - off[0] if self.skip else off
+
+    @property
+    def timestamps(self) -> np.ndarray:
+        return self.chunk.timestamps[self.skip:]
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.arange(self.offset, self.offset + len(self), dtype=np.int64)
+
+    def value_list(self) -> list[bytes]:
+        return self.chunk.values()[self.skip:]
+
+    def keys(self) -> list[bytes | None]:
+        return self.chunk.keys()[self.skip:]
+
+    def records(self) -> Iterator[Record]:
+        s, sl, g, base = self.stream, self.streamlet, self.group, self.offset
+        for i, (k, v, t) in enumerate(zip(self.keys(), self.value_list(), self.timestamps.tolist())):
+            yield Record(k, v, t, s, sl, g, base + i)

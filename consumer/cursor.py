@@ -1,0 +1,165 @@
+"""Cursor bookkeeping of the consumer, on both of its sides. Sans-IO.
+
+A streamlet's cursor is `low` (every group below it is finished) and the next offset of each
+group from `low` up (a group missing from `offsets` starts at 0); on the wire it is the fetch
+request's `{"low": g0, "offsets": {g: off}}`.
+
+* FetchCursor — the request thread's: advanced as chunks arrive, so the next fetch continues
+  after them; decides from the broker's group table when groups are finished.
+* ConsumedCursor — the caller's: advanced only as the caller consumes what the request thread
+  queued (chunks, then "low moved" marks, in the same order), so `positions()` is exactly what
+  was consumed, never what was merely fetched.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from kera.chunk import Chunk, ChunkHeader
+from kera.errors import BadRequest, KeraError
+from kera.position import Position
+
+GROUPS_MAX = 1 << 20
+
+
+class GroupInfo(NamedTuple):
+    group: int
+    slot: int
+    start: int
+    durable_end: int
+    closed: bool
+
+
+def parse_groups(groups) -> list[GroupInfo]:
+    """Validate a broker's `[[g, slot, start, durable_end, closed], ...]` table."""
+    if not isinstance(groups, list) or len(groups) > GROUPS_MAX:
+        raise BadRequest("groups must be a list")
+    out = []
+    for entry in groups:
+        if (not isinstance(entry, list) or len(entry) != 5 or not isinstance(entry[4], bool)
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in entry[:4])):
+            raise BadRequest(f"malformed group entry {entry!r}")
+        out.append(GroupInfo(*entry))
+    return out
+
+
+class FetchCursor:
+    __slots__ = ("streamlet", "low", "offsets")
+
+    def __init__(self, streamlet: int, low: int = 0, offsets: dict[int, int] | None = None):
+        self.streamlet = streamlet
+        self.low = low
+        self.offsets = {g: o for g, o in (offsets or {}).items() if g >= low}
+
+    def wire(self) -> dict:
+        return {"low": self.low, "offsets": dict(self.offsets)}
+
+    def on_chunk(self, header: ChunkHeader) -> int | None:
+        """A fetched chunk: returns how many of its leading records lie before the cursor (to
+        skip), or None when none of it is new (a stale or repeated chunk)."""
+        g = header.group
+        if g < self.low:
+            return None
+        cur = self.offsets.get(g, 0)
+        end = header.base_offset + header.record_count
+        if end <= cur:
+            return None
+        self.offsets[g] = end
+        return max(0, cur - header.base_offset)
+
+    def on_groups(self, groups: list[GroupInfo]) -> int | None:
+        """Apply the broker's group table; returns the new `low` when finished groups let it
+        move up, else None. A group is finished when it is closed and read to its end."""
+        table = {gi.group: gi for gi in groups}
+        low = self.low
+        while True:
+            gi = table.get(low)
+            if gi is None or not gi.closed or self.offsets.get(low, 0) < gi.durable_end:
+                break
+            low += 1
+        if low == self.low:
+            return None
+        self.low = low
+        self.offsets = {g: o for g, o in self.offsets.items() if g >= low}
+        return low
+
+    @classmethod
+    def at_end(cls, streamlet: int, groups: list[GroupInfo]) -> "FetchCursor":
+        """A cursor at the durable end of every group (start="latest")."""
+        low = 0
+        for gi in sorted(groups):
+            if gi.closed and gi.group == low:
+                low += 1
+        return cls(streamlet, low, {gi.group: gi.durable_end for gi in groups})
+
+
+class ChunkItem:
+    """A fetched chunk in the consumer's cache: records [skip, count) are to be delivered."""
+    __slots__ = ("streamlet", "group", "first", "skip", "chunk", "end")
+
+    def __init__(self, streamlet: int, chunk: Chunk, skip: int):
+        h = chunk.header
+        self.streamlet = streamlet
+        self.group = h.group
+        self.first = h.base_offset + skip
+        self.skip = skip
+        self.chunk = chunk
+        self.end = h.base_offset + h.record_count
+
+    @property
+    def count(self) -> int:
+        return self.end - self.first
+
+
+class LowItem(NamedTuple):
+    """Every group of `streamlet` below `low` is finished (once what precedes is consumed)."""
+    streamlet: int
+    low: int
+
+
+class ErrorItem(NamedTuple):
+    error: KeraError
+
+
+class ConsumedCursor:
+    __slots__ = ("streamlet", "low", "offsets")
+
+    def __init__(self, streamlet: int, low: int = 0, offsets: dict[int, int] | None = None):
+        self.streamlet = streamlet
+        self.low = low
+        self.offsets = {g: o for g, o in (offsets or {}).items() if g >= low}
+
+    def consumed(self, group: int, next_offset: int) -> None:
+        if group >= self.low:
+            self.offsets[group] = next_offset
+
+    def finished_below(self, low: int) -> None:
+        if low > self.low:
+            self.low = low
+            self.offsets = {g: o for g, o in self.offsets.items() if g >= low}
+
+    def positions(self, stream: str, partial: tuple[int, int] | None = None) -> list[Position]:
+        """Every group from `low` up to the highest one seen; `partial` = (group, next
+        offset) of a chunk the caller is part way through."""
+        offsets = self.offsets
+        if partial is not None and partial[0] >= self.low:
+            offsets = dict(offsets)
+            offsets[partial[0]] = partial[1]
+        top = max(offsets, default=self.low)
+        return [Position(stream, self.streamlet, g, offsets.get(g, 0)) for g in range(self.low, top + 1)]
+
+
+def cursors_from_positions(positions: list[Position], stream: str) -> dict[int, tuple[int, dict[int, int]]]:
+    """{streamlet: (low, {group: offset})} from positions() output; raises BadRequest on a
+    position of another stream."""
+    out: dict[int, tuple[int, dict[int, int]]] = {}
+    for p in positions:
+        p = Position(*p)
+        if p.stream != stream:
+            raise BadRequest(f"position {p} is not in stream '{stream}'")
+        if p.streamlet < 0 or p.group < 0 or p.offset < 0:
+            raise BadRequest(f"position {p} is negative")
+        low, offsets = out.get(p.streamlet, (p.group, {}))
+        offsets[p.group] = p.offset
+        out[p.streamlet] = (min(low, p.group), offsets)
+    return out

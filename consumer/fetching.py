@@ -1,0 +1,196 @@
+"""What the consumer's request thread fetches next and what it makes of replies. Sans-IO.
+
+One fetch request at a time per broker, reading every assigned streamlet that broker owns
+(`[sid, sl, cursor, max_bytes]` each). A reply turns into cache items, in order: a ChunkItem per
+new chunk, a LowItem when finished groups let a streamlet's cursor move up, an ErrorItem for an
+error the caller must see. A broker that had nothing new is asked again after `idle_wait_s`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kera.chunk import HEADER_SIZE, Chunk, chunk_size
+from kera.consumer.cursor import ChunkItem, ErrorItem, FetchCursor, LowItem, parse_groups
+from kera.errors import BadRequest, CorruptChunk, KeraError, Timeout, from_reply
+
+BACKOFF_MS_BASE = 5
+BACKOFF_MS_MAX = 1000
+
+
+@dataclass
+class InFlight:
+    req_id: int
+    streamlets: list
+    deadline: float
+
+
+@dataclass
+class FetchState:
+    stream: str
+    stream_id: int
+    cursors: dict                       # streamlet -> FetchCursor
+    fetch_max_bytes: int
+    request_timeout_s: float
+    idle_wait_s: float
+    in_flight: dict = field(default_factory=dict)       # broker -> InFlight
+    next_fetch_at: dict = field(default_factory=dict)   # broker -> monotonic time
+    retry_at: dict = field(default_factory=dict)        # streamlet -> monotonic time
+    failures: dict = field(default_factory=dict)        # streamlet -> consecutive failures
+    want_refresh: bool = False
+    # A broker said unknown_stream for good: fatal if the coordinator agrees.
+    maybe_gone: bool = False
+    fatal: bool = False
+
+    def build(self, now: float, address_of: Callable[[int, int], str | None]
+              ) -> list[tuple[str, list, list]]:
+        """(broker, reads, streamlets) for each broker to fetch from now."""
+        if self.fatal:
+            return []
+        by_broker: dict[str, list[int]] = {}
+        for sl in self.cursors:
+            if self.retry_at.get(sl, 0.0) > now:
+                continue
+            address = address_of(self.stream_id, sl)
+            if address is None:
+                self.want_refresh = True
+                self.retry_at[sl] = now + BACKOFF_MS_MAX / 1000
+                continue
+            by_broker.setdefault(address, []).append(sl)
+        out = []
+        for broker, sls in by_broker.items():
+            if broker in self.in_flight or self.next_fetch_at.get(broker, 0.0) > now:
+                continue
+            per_read = max(1, self.fetch_max_bytes // len(sls))
+            reads = [[self.stream_id, sl, self.cursors[sl].wire(), per_read] for sl in sls]
+            out.append((broker, reads, sls))
+        return out
+
+    def sent(self, broker: str, req_id: int, streamlets: list, now: float) -> None:
+        self.in_flight[broker] = InFlight(req_id, streamlets, now + self.request_timeout_s)
+
+    def send_failed(self, broker: str, streamlets: list, now: float) -> None:
+        for sl in streamlets:
+            self._read_failed(sl, Timeout(f"broker {broker} is not reachable"), now, [])
+
+    def expire(self, now: float) -> None:
+        for broker, fl in list(self.in_flight.items()):
+            if fl.deadline <= now:
+                del self.in_flight[broker]
+                for sl in fl.streamlets:
+                    self._read_failed(sl, Timeout(f"no fetch reply from {broker} within "
+                                                  f"{self.request_timeout_s:.1f} s"), now, [])
+
+    def next_wake(self, now: float) -> float | None:
+        times = [fl.deadline for fl in self.in_flight.values()]
+        times += [t for t in self.next_fetch_at.values() if t > now]
+        times += [t for t in self.retry_at.values() if t > now]
+        return min(times, default=None)
+
+    # ------------------------------------------------------------------ replies
+    def on_reply(self, broker: str, header: dict, frames: list, now: float) -> list:
+        """Cache items made of one fetch reply (empty for a late or unknown reply)."""
+        fl = self.in_flight.get(broker)
+        if fl is None or header.get("id") != fl.req_id:
+            return []
+        del self.in_flight[broker]
+        items: list = []
+        if header.get("ok") is not True:
+            err = from_reply(str(header.get("code", "internal")), str(header.get("message", "")),
+                             bool(header.get("retriable", False)))
+            for sl in fl.streamlets:
+                self._read_failed(sl, err, now, items)
+            return items
+        results = header.get("results")
+        if not isinstance(results, list) or len(results) != len(fl.streamlets):
+            for sl in fl.streamlets:
+                self._read_failed(sl, KeraError(f"fetch reply from {broker} has a malformed "
+                                                "results list", retriable=True), now, items)
+            return items
+        got = 0
+        at = 0
+        for sl, result in zip(fl.streamlets, results):
+            try:
+                error, n_frames, groups = _parse_result(result)
+                if at + n_frames > len(frames):
+                    raise BadRequest(f"fetch reply announces {at + n_frames} frames, carries {len(frames)}")
+            except BadRequest as err:
+                self._read_failed(sl, KeraError(f"malformed fetch result from {broker}: {err}",
+                                                retriable=True), now, items)
+                # Frames of the reads after this one can no longer be attributed: refetch all.
+                for later in fl.streamlets[fl.streamlets.index(sl) + 1:]:
+                    self.retry_at[later] = now
+                break
+            read_frames = frames[at:at + n_frames]
+            at += n_frames
+            if error is not None:
+                self._read_failed(sl, error, now, items)
+                continue
+            try:
+                got += self._apply_read(sl, read_frames, groups, items)
+            except CorruptChunk as err:
+                self._read_failed(sl, CorruptChunk(f"fetched chunk of streamlet {sl}: {err}",
+                                                   retriable=True), now, items)
+                continue
+            self.failures.pop(sl, None)
+        if not got:
+            self.next_fetch_at[broker] = now + self.idle_wait_s
+        return items
+
+    def _apply_read(self, sl: int, frames: list, groups, items: list) -> int:
+        cursor: FetchCursor = self.cursors[sl]
+        new = []
+        for frame in frames:
+            buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+            at = 0
+            while at < len(buf):  # a frame may hold several chunks back to back
+                if len(buf) - at < HEADER_SIZE:
+                    raise CorruptChunk(f"{len(buf) - at} stray bytes after the chunks of a frame")
+                size = chunk_size(buf, at)
+                chunk = Chunk(buf[at:at + size])  # checks both checksums
+                at += size
+                h = chunk.header
+                if h.stream_id != self.stream_id or h.streamlet != sl:
+                    raise CorruptChunk(f"chunk of stream {h.stream_id} streamlet {h.streamlet} "
+                                       f"in a read of stream {self.stream_id} streamlet {sl}")
+                new.append(chunk)
+        # Only once the whole read checked out does the cursor move (a corrupt read is refetched).
+        count = 0
+        for chunk in new:
+            skip = cursor.on_chunk(chunk.header)
+            if skip is not None:
+                items.append(ChunkItem(sl, chunk, skip))
+                count += 1
+        low = cursor.on_groups(groups)
+        if low is not None:
+            items.append(LowItem(sl, low))
+        return count
+
+    def _read_failed(self, sl: int, err: KeraError, now: float, items: list) -> None:
+        n = self.failures[sl] = self.failures.get(sl, 0) + 1
+        if err.code == "unknown_stream" and not err.retriable:
+            self.maybe_gone = True
+            self.want_refresh = True
+        elif err.retriable:
+            if err.code in ("not_owner", "unknown_stream", "timeout", "not_ready"):
+                self.want_refresh = True
+        else:
+            self.fatal = True
+            items.append(ErrorItem(err.__class__(
+                f"stream '{self.stream}' streamlet {sl}: {err.message}", retriable=False)))
+            return
+        self.retry_at[sl] = now + min(BACKOFF_MS_MAX, BACKOFF_MS_BASE << min(n, 10)) / 1000
+
+
+def _parse_result(result):
+    if not isinstance(result, list) or len(result) != 3:
+        raise BadRequest(f"fetch result {result!r:.80} is not [error, n_frames, groups]")
+    error, n_frames, groups = result
+    if not isinstance(n_frames, int) or isinstance(n_frames, bool) or n_frames < 0:
+        raise BadRequest(f"bad n_frames {n_frames!r}")
+    if error is not None:
+        if not isinstance(error, list) or len(error) != 3 or not isinstance(error[0], str):
+            raise BadRequest(f"bad error {error!r:.80}")
+        error = from_reply(error[0], str(error[1]), bool(error[2]))
+    return error, n_frames, parse_groups(groups)

@@ -1,0 +1,8 @@
+"""`python -m kera ...`: the same as the `kera` console script."""
+
+import sys
+
+from kera.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

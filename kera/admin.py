@@ -1,0 +1,127 @@
+"""Admin client: create, describe, list and delete streams; look at the cluster and its counters.
+
+    with Admin("127.0.0.1:7000") as admin:
+        admin.create_stream("events", streamlets=4, replication=2)
+
+Every call has a timeout and raises the KeraError the coordinator (or a daemon) replied with.
+An Admin may be shared between threads (calls are serialized on one connection).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from kera import config, rpc
+from kera.errors import BadRequest, KeraError, Timeout
+
+READY_POLL_S = 0.02          # between describe_stream calls while waiting for `ready`
+STATS_TIMEOUT_S_MAX = 2.0    # per daemon: a dead daemon must not stall `stats` for long
+
+
+def parse_bootstrap(bootstrap: str) -> str:
+    """The coordinator's "host:port" (the first, if a comma-separated list is given)."""
+    address = (bootstrap or "").split(",")[0].strip()
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise BadRequest(f"bootstrap address must be host:port, not {bootstrap!r}")
+    return address
+
+
+class Admin:
+    def __init__(self, bootstrap: str, timeout_s: float = 10.0):
+        self.bootstrap = parse_bootstrap(bootstrap)
+        self.timeout_s = timeout_s
+        self._conn = rpc.Connection(self.bootstrap, timeout_s=timeout_s)
+        self._lock = threading.Lock()
+
+    def _call(self, op: str, fields: dict | None = None, timeout_s: float | None = None) -> dict:
+        with self._lock:
+            header, _ = self._conn.call(op, fields, timeout_s=timeout_s)
+        return header
+
+    # ------------------------------------------------------------------ streams
+    def create_stream(self, name: str, streamlets: int = config.DEFAULT_STREAMLETS,
+                      active_groups: int = config.DEFAULT_ACTIVE_GROUPS,
+                      replication: int = config.DEFAULT_REPLICATION,
+                      group_segments: int = config.DEFAULT_GROUP_SEGMENTS,
+                      segment_size_bytes: int = config.DEFAULT_SEGMENT_SIZE_BYTES,
+                      durability: str = config.DEFAULT_DURABILITY,
+                      replication_capacity: int = 0, wait_ready: bool = True) -> dict:
+        """Create a stream and return its descriptor; with `wait_ready`, once every owning
+        broker has picked it up (raises Timeout after `timeout_s`)."""
+        deadline = time.monotonic() + self.timeout_s
+        stream = self._call("create_stream", {
+            "name": name, "streamlets": streamlets, "active_groups": active_groups,
+            "replication": replication, "group_segments": group_segments,
+            "segment_size_bytes": segment_size_bytes, "durability": durability,
+            "replication_capacity": replication_capacity})["stream"]
+        if wait_ready:
+            stream = self.wait_ready(name, deadline - time.monotonic(), stream)
+        return stream
+
+    def wait_ready(self, name: str, timeout_s: float | None = None, stream: dict | None = None) -> dict:
+        """Poll until the stream's descriptor says `ready`; returns it, or raises Timeout."""
+        budget = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + budget
+        while stream is None or not stream.get("ready"):
+            left = deadline - time.monotonic()
+            if stream is not None:
+                if left <= 0:
+                    raise Timeout(f"stream '{name}' not ready within {budget:.1f} s: brokers "
+                                  f"{sorted(set(stream.get('placement', [])))} have not "
+                                  f"applied metadata version {stream.get('version')}")
+                time.sleep(min(READY_POLL_S, left))
+            stream = self.describe_stream(name)
+        return stream
+
+    def describe_stream(self, name: str) -> dict:
+        return self._call("describe_stream", {"name": name})["stream"]
+
+    def list_streams(self) -> list[dict]:
+        return self._call("list_streams")["streams"]
+
+    def delete_stream(self, name: str) -> None:
+        self._call("delete_stream", {"name": name})
+
+    # ------------------------------------------------------------------ cluster
+    def cluster(self) -> dict:
+        """{"brokers": [...], "backups": [...], "metadata_version": int}; each daemon as
+        {"id", "address", "node", "alive"}."""
+        header = self._call("cluster")
+        return {k: header[k] for k in ("brokers", "backups", "metadata_version")}
+
+    def stats(self) -> dict:
+        """Counters of every live daemon: {"brokers": {id: stats}, "backups": {id: stats},
+        "coordinator": stats}. A daemon that does not answer gets {"error": message}."""
+        cluster = self.cluster()
+        result: dict = {"brokers": {}, "backups": {}}
+        per_daemon_s = min(self.timeout_s, STATS_TIMEOUT_S_MAX)
+        for kind in ("brokers", "backups"):
+            for member in cluster[kind]:
+                if member["alive"]:
+                    result[kind][member["id"]] = self._daemon_stats(member["address"], per_daemon_s)
+        try:
+            result["coordinator"] = self._call("stats")["stats"]
+        except KeraError as err:
+            result["coordinator"] = {"error": f"{err.code}: {err.message}"}
+        return result
+
+    @staticmethod
+    def _daemon_stats(address: str, timeout_s: float) -> dict:
+        try:
+            header, _ = rpc.call(address, "stats", timeout_s=timeout_s)
+            return header.get("stats", {})
+        except KeraError as err:
+            return {"error": f"{err.code}: {err.message}"}
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,494 @@
+"""The `kera` command: daemons, a local cluster, stream administration, produce and consume.
+
+    kera local --dir /tmp/kera --brokers 2 --backups 1
+    kera stream create events --streamlets 4 --replication 2
+    seq 10 | kera produce events
+    kera consume events --from earliest --max-records 10
+
+A KeraError prints one line on stderr and exits 1; a usage error exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+from kera import config
+from kera.errors import KeraError
+
+log = logging.getLogger("kera.cli")
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:7000"
+BOOTSTRAP_ENV = "KERA_BOOTSTRAP"
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+# Daemons written elsewhere: `kera <name>` runs `<module>.run(args)` after `add_arguments`.
+DAEMONS = {
+    "coordinator": ("kera.coordinator.server",
+                    "run the coordinator (cluster membership, stream metadata, placement)"),
+    "broker": ("kera.broker.server", "run a broker (stores streamlets, replicates to backups)"),
+    "backup": ("kera.backup.server", "run a backup (stores replicas of virtual segments)"),
+}
+
+
+class CliError(Exception):
+    """A problem with the command line's input, reported as one line."""
+
+
+# ---------------------------------------------------------------------- parser
+
+def _client_options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--bootstrap", default=os.environ.get(BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP),
+                   help=f"coordinator address host:port (default: ${BOOTSTRAP_ENV} or "
+                        f"{DEFAULT_BOOTSTRAP}; now %(default)s)")
+    p.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS,
+                   help="log level on stderr (default: %(default)s)")
+    return p
+
+
+def _admin_options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False, parents=[_client_options()])
+    p.add_argument("--timeout-s", type=float, default=10.0,
+                   help="how long to wait for the cluster to answer (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kera", description="kera: stream storage with shared virtual logs.",
+        epilog="Run 'kera COMMAND --help' for a command's options.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    wanted = _first_positional(sys.argv[1:] if argv is None else argv)
+    for name, (module, summary) in DAEMONS.items():
+        _add_daemon(sub, name, module, summary, load=(wanted == name))
+    _add_local(sub)
+    _add_stream(sub)
+    _add_cluster(sub)
+    _add_stats(sub)
+    _add_produce(sub)
+    _add_consume(sub)
+    return parser
+
+
+def _first_positional(argv: list[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _add_daemon(sub, name: str, module: str, summary: str, load: bool) -> None:
+    # A daemon's module is imported only when its command runs, so `kera stream list` does not
+    # pay for (or break on) broker code.
+    p = sub.add_parser(name, help=summary, description=summary.capitalize() + ".")
+    if not load:
+        return
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        p.description = f"{summary.capitalize()}. Not available here: {exc}"
+        p.set_defaults(func=lambda args, exc=exc: _unavailable(name, exc), unavailable=True)
+        return
+    mod.add_arguments(p)
+    p.set_defaults(func=mod.run, daemon=True)
+
+
+def _unavailable(name: str, exc: Exception) -> int:
+    raise CliError(f"'kera {name}' is not available in this installation: {exc}")
+
+
+def _add_local(sub) -> None:
+    p = sub.add_parser(
+        "local", help="run a coordinator, brokers and backups on this machine (foreground)",
+        description="Start a coordinator, N brokers and K backups as subprocesses on loopback "
+                    "ports, print the bootstrap address, and run until Ctrl-C or SIGTERM. "
+                    "Daemon logs go to DIR/logs/.")
+    p.add_argument("--dir", required=True, help="data directory (metadata, replicas, logs)")
+    p.add_argument("--port", type=int, default=7000,
+                   help="coordinator port; 0 picks a free one (default: %(default)s)")
+    p.add_argument("--brokers", type=int, default=1, help="brokers (default: %(default)s)")
+    p.add_argument("--backups", type=int, default=0, help="backups (default: %(default)s)")
+    p.add_argument("--virtual-logs", type=int, default=None,
+                   help="virtual logs per broker (replication capacity; default: broker's)")
+    p.add_argument("--heartbeat-interval-ms", type=int, default=None,
+                   help="daemon heartbeat interval (default: coordinator's)")
+    p.add_argument("--start-timeout-s", type=float, default=30.0,
+                   help="how long to wait for every daemon to register (default: %(default)s)")
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
+                   help="log level of this command and of the daemons (default: %(default)s)")
+    p.set_defaults(func=cmd_local)
+
+
+def _add_stream(sub) -> None:
+    p = sub.add_parser("stream", help="create, describe, list or delete streams",
+                       description="Stream administration through the coordinator.")
+    ssub = p.add_subparsers(dest="stream_command", metavar="ACTION", required=True)
+    opts = [_admin_options()]
+
+    c = ssub.add_parser("create", parents=opts, help="create a stream",
+                        description="Create a stream and wait until its brokers serve it.")
+    c.add_argument("name", help="stream name: 1-255 characters of [A-Za-z0-9._-]")
+    c.add_argument("--streamlets", type=int, default=config.DEFAULT_STREAMLETS,
+                   help="partitions M (1-4096, default: %(default)s)")
+    c.add_argument("--active-groups", type=int, default=config.DEFAULT_ACTIVE_GROUPS,
+                   help="groups open to appends per streamlet Q (1-256, default: %(default)s)")
+    c.add_argument("--replication", type=int, default=config.DEFAULT_REPLICATION,
+                   help="copies R: the broker's and R-1 backups' (1-8, default: %(default)s)")
+    c.add_argument("--durability", choices=["memory", "disk"], default=config.DEFAULT_DURABILITY,
+                   help="backups acknowledge from memory or after fsync (default: %(default)s)")
+    c.add_argument("--group-segments", type=int, default=config.DEFAULT_GROUP_SEGMENTS,
+                   help="segments per group G (default: %(default)s)")
+    c.add_argument("--segment-size-bytes", type=int, default=config.DEFAULT_SEGMENT_SIZE_BYTES,
+                   help="segment capacity (default: %(default)s)")
+    c.add_argument("--replication-capacity", type=int, default=0,
+                   help="virtual logs the stream may use, 0 = all (default: %(default)s)")
+    c.add_argument("--no-wait", action="store_true",
+                   help="return once created, without waiting for the brokers")
+    c.set_defaults(func=cmd_stream_create)
+
+    d = ssub.add_parser("describe", parents=opts, help="show a stream's descriptor")
+    d.add_argument("name", help="stream name")
+    d.set_defaults(func=cmd_stream_describe)
+
+    ls = ssub.add_parser("list", parents=opts, help="list streams")
+    ls.set_defaults(func=cmd_stream_list)
+
+    rm = ssub.add_parser("delete", parents=opts, help="delete a stream")
+    rm.add_argument("name", help="stream name")
+    rm.set_defaults(func=cmd_stream_delete)
+
+
+def _add_cluster(sub) -> None:
+    p = sub.add_parser("cluster", parents=[_admin_options()],
+                       help="list brokers and backups known to the coordinator",
+                       description="Show every registered broker and backup and whether it "
+                                   "is alive.")
+    p.set_defaults(func=cmd_cluster)
+
+
+def _add_stats(sub) -> None:
+    p = sub.add_parser("stats", parents=[_admin_options()],
+                       help="counters of the coordinator and every live broker and backup",
+                       description="Ask every live daemon for its counters and print them as "
+                                   "a table (one column per daemon).")
+    p.set_defaults(func=cmd_stats)
+
+
+def _add_produce(sub) -> None:
+    p = sub.add_parser("produce", parents=[_client_options()],
+                       help="append lines from stdin to a stream",
+                       description="Read lines from stdin and append each as one record "
+                                   "(the line without its newline is the value).")
+    p.add_argument("stream", help="stream name")
+    p.add_argument("--key-sep", default=None,
+                   help="split each line at the first SEP into key and value "
+                        "(a line without SEP has no key)")
+    p.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="producer option, e.g. -o linger_ms=20 (repeatable)")
+    p.add_argument("--quiet", action="store_true", help="do not print the record count")
+    p.set_defaults(func=cmd_produce)
+
+
+def _add_consume(sub) -> None:
+    p = sub.add_parser("consume", parents=[_client_options()],
+                       help="print a stream's records to stdout",
+                       description="Read a stream and write each record's value as one line.")
+    p.add_argument("stream", help="stream name")
+    p.add_argument("--from", dest="start", choices=["earliest", "latest"], default="latest",
+                   help="start at the first record or after the last (default: %(default)s)")
+    p.add_argument("--max-records", type=int, default=None,
+                   help="exit after this many records")
+    p.add_argument("--timeout-s", type=float, default=None,
+                   help="exit when no record arrives for this long (default: never)")
+    p.add_argument("--print-key", action="store_true",
+                   help="print KEY<sep>VALUE (separator from --key-sep)")
+    p.add_argument("--key-sep", default="\t", help="separator for --print-key (default: tab)")
+    p.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="consumer option, e.g. -o cache_chunks_max=64 (repeatable)")
+    p.set_defaults(func=cmd_consume)
+
+
+# ---------------------------------------------------------------------- commands
+
+def _admin(args):
+    from kera.admin import Admin
+    return Admin(args.bootstrap, timeout_s=args.timeout_s)
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def cmd_stream_create(args) -> int:
+    with _admin(args) as admin:
+        stream = admin.create_stream(
+            args.name, streamlets=args.streamlets, active_groups=args.active_groups,
+            replication=args.replication, group_segments=args.group_segments,
+            segment_size_bytes=args.segment_size_bytes, durability=args.durability,
+            replication_capacity=args.replication_capacity, wait_ready=not args.no_wait)
+    if args.json:
+        _print_json(stream)
+    else:
+        print(f"created stream '{stream['name']}' (id {stream['id']}): "
+              f"{stream['streamlets']} streamlets on brokers "
+              f"{', '.join(sorted(stream['brokers'], key=int))}, replication "
+              f"{stream['replication']}, {'ready' if stream['ready'] else 'not ready yet'}")
+    return 0
+
+
+def cmd_stream_describe(args) -> int:
+    with _admin(args) as admin:
+        stream = admin.describe_stream(args.name)
+    if args.json:
+        _print_json(stream)
+    else:
+        width = max(len(k) for k in stream)
+        for key in stream:
+            print(f"{key:<{width}}  {stream[key]}")
+    return 0
+
+
+def cmd_stream_list(args) -> int:
+    with _admin(args) as admin:
+        streams = admin.list_streams()
+    if args.json:
+        _print_json(streams)
+        return 0
+    rows = [[s["name"], s["id"], s["streamlets"], s["active_groups"], s["replication"],
+             s["durability"], "yes" if s["ready"] else "no",
+             ",".join(sorted(s["brokers"], key=int))] for s in streams]
+    print(_table(["NAME", "ID", "STREAMLETS", "GROUPS", "R", "DURABILITY", "READY", "BROKERS"],
+                 rows))
+    return 0
+
+
+def cmd_stream_delete(args) -> int:
+    with _admin(args) as admin:
+        admin.delete_stream(args.name)
+    if not args.json:
+        print(f"deleted stream '{args.name}'")
+    return 0
+
+
+def cmd_cluster(args) -> int:
+    with _admin(args) as admin:
+        cluster = admin.cluster()
+    if args.json:
+        _print_json(cluster)
+        return 0
+    rows = [[kind[:-1], m["id"], m["address"], m["node"], "yes" if m["alive"] else "NO"]
+            for kind in ("brokers", "backups") for m in cluster[kind]]
+    print(_table(["KIND", "ID", "ADDRESS", "NODE", "ALIVE"], rows))
+    print(f"metadata version {cluster['metadata_version']}")
+    return 0
+
+
+def cmd_stats(args) -> int:
+    with _admin(args) as admin:
+        stats = admin.stats()
+    if args.json:
+        _print_json(stats)
+        return 0
+    columns = {"coordinator": _flatten(stats.get("coordinator", {}))}
+    for kind in ("brokers", "backups"):
+        for daemon_id, counters in sorted(stats[kind].items()):
+            columns[f"{kind[:-1]}-{daemon_id}"] = _flatten(counters)
+    names = sorted({n for c in columns.values() for n in c})
+    rows = [[n, *(_fmt(c.get(n, "")) for c in columns.values())] for n in names]
+    print(_table(["COUNTER", *columns], rows, right=True))
+    return 0
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, name + "."))
+        else:
+            out[name] = v
+    return out
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3f}".rstrip("0").rstrip(".")
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+def _table(header: list[str], rows: list[list], right: bool = False) -> str:
+    cells = [header, *[[str(c) for c in r] for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = []
+    for row in cells:
+        parts = [row[0].ljust(widths[0])]
+        for i in range(1, len(row)):
+            parts.append(row[i].rjust(widths[i]) if right else row[i].ljust(widths[i]))
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _options(pairs: list[str]) -> dict:
+    """`-o name=value` pairs as keyword arguments (ints, floats and booleans parsed)."""
+    out = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not name.isidentifier():
+            raise CliError(f"option must be NAME=VALUE, not {pair!r}")
+        value: object = raw
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        else:
+            for conv in (int, float):
+                try:
+                    value = conv(raw)
+                    break
+                except ValueError:
+                    pass
+        out[name] = value
+    return out
+
+
+def cmd_produce(args) -> int:
+    from kera.producer import Producer
+    sep = args.key_sep.encode() if args.key_sep else None
+    count = 0
+    producer = Producer(args.bootstrap, **_options(args.option))
+    try:
+        for line in sys.stdin.buffer:
+            if line.endswith(b"\n"):
+                line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+            key = None
+            if sep is not None:
+                k, found, v = line.partition(sep)
+                if found:
+                    key, line = k, v
+            producer.send(args.stream, line, key=key)
+            count += 1
+        producer.flush()
+    finally:
+        producer.close()
+    if not args.quiet:
+        print(f"produced {count} records to '{args.stream}'", file=sys.stderr)
+    return 0
+
+
+def cmd_consume(args) -> int:
+    from kera.consumer import Consumer
+    if args.max_records is not None and args.max_records < 0:
+        raise CliError("--max-records must not be negative")
+    out = sys.stdout.buffer
+    sep = args.key_sep.encode()
+    count = 0
+    if args.max_records == 0:
+        return 0
+    consumer = Consumer(args.bootstrap, args.stream, start=args.start, **_options(args.option))
+    try:
+        for record in _records(consumer, args.timeout_s):
+            if args.print_key:
+                out.write((record.key or b"") + sep)
+            out.write(record.value)
+            out.write(b"\n")
+            count += 1
+            if args.max_records is not None and count >= args.max_records:
+                break
+            if args.timeout_s is not None:
+                out.flush()  # a reader waiting on an idle stream sees what arrived
+        out.flush()
+    finally:
+        consumer.close()
+    return 0
+
+
+def _records(consumer, idle_timeout_s: float | None):
+    """The consumer's records; with a timeout, ends after that long without one."""
+    while True:
+        record = consumer.poll(timeout_s=idle_timeout_s)
+        if record is None:
+            return
+        yield record
+
+
+def cmd_local(args) -> int:
+    from kera.local import ClusterError, LocalCluster
+    if args.brokers < 0 or args.backups < 0:
+        raise CliError("--brokers and --backups must not be negative")
+    stop = _stop_on_signals()
+    try:
+        cluster = LocalCluster(args.dir, port=args.port, brokers=args.brokers,
+                               backups=args.backups, virtual_logs=args.virtual_logs,
+                               log_level=args.log_level,
+                               heartbeat_interval_ms=args.heartbeat_interval_ms,
+                               start_timeout_s=args.start_timeout_s)
+    except ClusterError as exc:
+        raise CliError(f"the local cluster did not start: {exc}") from None
+    try:
+        print(cluster.bootstrap, flush=True)
+        print(cluster.summary(), flush=True)
+        print("Ctrl-C to stop", file=sys.stderr, flush=True)
+        reported: set[int] = set()
+        while not stop:
+            time.sleep(0.2)
+            for d in cluster.daemons:
+                if d.proc is not None and d.proc.poll() is not None and d.proc.pid not in reported:
+                    reported.add(d.proc.pid)
+                    log.warning("%s exited with code %s; see %s", d.name, d.proc.returncode,
+                                d.log_path)
+    finally:
+        log.info("stopping the local cluster")
+        cluster.stop()
+    print("stopped", file=sys.stderr)
+    return 0
+
+
+def _stop_on_signals() -> list:
+    """A list that becomes truthy on SIGINT or SIGTERM."""
+    stop: list = []
+
+    def handler(signum, frame):
+        stop.append(signum)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+# ---------------------------------------------------------------------- entry point
+
+def main(argv: list[str] | None = None) -> int:
+    from kera.local import watch_parent_from_env
+    watch_parent_from_env()
+    parser = build_parser(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "unavailable", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    level = getattr(args, "log_level", "WARNING")
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except KeraError as err:
+        print(f"kera: error: {err.message} ({err.code})", file=sys.stderr)
+        return EXIT_ERROR
+    except CliError as err:
+        print(f"kera: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # stdout closed by the reader (`kera consume ... | head`): not an error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

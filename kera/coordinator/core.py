@@ -1,0 +1,326 @@
+"""The coordinator's state machine: members, streams, placement and metadata versions. Sans-IO.
+
+`handle(op, header, now)` takes a decoded request header and the clock (monotonic seconds) and
+returns the reply fields, or raises the KeraError the reply carries; `tick(now)` declares
+silent daemons dead. No sockets, no files, no clock of its own: `server.py` does the I/O and
+persists `to_state()` whenever `version` moves.
+
+Versions: `version` (the metadata version) grows on every change of persisted or visible state
+(a stream created or deleted, a daemon registered, a daemon declared dead or back alive), so a
+daemon that has applied version v knows it is current when v equals the version it is told.
+A stream's descriptor records the version at which it was created, and is `ready` once every
+broker owning one of its streamlets reports (by heartbeat) having applied at least that version.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from kera import config
+from kera.coordinator import validate
+from kera.coordinator.validate import KINDS, StreamSpec
+from kera.errors import BadRequest, NotReady, StreamExists, UnknownStream
+from kera.wire import Fields
+
+log = logging.getLogger(__name__)
+
+STATE_FORMAT = 1
+FIRST_STREAM_ID = 1  # 0 is never a stream id, so a zeroed field is never mistaken for one
+
+
+@dataclass(slots=True)
+class Member:
+    """A registered broker or backup. Identity (kind, id) is kept across restarts of both
+    the daemon and the coordinator; liveness is not persisted."""
+    kind: str
+    id: int
+    address: str
+    node: str
+    alive: bool = False
+    last_heartbeat_s: float | None = None  # None: not heard from since this coordinator started
+    applied_version: int = 0               # metadata version the daemon last reported applied
+    registered_version: int = 0            # metadata version of its last register (0: none
+                                           # since this coordinator started)
+    stats: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        # `registered_version` lets a caller that restarted a daemon tell its new registration
+        # from the old one (versions only grow, also across coordinator restarts).
+        return {"id": self.id, "address": self.address, "node": self.node, "alive": self.alive,
+                "registered_version": self.registered_version}
+
+
+@dataclass(slots=True)
+class Stream:
+    spec: StreamSpec
+    id: int
+    placement: list[int]   # owning broker id of each streamlet
+    version: int           # metadata version at which it was created or last moved
+
+
+class Coordinator:
+    def __init__(self, now: float, *, heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
+                 heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX,
+                 state: dict | None = None):
+        if heartbeat_interval_s <= 0 or heartbeat_missed_max < 1:
+            raise ValueError("heartbeat interval and missed count must be positive")
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.dead_after_s = heartbeat_interval_s * heartbeat_missed_max
+        self.version = 0
+        self.members: dict[str, dict[int, Member]] = {k: {} for k in KINDS}
+        self.next_member_id = {k: 0 for k in KINDS}
+        self.streams: dict[str, Stream] = {}
+        self.next_stream_id = FIRST_STREAM_ID
+        self.rotation = 0  # where the next stream's placement starts, mod the live brokers
+        self.started_s = now
+        if state is not None:
+            self._load(state)
+            # The restart itself is a change: liveness is unknown until daemons heartbeat, and
+            # a daemon that applied the last version must notice it is behind.
+            self._bump()
+        self._ops = {
+            "register": self._op_register,
+            "heartbeat": self._op_heartbeat,
+            "cluster": self._op_cluster,
+            "create_stream": self._op_create_stream,
+            "describe_stream": self._op_describe_stream,
+            "list_streams": self._op_list_streams,
+            "delete_stream": self._op_delete_stream,
+            "broker_streams": self._op_broker_streams,
+        }
+
+    OPS = ("register", "heartbeat", "cluster", "create_stream", "describe_stream",
+           "list_streams", "delete_stream", "broker_streams")
+
+    # ------------------------------------------------------------------ request entry point
+    def handle(self, op: str, header: dict | Fields, now: float) -> dict:
+        fn = self._ops.get(op)
+        if fn is None:
+            raise BadRequest(f"unknown op '{op}'")
+        f = header if isinstance(header, Fields) else Fields(header)
+        return fn(f, now)
+
+    def _op_register(self, f: Fields, now: float) -> dict:
+        kind = validate.kind(f)
+        member_id = f.int("daemon_id", None, hi=validate.ID_MAX)
+        member = self.register(now, kind, validate.address(f), validate.node(f), member_id)
+        return {"daemon_id": member.id,
+                "heartbeat_interval_ms": round(self.heartbeat_interval_s * 1000)}
+
+    def _op_heartbeat(self, f: Fields, now: float) -> dict:
+        kind = validate.kind(f)
+        member_id = f.int("daemon_id", hi=validate.ID_MAX)
+        applied = f.int("metadata_version", hi=validate.VERSION_MAX)
+        self.heartbeat(now, kind, member_id, applied, validate.stats(f))
+        return {"metadata_version": self.version}
+
+    def _op_cluster(self, f: Fields, now: float) -> dict:
+        return self.cluster()
+
+    def _op_create_stream(self, f: Fields, now: float) -> dict:
+        return {"stream": self.create_stream(StreamSpec.from_fields(f))}
+
+    def _op_describe_stream(self, f: Fields, now: float) -> dict:
+        return {"stream": self.describe_stream(f.str("name", hi=validate.NAME_CHARS_MAX))}
+
+    def _op_list_streams(self, f: Fields, now: float) -> dict:
+        return {"streams": self.list_streams()}
+
+    def _op_delete_stream(self, f: Fields, now: float) -> dict:
+        self.delete_stream(f.str("name", hi=validate.NAME_CHARS_MAX))
+        return {}
+
+    def _op_broker_streams(self, f: Fields, now: float) -> dict:
+        return self.broker_streams(f.int("broker_id", hi=validate.ID_MAX))
+
+    # ------------------------------------------------------------------ membership
+    def register(self, now: float, kind: str, address: str, node: str,
+                 member_id: int | None = None) -> Member:
+        """Admit a daemon, or re-admit one under the identity it asks for (a restart)."""
+        table = self.members[kind]
+        if member_id is None:
+            member_id = self.next_member_id[kind]
+        self.next_member_id[kind] = max(self.next_member_id[kind], member_id + 1)
+        member = table.get(member_id)
+        if member is None:
+            member = table[member_id] = Member(kind, member_id, address, node)
+            log.info("%s %d registered at %s (node %s)", kind, member_id, address, node)
+        else:
+            if (member.address, member.node) != (address, node):
+                log.info("%s %d re-registered at %s (node %s), was %s (node %s)", kind,
+                         member_id, address, node, member.address, member.node)
+            member.address, member.node = address, node
+        member.alive = True
+        member.last_heartbeat_s = now
+        member.applied_version = 0  # a (re)started daemon has applied nothing yet
+        self._bump()
+        member.registered_version = self.version
+        return member
+
+    def heartbeat(self, now: float, kind: str, member_id: int, applied_version: int,
+                  stats: dict | None = None) -> None:
+        member = self.members[kind].get(member_id)
+        if member is None:
+            raise NotReady(f"unknown {kind} id {member_id}: register first")
+        member.last_heartbeat_s = now
+        if applied_version > self.version:
+            # Only possible if this coordinator lost its data dir: jump past what the daemon
+            # has seen so versions never go backwards from anyone's point of view.
+            log.warning("%s %d reports metadata version %d ahead of %d", kind, member_id,
+                        applied_version, self.version)
+            self.version = applied_version
+            self._bump()
+        member.applied_version = applied_version
+        if stats is not None:
+            member.stats = stats
+        if not member.alive:
+            member.alive = True
+            log.info("%s %d is alive again", kind, member_id)
+            self._bump()
+
+    def tick(self, now: float) -> list[Member]:
+        """Declare dead every daemon silent for longer than the allowance; returns them."""
+        dead = []
+        for table in self.members.values():
+            for member in table.values():
+                if member.alive and now - member.last_heartbeat_s > self.dead_after_s:
+                    member.alive = False
+                    dead.append(member)
+        if dead:
+            self._bump()
+        return dead
+
+    def live(self, kind: str) -> list[Member]:
+        return [m for _, m in sorted(self.members[kind].items()) if m.alive]
+
+    def cluster(self) -> dict:
+        return {
+            "brokers": [m.summary() for _, m in sorted(self.members["broker"].items())],
+            "backups": [m.summary() for _, m in sorted(self.members["backup"].items())],
+            "metadata_version": self.version,
+        }
+
+    # ------------------------------------------------------------------ streams
+    def create_stream(self, spec: StreamSpec) -> dict:
+        if spec.name in self.streams:
+            raise StreamExists(f"stream '{spec.name}' already exists")
+        brokers = self.live("broker")
+        if not brokers:
+            raise NotReady("no live broker to place the stream on")
+        backups_needed = spec.replication - 1
+        backups_live = len(self.live("backup"))
+        if backups_live < backups_needed:
+            raise NotReady(f"replication {spec.replication} needs {backups_needed} live backups, "
+                           f"{backups_live} live")
+        n = len(brokers)
+        placement = [brokers[(self.rotation + i) % n].id for i in range(spec.streamlets)]
+        self.rotation = (self.rotation + spec.streamlets) % n
+        self._bump()
+        stream = Stream(spec, self.next_stream_id, placement, self.version)
+        self.next_stream_id += 1
+        self.streams[spec.name] = stream
+        log.info("stream '%s' (id %d) created: %d streamlets on brokers %s", spec.name, stream.id,
+                 spec.streamlets, sorted(set(placement)))
+        return self.descriptor(stream)
+
+    def describe_stream(self, name: str) -> dict:
+        return self.descriptor(self._stream(name))
+
+    def list_streams(self) -> list[dict]:
+        return [self.descriptor(s) for _, s in sorted(self.streams.items())]
+
+    def delete_stream(self, name: str) -> None:
+        stream = self._stream(name)
+        del self.streams[name]
+        self._bump()
+        log.info("stream '%s' (id %d) deleted", name, stream.id)
+
+    def broker_streams(self, broker_id: int) -> dict:
+        return {"metadata_version": self.version,
+                "streams": [self.descriptor(s) for _, s in sorted(self.streams.items())
+                            if broker_id in s.placement]}
+
+    def descriptor(self, stream: Stream) -> dict:
+        spec = stream.spec
+        owners = sorted(set(stream.placement))
+        brokers = self.members["broker"]
+        return {
+            "name": spec.name, "id": stream.id, "streamlets": spec.streamlets,
+            "active_groups": spec.active_groups, "replication": spec.replication,
+            "group_segments": spec.group_segments, "segment_size_bytes": spec.segment_size_bytes,
+            "durability": spec.durability, "replication_capacity": spec.replication_capacity,
+            "placement": list(stream.placement),
+            "brokers": {str(b): brokers[b].address for b in owners},
+            "version": stream.version,
+            "ready": all(brokers[b].applied_version >= stream.version for b in owners),
+        }
+
+    def _stream(self, name: str) -> Stream:
+        stream = self.streams.get(name)
+        if stream is None:
+            raise UnknownStream(f"no stream named '{name}'")
+        return stream
+
+    def _bump(self) -> None:
+        self.version += 1
+
+    # ------------------------------------------------------------------ persistence
+    def to_state(self) -> dict:
+        """Everything a restart must keep (identities, streams, counters), JSON-ready."""
+        return {
+            "format": STATE_FORMAT,
+            "metadata_version": self.version,
+            "next_stream_id": self.next_stream_id,
+            "next_member_id": dict(self.next_member_id),
+            "rotation": self.rotation,
+            "members": {k: [{"id": m.id, "address": m.address, "node": m.node}
+                            for _, m in sorted(t.items())] for k, t in self.members.items()},
+            "streams": [{"id": s.id, "placement": s.placement, "version": s.version,
+                         "name": s.spec.name, "streamlets": s.spec.streamlets,
+                         "active_groups": s.spec.active_groups,
+                         "replication": s.spec.replication,
+                         "group_segments": s.spec.group_segments,
+                         "segment_size_bytes": s.spec.segment_size_bytes,
+                         "durability": s.spec.durability,
+                         "replication_capacity": s.spec.replication_capacity}
+                        for _, s in sorted(self.streams.items())],
+        }
+
+    def _load(self, state: dict) -> None:
+        """Rebuild from `to_state()` output. Raises ValueError on anything inconsistent: a
+        coordinator must not start on metadata it cannot trust."""
+        try:
+            if state["format"] != STATE_FORMAT:
+                raise ValueError(f"unsupported state format {state['format']!r}")
+            self.version = _nonneg(state["metadata_version"])
+            self.next_stream_id = _nonneg(state["next_stream_id"])
+            self.rotation = _nonneg(state["rotation"])
+            for kind in KINDS:
+                self.next_member_id[kind] = _nonneg(state["next_member_id"][kind])
+                for m in state["members"][kind]:
+                    member_id = _nonneg(m["id"])
+                    if member_id >= self.next_member_id[kind] or member_id in self.members[kind]:
+                        raise ValueError(f"{kind} id {member_id} is duplicated or not below the next id")
+                    self.members[kind][member_id] = Member(kind, member_id, str(m["address"]),
+                                                           str(m["node"]))
+            for s in state["streams"]:
+                spec = StreamSpec(**{k: s[k] for k in StreamSpec.__slots__})
+                stream = Stream(spec, _nonneg(s["id"]), list(s["placement"]),
+                                _nonneg(s["version"]))
+                if stream.id >= self.next_stream_id or spec.name in self.streams:
+                    raise ValueError(f"stream '{spec.name}' is duplicated or its id is not below the next id")
+                if len(stream.placement) != spec.streamlets or \
+                        any(b not in self.members["broker"] for b in stream.placement):
+                    raise ValueError(f"stream '{spec.name}' has a placement on unknown brokers")
+                if stream.version > self.version:
+                    raise ValueError(f"stream '{spec.name}' is newer than the metadata version")
+                self.streams[spec.name] = stream
+        except (KeyError, TypeError, AttributeError, BadRequest) as exc:
+            raise ValueError(f"malformed coordinator state: {exc.__class__.__name__}: {exc}") from None
+
+
+def _nonneg(value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"expected a non-negative integer, got {value!r}")
+    return value

@@ -1,0 +1,165 @@
+"""The coordinator daemon: the sans-IO core behind a kera.server.Server, persisted on change.
+
+A change is persisted before its reply is sent, so nothing acknowledged is lost by a crash. If
+the metadata cannot be written the coordinator answers `storage_error` and stops (fail-stop):
+serving on with memory ahead of disk would acknowledge changes a restart forgets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+
+import zmq
+
+from kera import config
+from kera.coordinator import store
+from kera.coordinator.core import Coordinator
+from kera.errors import StorageError
+from kera.metrics import Counters, serve_metrics
+from kera.server import Request, Server
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 7000
+
+
+class CoordinatorServer:
+    def __init__(self, data_dir: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
+                 heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
+                 heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX):
+        self.data_dir = data_dir
+        os.makedirs(data_dir, exist_ok=True)
+        state = store.load(data_dir)
+        self.core = Coordinator(time.monotonic(), heartbeat_interval_s=heartbeat_interval_s,
+                                heartbeat_missed_max=heartbeat_missed_max, state=state)
+        if state is not None:
+            log.info("loaded %d streams, %d brokers, %d backups from %s", len(self.core.streams),
+                     len(self.core.members["broker"]), len(self.core.members["backup"]), data_dir)
+        self.counters = Counters()
+        self._saved_version: int | None = None
+        self._persist()
+        self.server = Server("coordinator", host, port)
+        for op in Coordinator.OPS:
+            self.server.on(op, self._handle)
+        self.server.on("stats", self._stats)
+        self.server.every(heartbeat_interval_s, self._tick)
+        self.snapshot: dict = {}
+        self._refresh_snapshot()
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    def _handle(self, req: Request) -> dict:
+        self.counters.add(f"requests_{req.op}")
+        try:
+            return self.core.handle(req.op, req.fields, time.monotonic())
+        finally:
+            # Persist before the reply leaves (also when the op raised: a heartbeat may have
+            # bumped the version before failing validation of a later field).
+            self._persist()
+
+    def _stats(self, req: Request) -> dict:
+        self._refresh_snapshot()
+        return {"stats": dict(self.snapshot)}
+
+    def _tick(self) -> None:
+        for member in self.core.tick(time.monotonic()):
+            log.warning("%s %d at %s missed %.1f s of heartbeats: declared dead", member.kind,
+                        member.id, member.address, self.core.dead_after_s)
+        self._persist()
+        self._refresh_snapshot()
+
+    def _persist(self) -> None:
+        if self.core.version == self._saved_version:
+            return
+        started = time.monotonic()
+        try:
+            store.save(self.data_dir, self.core.to_state())
+        except OSError as exc:
+            log.critical("cannot persist metadata to %s (%s): stopping", self.data_dir, exc)
+            self.counters.add("persist_errors")
+            if hasattr(self, "server"):
+                self.server.stop()
+            raise StorageError(f"coordinator cannot persist its metadata: {exc}") from None
+        self._saved_version = self.core.version
+        self.counters.add("persists")
+        self.counters.add("persist_ms_total", round((time.monotonic() - started) * 1000, 3))
+
+    def _refresh_snapshot(self) -> None:
+        # Replaced whole so the metrics thread never sees a dict being written.
+        snap = dict(self.counters)
+        snap.update(metadata_version=self.core.version, streams=len(self.core.streams),
+                    brokers=len(self.core.members["broker"]),
+                    brokers_alive=len(self.core.live("broker")),
+                    backups=len(self.core.members["backup"]),
+                    backups_alive=len(self.core.live("backup")))
+        self.snapshot = snap
+
+    def run(self) -> None:
+        self.server.run()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="interface to bind (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help="port to bind (default: %(default)s)")
+    parser.add_argument("--dir", required=True,
+                        help="data directory; metadata is kept in DIR/coordinator.json")
+    parser.add_argument("--heartbeat-interval-ms", type=int,
+                        default=round(config.HEARTBEAT_INTERVAL_S * 1000),
+                        help="interval daemons are told to heartbeat at (default: %(default)s)")
+    parser.add_argument("--heartbeat-missed-max", type=int, default=config.HEARTBEAT_MISSED_MAX,
+                        help="missed heartbeat intervals before a daemon is declared dead "
+                             "(default: %(default)s)")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="serve Prometheus metrics on this port (default: off)")
+    parser.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                        type=str.upper, help="log level (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.heartbeat_interval_ms < 1 or args.heartbeat_missed_max < 1:
+        log.error("--heartbeat-interval-ms and --heartbeat-missed-max must be at least 1")
+        return 2
+    try:
+        coord = CoordinatorServer(args.dir, args.host, args.port,
+                                  heartbeat_interval_s=args.heartbeat_interval_ms / 1000,
+                                  heartbeat_missed_max=args.heartbeat_missed_max)
+    except ValueError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    except (OSError, zmq.ZMQError) as exc:  # data dir unwritable, port in use
+        log.error("cannot start: %s", exc)
+        return 1
+    httpd = None
+    if args.metrics_port:
+        httpd = serve_metrics(args.metrics_port, "kera_coordinator", lambda: coord.snapshot,
+                              host=args.host)
+
+    def on_signal(signum, frame):
+        log.info("signal %d: stopping", signum)
+        coord.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        coord.run()
+    finally:
+        if httpd is not None:
+            httpd.shutdown()
+    persist_failed = coord.counters.get("persist_errors", 0) > 0
+    log.info("coordinator stopped")
+    return 1 if persist_failed else 0

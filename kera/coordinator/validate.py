@@ -1,0 +1,120 @@
+"""Validation of coordinator request fields: names, addresses and stream parameters.
+
+Everything here raises BadRequest with a message naming the field, so a client sees exactly what
+it got wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kera import config
+from kera.errors import BadRequest
+from kera.wire import Fields
+
+NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,255}\Z")
+NAME_CHARS_MAX = 255
+NODE_CHARS_MAX = 255
+ADDRESS_CHARS_MAX = 300
+KINDS = ("broker", "backup")
+
+# Bounds of a stream's parameters (inclusive).
+STREAMLETS_MAX = 4096
+ACTIVE_GROUPS_MAX = 256
+REPLICATION_MAX = 8
+GROUP_SEGMENTS_MAX = 65536
+SEGMENT_SIZE_BYTES_MIN = 1 * config.KiB
+SEGMENT_SIZE_BYTES_MAX = 1024 * config.MiB
+REPLICATION_CAPACITY_MAX = 4096
+DURABILITIES = (config.DURABILITY_MEMORY, config.DURABILITY_DISK)
+# A heartbeat's `stats` map is kept in memory per daemon: bound it.
+STATS_ENTRIES_MAX = 1000
+VERSION_MAX = 2**63 - 1
+ID_MAX = 2**32 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """What a client asks for when it creates a stream, validated."""
+    name: str
+    streamlets: int = config.DEFAULT_STREAMLETS
+    active_groups: int = config.DEFAULT_ACTIVE_GROUPS
+    replication: int = config.DEFAULT_REPLICATION
+    group_segments: int = config.DEFAULT_GROUP_SEGMENTS
+    segment_size_bytes: int = config.DEFAULT_SEGMENT_SIZE_BYTES
+    durability: str = config.DEFAULT_DURABILITY
+    replication_capacity: int = 0
+
+    def __post_init__(self):
+        stream_name(self.name)
+        _bounded("streamlets", self.streamlets, 1, STREAMLETS_MAX)
+        _bounded("active_groups", self.active_groups, 1, ACTIVE_GROUPS_MAX)
+        _bounded("replication", self.replication, 1, REPLICATION_MAX)
+        _bounded("group_segments", self.group_segments, 1, GROUP_SEGMENTS_MAX)
+        _bounded("segment_size_bytes", self.segment_size_bytes, SEGMENT_SIZE_BYTES_MIN,
+                 SEGMENT_SIZE_BYTES_MAX)
+        _bounded("replication_capacity", self.replication_capacity, 0, REPLICATION_CAPACITY_MAX)
+        if self.durability not in DURABILITIES:
+            raise BadRequest(f"durability must be one of {', '.join(DURABILITIES)}, "
+                             f"not {self.durability!r}")
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> "StreamSpec":
+        # Fields checks types; __post_init__ checks ranges with messages naming the bounds.
+        return cls(
+            name=f.str("name", hi=NAME_CHARS_MAX),
+            streamlets=f.int("streamlets", config.DEFAULT_STREAMLETS),
+            active_groups=f.int("active_groups", config.DEFAULT_ACTIVE_GROUPS),
+            replication=f.int("replication", config.DEFAULT_REPLICATION),
+            group_segments=f.int("group_segments", config.DEFAULT_GROUP_SEGMENTS),
+            segment_size_bytes=f.int("segment_size_bytes", config.DEFAULT_SEGMENT_SIZE_BYTES),
+            durability=f.str("durability", config.DEFAULT_DURABILITY, hi=16),
+            replication_capacity=f.int("replication_capacity", 0),
+        )
+
+
+def _bounded(name: str, value, lo: int, hi: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequest(f"field '{name}' must be an integer")
+    if not lo <= value <= hi:
+        raise BadRequest(f"field '{name}'={value} is outside [{lo}, {hi}]")
+    return value
+
+
+def stream_name(name) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise BadRequest(f"stream name {name!r} must be 1-{NAME_CHARS_MAX} characters of "
+                         "[A-Za-z0-9._-]")
+    return name
+
+
+def kind(f: Fields) -> str:
+    value = f.str("kind", hi=16)
+    if value not in KINDS:
+        raise BadRequest(f"field 'kind' must be one of {', '.join(KINDS)}, not {value!r}")
+    return value
+
+
+def address(f: Fields) -> str:
+    """A "host:port" a peer can connect to (IPv6 hosts in brackets)."""
+    value = f.str("address", hi=ADDRESS_CHARS_MAX)
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or any(c.isspace() for c in host) or not port.isdigit() \
+            or not 1 <= int(port) <= 65535:
+        raise BadRequest(f"field 'address' must be host:port, not {value!r}")
+    return value
+
+
+def node(f: Fields) -> str:
+    value = f.str("node", hi=NODE_CHARS_MAX)
+    if not value:
+        raise BadRequest("field 'node' must not be empty")
+    return value
+
+
+def stats(f: Fields) -> dict | None:
+    value = f.dict("stats", None)
+    if value is not None and len(value) > STATS_ENTRIES_MAX:
+        raise BadRequest(f"field 'stats' has {len(value)} entries, more than {STATS_ENTRIES_MAX}")
+    return value

@@ -1,0 +1,132 @@
+"""Cluster metadata the connector needs, straight from the wire: stream descriptors from the
+coordinator (`describe_stream`) and a streamlet's groups from its broker (`offsets`).
+
+Every call has a timeout and every retry loop a deadline. A Metadata object owns sockets: it is
+created where it is used (driver-side planning, executor-side read/write) and never pickled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from kera import rpc, wire
+from kera.errors import KeraError, NotReady, Timeout, UnknownStream
+from kera.spark.offsets import GroupInfo, group_infos
+
+log = logging.getLogger(__name__)
+
+RETRY_PAUSE_S = 0.05
+RETRY_PAUSE_MAX_S = 1.0
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """The parts of a stream descriptor the connector uses, validated."""
+    name: str
+    id: int
+    streamlets: int
+    active_groups: int
+    placement: tuple[int, ...]
+    brokers: dict  # broker id (str) -> "host:port"
+
+    def owner(self, streamlet: int) -> str:
+        return self.brokers[str(self.placement[streamlet])]
+
+    @staticmethod
+    def from_descriptor(desc) -> "StreamInfo":
+        if not isinstance(desc, dict):
+            raise KeraError("the coordinator sent a stream descriptor that is not a map")
+        f = wire.Fields(desc)
+        m = f.int("streamlets", lo=1, hi=1 << 20)
+        placement = wire.int_list(f.list("placement", max_len=m), "placement", length=m)
+        brokers = f.dict("brokers")
+        for bid in placement:
+            address = brokers.get(str(bid), brokers.get(bid))
+            if not isinstance(address, str):
+                raise KeraError(f"stream descriptor places a streamlet on broker {bid} with no address")
+        return StreamInfo(f.str("name"), f.int("id"), m, f.int("active_groups", 1, lo=1),
+                          tuple(placement),
+                          {str(k): v for k, v in brokers.items() if isinstance(v, str)})
+
+
+def _pause(attempt: int) -> float:
+    return min(RETRY_PAUSE_MAX_S, RETRY_PAUSE_S * (2 ** min(attempt, 10)))
+
+
+class Metadata:
+    def __init__(self, bootstrap: str, timeout_s: float = rpc.DEFAULT_TIMEOUT_S):
+        self.coordinators = [a.strip() for a in bootstrap.split(",") if a.strip()]
+        if not self.coordinators:
+            raise ValueError("option 'bootstrap' must name the coordinator, e.g. 127.0.0.1:7000")
+        self.timeout_s = timeout_s
+        self._conns: dict[str, rpc.Connection] = {}
+
+    def conn(self, address: str) -> rpc.Connection:
+        c = self._conns.get(address)
+        if c is None:
+            c = self._conns[address] = rpc.Connection(address, timeout_s=self.timeout_s)
+        return c
+
+    def drop(self, address: str) -> None:
+        """Forget a connection that timed out: late replies must not reach the next call."""
+        c = self._conns.pop(address, None)
+        if c is not None:
+            c.close()
+
+    def close(self) -> None:
+        for c in self._conns.values():
+            c.close()
+        self._conns.clear()
+
+    def describe(self, name: str) -> StreamInfo:
+        """The stream's descriptor once every owning broker knows it (`ready`)."""
+        deadline = time.monotonic() + self.timeout_s
+        attempt = 0
+        last: Exception | None = None
+        while True:
+            address = self.coordinators[attempt % len(self.coordinators)]
+            try:
+                reply, _ = self.conn(address).call("describe_stream", {"name": name})
+                desc = reply.get("stream")
+                info = StreamInfo.from_descriptor(desc)
+                if desc.get("ready", True):
+                    return info
+                last = NotReady(f"stream {name!r} is not ready on its brokers yet")
+            except UnknownStream:
+                raise
+            except Timeout as exc:
+                self.drop(address)
+                last = exc
+            except KeraError as exc:
+                if not exc.retriable:
+                    raise
+                last = exc
+            attempt += 1
+            if time.monotonic() + _pause(attempt) > deadline:
+                raise Timeout(f"could not describe stream {name!r} within {self.timeout_s:.0f} s: {last}")
+            time.sleep(_pause(attempt))
+
+    def groups(self, info: StreamInfo, streamlet: int) -> tuple[StreamInfo, list[GroupInfo]]:
+        """Groups of one streamlet from its owner, following the stream if it moved. Returns
+        the (possibly refreshed) descriptor with them."""
+        deadline = time.monotonic() + self.timeout_s
+        attempt = 0
+        while True:
+            address = info.owner(streamlet)
+            try:
+                reply, _ = self.conn(address).call("offsets", {"sid": info.id, "sl": streamlet})
+                return info, group_infos(wire.Fields(reply).list("groups", max_len=1 << 20))
+            except KeraError as exc:
+                if not exc.retriable:
+                    raise
+                if isinstance(exc, Timeout):
+                    self.drop(address)
+                attempt += 1
+                if time.monotonic() + _pause(attempt) > deadline:
+                    raise Timeout(f"no group offsets for {info.name}/{streamlet} from {address} "
+                                  f"within {self.timeout_s:.0f} s: {exc}") from exc
+                log.info("offsets of %s/%d from %s failed (%s); retrying", info.name, streamlet, address, exc)
+                time.sleep(_pause(attempt))
+                info = self.describe(info.name)

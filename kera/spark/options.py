@@ -1,0 +1,95 @@
+"""The connector's options, parsed and checked once on the driver (names as in Spark's Kafka
+source where one exists)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import logging
+
+from kera import config
+
+log = logging.getLogger(__name__)
+SPARK_OPTIONS = {"path", "checkpointlocation", "queryname"}
+
+OPTION_NAMES = (
+    "bootstrap", "stream", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
+    "failOnDataLoss", "minPartitions", "fetchMaxBytes", "timeoutMs", "chunkSizeBytes",
+    "requestSizeBytes", "inFlightPerBroker", "bufferBytes", "writeId")
+
+
+@dataclass(frozen=True)
+class Options:
+    bootstrap: str
+    streams: tuple[str, ...]
+    starting: str | None = None           # None: the mode's default (batch earliest, streaming latest)
+    ending: str | None = None             # batch only; None: latest
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    min_partitions: int | None = None
+    fetch_max_bytes: int = config.DEFAULT_FETCH_MAX_BYTES
+    timeout_s: float = 30.0               # per request, and for a reader waiting on no progress
+    chunk_size_bytes: int = config.DEFAULT_CHUNK_SIZE_BYTES
+    request_size_bytes: int = config.DEFAULT_REQUEST_SIZE_BYTES
+    in_flight_per_broker: int = config.DEFAULT_IN_FLIGHT_PER_BROKER
+    buffer_bytes: int = 32 * config.MiB   # chunks a write task holds unacknowledged
+    write_id: str | None = None           # batch sink: pin the producer identity across job runs
+
+    @staticmethod
+    def parse(options: Mapping[str, str]) -> "Options":
+        opts = {k.lower(): v for k, v in options.items()}
+        # Spark hands sources and sinks some of its own options (checkpointLocation, path):
+        # an unknown name is most likely a typo, worth a warning but not a failure.
+        unknown = sorted(set(opts) - {n.lower() for n in OPTION_NAMES} - SPARK_OPTIONS)
+        if unknown:
+            log.warning("ignoring unknown kera option(s) %s; known: %s", unknown, ", ".join(OPTION_NAMES))
+        bootstrap = opts.get("bootstrap", "").strip()
+        if not bootstrap:
+            raise ValueError("option 'bootstrap' (the coordinator's host:port) is required")
+        streams = tuple(s.strip() for s in opts.get("stream", opts.get("path", "")).split(",") if s.strip())
+        return Options(
+            bootstrap=bootstrap,
+            streams=streams,
+            starting=opts.get("startingoffsets"),
+            ending=opts.get("endingoffsets"),
+            max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", None, lo=1),
+            fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
+            min_partitions=_int(opts, "minPartitions", None, lo=1),
+            fetch_max_bytes=_int(opts, "fetchMaxBytes", config.DEFAULT_FETCH_MAX_BYTES, lo=1),
+            timeout_s=_int(opts, "timeoutMs", 30_000, lo=1) / 1000.0,
+            chunk_size_bytes=_int(opts, "chunkSizeBytes", config.DEFAULT_CHUNK_SIZE_BYTES, lo=1,
+                                  hi=config.DEFAULT_MAX_RECORD_BYTES * 4),
+            request_size_bytes=_int(opts, "requestSizeBytes", config.DEFAULT_REQUEST_SIZE_BYTES, lo=1),
+            in_flight_per_broker=_int(opts, "inFlightPerBroker", config.DEFAULT_IN_FLIGHT_PER_BROKER, lo=1, hi=64),
+            buffer_bytes=_int(opts, "bufferBytes", 32 * config.MiB, lo=1),
+            write_id=opts.get("writeid"),
+        )
+
+    def need_streams(self) -> tuple[str, ...]:
+        if not self.streams:
+            raise ValueError("option 'stream' is required (one stream name, or several separated by commas)")
+        return self.streams
+
+
+def _int(opts: Mapping[str, str], name: str, default, lo: int | None = None, hi: int | None = None):
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ValueError(f"option '{name}' must be an integer, not {raw!r}") from None
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ValueError(f"option '{name}'={value} is outside [{lo}, {hi}]")
+    return value
+
+
+def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default
+    value = str(raw).strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"option '{name}' must be true or false, not {raw!r}")
+    return value == "true"

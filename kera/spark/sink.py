@@ -1,0 +1,217 @@
+"""The kera sink: `df.write.format("kera")` and `df.writeStream.format("kera")`.
+
+Input columns: `value` (binary or string, required), `key` (binary or string, optional: rows
+with the same key go to the same streamlet, crc32c(key) mod streamlets), `stream` (string,
+optional; the `stream` option overrides it) and `timestamp` (optional; otherwise every row gets
+the time the write was planned). Other columns are ignored, so rows read from kera can be
+written back as they are.
+
+Exactly-once. Each write task is one idempotent producer: its id is a 64-bit hash of (write id,
+batch id, partition id) -- for a streaming query the query id from the checkpoint and the
+micro-batch id; for a batch write an id drawn when the write is planned (or the `writeId`
+option) -- and its chunks carry sequences dense from 0 per (stream, streamlet). The task cuts
+its rows into chunks deterministically (kera.spark.chunking), so when Spark runs the task again
+(task retry, speculative copy, or a restarted query replaying the batch) it rebuilds the same
+chunks with the same identities, and the broker acknowledges the ones it already stored without
+storing them twice. Every row is then stored exactly once *provided the task sees the same rows
+in the same order on every attempt*: true for kera and other replayable sources and for
+deterministic transformations, not for input whose order is not fixed (e.g. rows straight out
+of a shuffle without a sort) or non-deterministic expressions (rand(), current_timestamp()).
+Rows of a batch become visible to readers as soon as they are stored, before Spark commits the
+batch (as with Kafka's non-transactional sink).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
+                                    WriterCommitMessage)
+from pyspark.sql.types import BinaryType, StringType, StructType, TimestampNTZType, TimestampType
+
+from kera.spark.chunking import ChunkPlanner
+from kera.spark.columns import as_binary, encode_arrow
+from kera.spark.metadata import Metadata
+from kera.spark.options import Options
+from kera.spark.produce import Sender
+
+log = logging.getLogger(__name__)
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"     # set by Spark on every task of a streaming query
+BATCH_ID_PROPERTY = "streaming.sql.batchId"     # the micro-batch id, likewise
+
+
+def producer_id(write_id: str, batch_id: str, partition_id: int) -> int:
+    """A 64-bit producer id, the same on every attempt of the same task."""
+    digest = hashlib.blake2b(f"kera-spark\0{write_id}\0{batch_id}\0{partition_id}".encode(),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "little") or 1
+
+
+@dataclass
+class KeraCommitMessage(WriterCommitMessage):
+    partition_id: int
+    producer_id: int
+    rows: int
+    chunks: int
+
+
+def check_schema(schema: StructType, opts: Options) -> None:
+    fields = {f.name: f.dataType for f in schema.fields}
+    if "value" not in fields:
+        raise ValueError(f"the kera sink needs a 'value' column (binary or string); got {schema.simpleString()}")
+    for name, kinds in (("value", (BinaryType, StringType)), ("key", (BinaryType, StringType)),
+                        ("stream", (StringType,)), ("timestamp", (TimestampType, TimestampNTZType))):
+        if name in fields and not isinstance(fields[name], kinds):
+            raise ValueError(f"column '{name}' must be {' or '.join(k.typeName() for k in kinds)}, "
+                             f"not {fields[name].simpleString()}")
+    if len(opts.streams) > 1:
+        raise ValueError("the kera sink writes to one stream per row: give one name in option "
+                         "'stream', or a 'stream' column")
+    if not opts.streams and "stream" not in fields:
+        raise ValueError("the kera sink needs option 'stream' or a 'stream' column")
+
+
+class _TaskWriter:
+    """One write task: rows -> chunks -> acknowledged."""
+
+    def __init__(self, opts: Options, pid: int, partition_id: int, timestamp_us: int):
+        self.opts = opts
+        self.pid = pid
+        self.partition_id = partition_id
+        self.timestamp_us = timestamp_us
+        self.sender = Sender(Metadata(opts.bootstrap, opts.timeout_s), opts.in_flight_per_broker,
+                             opts.request_size_bytes, opts.buffer_bytes, opts.timeout_s)
+        self.planners: dict[str, ChunkPlanner] = {}
+        self.seqs: dict[tuple[int, int], int] = {}
+        self.rows = 0
+        self.chunks = 0
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> KeraCommitMessage:
+        try:
+            for batch in batches:
+                self.add(batch)
+            for stream in sorted(self.planners):
+                self._send(stream, self.planners[stream].flush())
+            self.sender.flush()
+        finally:
+            self.sender.close()
+        return KeraCommitMessage(self.partition_id, self.pid, self.rows, self.chunks)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        n = batch.num_rows
+        if n == 0:
+            return
+        names = batch.schema.names
+        values = as_binary(batch.column(names.index("value")))
+        if values.null_count:
+            raise ValueError("the kera sink cannot store a null 'value'")
+        keys = as_binary(batch.column(names.index("key"))) if "key" in names else None
+        ts = self._timestamps(batch.column(names.index("timestamp")) if "timestamp" in names else None, n)
+        self.rows += n
+        if self.opts.streams:
+            self._add(self.opts.streams[0], values, keys, ts)
+            return
+        streams = batch.column(names.index("stream"))
+        if streams.null_count:
+            raise ValueError("the 'stream' column may not be null")
+        encoded = pc.dictionary_encode(streams)
+        indices = encoded.indices.to_numpy(zero_copy_only=False)
+        names_in_batch = encoded.dictionary.to_pylist()
+        if len(names_in_batch) == 1:
+            self._add(names_in_batch[0], values, keys, ts)
+            return
+        for i, stream in enumerate(names_in_batch):
+            mask = indices == i
+            sel = pa.array(mask)
+            self._add(stream, values.filter(sel), None if keys is None else keys.filter(sel), ts[mask])
+
+    def _timestamps(self, column, n: int) -> np.ndarray:
+        """int64 µs since the epoch (a naive timestamp is taken as UTC)."""
+        if column is None:
+            return np.full(n, self.timestamp_us, dtype=np.int64)
+        if column.type.unit != "us":
+            column = column.cast(pa.timestamp("us", tz=column.type.tz))
+        return column.cast(pa.int64()).fill_null(self.timestamp_us).to_numpy(zero_copy_only=False)
+
+    def _add(self, stream: str, values, keys, ts) -> None:
+        planner = self.planners.get(stream)
+        if planner is None:
+            info = self.sender.stream(stream)
+            planner = self.planners[stream] = ChunkPlanner(info.streamlets, self.opts.chunk_size_bytes,
+                                                           keyless_seed=self.partition_id)
+        self._send(stream, planner.add(values, keys, ts))
+
+    def _send(self, stream: str, planned) -> None:
+        if not planned:
+            return
+        info = self.sender.stream(stream)
+        for c in planned:
+            key = (info.id, c.streamlet)
+            seq = self.seqs.get(key, 0)
+            self.seqs[key] = seq + 1
+            chunk = encode_arrow(self.pid, seq, info.id, c.streamlet, c.values, c.keys, c.timestamps)
+            self.sender.send(info, c.streamlet, seq, chunk)
+            self.chunks += 1
+
+
+def _task_context():
+    from pyspark import TaskContext
+    return TaskContext.get()
+
+
+class KeraBatchWriter(DataSourceArrowWriter):
+    def __init__(self, opts: Options, schema: StructType):
+        check_schema(schema, opts)
+        self.opts = opts
+        # Drawn once on the driver: every attempt of every task of this write shares it.
+        self.write_id = opts.write_id or uuid.uuid4().hex
+        self.timestamp_us = time.time_ns() // 1000
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> KeraCommitMessage:
+        ctx = _task_context()
+        partition_id = ctx.partitionId() if ctx is not None else 0
+        pid = producer_id(self.write_id, "batch", partition_id)
+        return _TaskWriter(self.opts, pid, partition_id, self.timestamp_us).run(iterator)
+
+    def commit(self, messages) -> None:
+        done = [m for m in messages if m is not None]
+        log.info("kera write %s stored %d rows in %d chunks from %d tasks", self.write_id,
+                 sum(m.rows for m in done), sum(m.chunks for m in done), len(done))
+
+    def abort(self, messages) -> None:
+        log.warning("kera write %s aborted; rows of finished tasks stay stored", self.write_id)
+
+
+class KeraStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, opts: Options, schema: StructType):
+        check_schema(schema, opts)
+        self.opts = opts
+        # Created on the driver once per micro-batch: task retries share the timestamp.
+        self.timestamp_us = time.time_ns() // 1000
+        self.fallback_id = uuid.uuid4().hex
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> KeraCommitMessage:
+        ctx = _task_context()
+        partition_id = ctx.partitionId() if ctx is not None else 0
+        query_id = (ctx.getLocalProperty(QUERY_ID_PROPERTY) if ctx is not None else None) or self.fallback_id
+        batch_id = (ctx.getLocalProperty(BATCH_ID_PROPERTY) if ctx is not None else None) or "0"
+        pid = producer_id(query_id, batch_id, partition_id)
+        return _TaskWriter(self.opts, pid, partition_id, self.timestamp_us).run(iterator)
+
+    def commit(self, messages, batchId: int) -> None:
+        done = [m for m in messages if m is not None]
+        log.info("kera micro-batch %d stored %d rows in %d chunks", batchId,
+                 sum(m.rows for m in done), sum(m.chunks for m in done))
+
+    def abort(self, messages, batchId: int) -> None:
+        log.warning("kera micro-batch %d aborted; rows of finished tasks stay stored and a "
+                    "rerun of the batch will not store them again", batchId)

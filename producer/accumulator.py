@@ -1,0 +1,190 @@
+"""The source side of the producer: records accumulate in one open chunk per streamlet. Sans-IO.
+
+`append` is the hot path of `Producer.send` (about a microsecond: a few list appends). A chunk
+that fills up is sealed (encoded, its sequence taken from its lane) and queued in the
+Pipeline; the request thread seals chunks that have been open longer than `linger_ms`.
+Keyless records go to a *sticky* streamlet that moves round-robin each time its chunk seals,
+so they fill whole chunks instead of spreading thin over every streamlet.
+
+Not thread-safe: the Producer calls everything here under its lock.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from crc32c import crc32c
+
+from kera import chunk as chunkcodec
+from kera.errors import RecordTooLarge
+from kera.metadata import StreamInfo
+from kera.producer.pipeline import Lane, Pipeline
+
+OPENED, SEALED = 1, 2
+# Bytes a record costs in a chunk besides its value: timestamp (8) and value offset (4); a keyed
+# record also has a key offset (4) and a null flag (1).
+RECORD_OVERHEAD_BYTES = 12
+KEYED_OVERHEAD_BYTES = 17
+
+
+def _wall_clock_us() -> int:
+    return time.time_ns() // 1000
+
+
+class OpenChunk:
+    __slots__ = ("stream", "streamlet", "values", "keys", "timestamps", "nbytes", "keyed", "opened_at")
+
+    def __init__(self, stream: "StreamState", streamlet: int, opened_at: float):
+        self.stream = stream
+        self.streamlet = streamlet
+        self.values: list = []
+        self.keys: list = []
+        self.timestamps: list = []
+        self.nbytes = 0
+        self.keyed = False
+        self.opened_at = opened_at
+
+
+class StreamState:
+    """What the source side keeps per stream: its descriptor, open chunks and lanes."""
+
+    __slots__ = ("name", "info", "streamlets", "sticky", "open", "lanes")
+
+    def __init__(self, info: StreamInfo, lanes: list[Lane]):
+        self.name = info.name
+        self.info = info
+        self.streamlets = info.streamlets
+        self.sticky = 0
+        self.open: list[OpenChunk | None] = [None] * info.streamlets
+        self.lanes = lanes
+
+
+class Accumulator:
+    def __init__(self, pipeline: Pipeline, producer_id: int, *, chunk_size_bytes: int,
+                 max_record_bytes: int, linger_s: float, clock: Callable[[], float] = time.monotonic,
+                 wall_clock_us: Callable[[], int] = _wall_clock_us):
+        if chunk_size_bytes <= chunkcodec.HEADER_SIZE + 64:
+            raise ValueError(f"chunk_size_bytes={chunk_size_bytes} is too small")
+        self.pipeline = pipeline
+        self.producer_id = producer_id
+        self.chunk_size_bytes = chunk_size_bytes
+        # Room for records in a chunk: the header and the extra (n+1-th) value offset excluded.
+        self.capacity = chunk_size_bytes - chunkcodec.HEADER_SIZE - 4
+        self.max_record_bytes = max_record_bytes
+        self.linger_s = linger_s
+        self.clock = clock
+        self.now_us = wall_clock_us
+        self.open_bytes = 0
+        self.records = 0
+        # Open chunks in the order they were opened: the linger check scans only the front.
+        self._open: dict[OpenChunk, None] = {}
+
+    def stream_state(self, info: StreamInfo) -> StreamState:
+        lanes = [self.pipeline.own_lane(info.name, info.id, sl, self.producer_id, info.active_groups)
+                 for sl in range(info.streamlets)]
+        return StreamState(info, lanes)
+
+    # ------------------------------------------------------------------ hot path
+    def append(self, st: StreamState, value: bytes, key: bytes | None, timestamp: int | None) -> int:
+        """Add one record; returns 0, OPENED or SEALED (the request thread may need waking)."""
+        if key is None:
+            sl = st.sticky
+            size = len(value) + RECORD_OVERHEAD_BYTES
+        else:
+            sl = crc32c(key) % st.streamlets
+            size = len(value) + len(key) + KEYED_OVERHEAD_BYTES
+        oc = st.open[sl]
+        event = 0
+        if oc is None or oc.nbytes + size > self.capacity:
+            oc, event = self._room(st, sl, key, size, len(value))
+        oc.values.append(value)
+        oc.keys.append(key)
+        oc.timestamps.append(self.now_us() if timestamp is None else timestamp)
+        oc.nbytes += size
+        self.open_bytes += size
+        self.records += 1
+        if key is not None:
+            oc.keyed = True
+        if oc.nbytes >= self.capacity:  # exactly full, or one record too large for a chunk
+            self.seal(oc)
+            event = SEALED
+        return event
+
+    def _room(self, st: StreamState, sl: int, key: bytes | None, size: int, value_bytes: int
+              ) -> tuple[OpenChunk, int]:
+        """An open chunk with room for a record of `size` bytes (sealing full ones)."""
+        record_bytes = value_bytes + (0 if key is None else len(key))
+        if record_bytes > self.max_record_bytes:
+            raise RecordTooLarge(f"record of {record_bytes} bytes exceeds max_record_bytes="
+                                 f"{self.max_record_bytes}")
+        event = OPENED
+        oc = st.open[sl]
+        if oc is not None:
+            self.seal(oc)
+            event = SEALED
+            if key is None:  # the sticky streamlet moved on: follow it
+                sl = st.sticky
+                oc = st.open[sl]
+                if oc is not None and oc.nbytes + size > self.capacity:
+                    self.seal(oc, advance=False)
+                elif oc is not None:
+                    return oc, event
+        oc = st.open[sl] = OpenChunk(st, sl, self.clock())
+        self._open[oc] = None
+        return oc, event
+
+    # ------------------------------------------------------------------ sealing
+    def seal(self, oc: OpenChunk, advance: bool = True) -> None:
+        """Encode an open chunk and queue it in its lane; moves the sticky streamlet on."""
+        st, sl = oc.stream, oc.streamlet
+        assert st.open[sl] is oc
+        st.open[sl] = None
+        del self._open[oc]
+        self.open_bytes -= oc.nbytes
+        if advance and sl == st.sticky:
+            st.sticky = (sl + 1) % st.streamlets
+        lane = st.lanes[sl]
+        blob, offsets = chunkcodec.values_columns(oc.values)
+        data = chunkcodec.encode_columns(lane.producer_id, lane.next_sequence, st.info.id, sl, blob,
+                                         offsets, oc.keys if oc.keyed else None, oc.timestamps)
+        self.pipeline.add(lane, data, lane.next_sequence, len(oc.values))
+
+    def seal_streamlet(self, st: StreamState, sl: int) -> None:
+        """Seal the open chunk of a streamlet, if any (before a batch chunk goes after it)."""
+        oc = st.open[sl]
+        if oc is not None:
+            self.seal(oc, advance=False)
+
+    def seal_lingering(self, now: float) -> int:
+        """Seal every chunk open for `linger_s` or longer; returns how many."""
+        due = []
+        for oc in self._open:
+            if oc.opened_at + self.linger_s > now:
+                break
+            due.append(oc)
+        for oc in due:
+            self.seal(oc)
+        return len(due)
+
+    def seal_all(self) -> int:
+        due = list(self._open)
+        for oc in due:
+            self.seal(oc)
+        return len(due)
+
+    def next_linger_deadline(self) -> float | None:
+        for oc in self._open:
+            return oc.opened_at + self.linger_s
+        return None
+
+    def drop_stream(self, st: StreamState) -> int:
+        """Discard a stream's open chunks (the stream is gone); returns the records dropped."""
+        dropped = 0
+        for sl, oc in enumerate(st.open):
+            if oc is not None:
+                st.open[sl] = None
+                del self._open[oc]
+                self.open_bytes -= oc.nbytes
+                dropped += len(oc.values)
+        return dropped

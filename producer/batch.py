@@ -1,0 +1,192 @@
+"""Cutting a batch of records into chunk-sized pieces with O(1) Python calls per chunk.
+
+`send_batch` accepts the value containers kera.chunk.values_columns does (a sequence of
+bytes-like, a numpy 'S' array, a 2-D uint8 array, a pyarrow binary array). These helpers
+measure a batch, pick the indices of each streamlet's records and cut them into pieces that
+fit one chunk each; the pieces are then encoded directly by kera.chunk.encode.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Iterator, NamedTuple
+
+import numpy as np
+
+from kera.errors import RecordTooLarge
+from kera.partitioner import streamlets_for_keys
+from kera.producer.accumulator import KEYED_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES
+
+_BYTES_TYPES = frozenset({bytes, bytearray, memoryview})
+
+
+def _is_arrow(values) -> bool:
+    return hasattr(values, "buffers") and hasattr(values, "offset") or type(values).__name__ == "ChunkedArray"
+
+
+def value_lengths(values) -> np.ndarray:
+    """int64 length of each value, without a Python call per value for array inputs."""
+    if isinstance(values, np.ndarray):
+        if values.dtype == np.uint8 and values.ndim == 2:
+            return np.full(values.shape[0], values.shape[1], dtype=np.int64)
+        if values.dtype.kind == "S" and values.ndim == 1:
+            return np.char.str_len(values).astype(np.int64)
+        raise TypeError(f"values array must be 1-D bytes ('S') or 2-D uint8, not {values.dtype} "
+                        f"with {values.ndim} dimensions")
+    if _is_arrow(values):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if values.null_count:
+            raise TypeError("values may not be null")
+        if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)
+                or pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+            raise TypeError(f"values must be binary, not {values.type}")
+        return pc.binary_length(values).to_numpy(zero_copy_only=False).astype(np.int64)
+    if not isinstance(values, list):
+        values = list(values)
+    types = set(map(type, values))
+    if not types <= _BYTES_TYPES:
+        bad = sorted(t.__name__ for t in types - _BYTES_TYPES)
+        raise TypeError(f"values must be bytes-like, not {', '.join(bad)}")
+    return np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+
+
+def as_list(values):
+    """Sequences other than lists (tuples, generators) as a list; arrays unchanged."""
+    if isinstance(values, (list, np.ndarray)) or _is_arrow(values):
+        return values
+    return list(values)
+
+
+def take(values, idx: np.ndarray):
+    """The values at `idx` (int64 indices), in that order, in the same kind of container."""
+    if isinstance(values, np.ndarray):
+        return values[idx]
+    if _is_arrow(values):
+        import pyarrow as pa
+        return values.take(pa.array(idx))
+    if len(idx) == 1:
+        return [values[int(idx[0])]]
+    return list(operator.itemgetter(*idx.tolist())(values))
+
+
+def normalize_keys(keys, n: int) -> list:
+    """Keys as a list of bytes or None, checked against the number of values."""
+    if isinstance(keys, np.ndarray):
+        if keys.dtype.kind != "S" or keys.ndim != 1:
+            raise TypeError(f"keys array must be 1-D bytes ('S'), not {keys.dtype}")
+        keys = keys.tolist()
+    elif _is_arrow(keys):
+        keys = keys.to_pylist()
+    elif not isinstance(keys, list):
+        keys = list(keys)
+    if len(keys) != n:
+        raise ValueError(f"{len(keys)} keys for {n} values")
+    types = set(map(type, keys))
+    if not types <= _BYTES_TYPES | {type(None)}:
+        bad = sorted(t.__name__ for t in types - _BYTES_TYPES - {type(None)})
+        raise TypeError(f"keys must be bytes or None, not {', '.join(bad)}")
+    if types - {bytes, type(None)}:
+        keys = [k if k is None or type(k) is bytes else bytes(k) for k in keys]
+    return keys
+
+
+def key_lengths(keys: list) -> np.ndarray:
+    return np.fromiter((0 if k is None else len(k) for k in keys), dtype=np.int64, count=len(keys))
+
+
+def timestamps_column(timestamps, n: int):
+    """None (stamped at encode), one int for all, or an int64 array of n."""
+    if timestamps is None or isinstance(timestamps, (int, np.integer)):
+        return None if timestamps is None else int(timestamps)
+    ts = np.asarray(timestamps, dtype=np.int64)
+    if ts.shape != (n,):
+        raise ValueError(f"{ts.size} timestamps for {n} values")
+    return ts
+
+
+def record_sizes(lengths: np.ndarray, klengths: np.ndarray | None) -> np.ndarray:
+    """Bytes each record takes in a chunk body (same accounting as the Accumulator)."""
+    if klengths is None:
+        return lengths + RECORD_OVERHEAD_BYTES
+    return lengths + klengths + KEYED_OVERHEAD_BYTES
+
+
+def split_by_size(sizes: np.ndarray, capacity: int) -> list[tuple[int, int]]:
+    """[start, end) ranges cutting records of `sizes` bytes into pieces of at most `capacity`
+    bytes each (a record larger than that gets a piece of its own); one searchsorted per piece."""
+    n = len(sizes)
+    if n == 0:
+        return []
+    cum = np.cumsum(sizes, dtype=np.int64)
+    ranges = []
+    start, base = 0, 0
+    while start < n:
+        end = int(np.searchsorted(cum, base + capacity, side="right"))
+        if end <= start:
+            end = start + 1
+        ranges.append((start, end))
+        base = int(cum[end - 1])
+        start = end
+    return ranges
+
+
+def group_by_streamlet(streamlets: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(streamlet, indices in input order) for each streamlet present."""
+    order = np.argsort(streamlets, kind="stable")
+    ordered = streamlets[order]
+    cuts = np.flatnonzero(np.diff(ordered)) + 1
+    bounds = [0, *cuts.tolist(), len(order)]
+    return [(int(ordered[a]), order[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+class Piece(NamedTuple):
+    """Records for one chunk: `streamlet` None means "the stream's sticky streamlet"."""
+    streamlet: int | None
+    values: object
+    keys: list | None
+    timestamps: object
+    count: int
+
+
+def plan(values, keys, timestamps, *, streamlets: int, capacity: int, max_record_bytes: int,
+         keyless_streamlet: int) -> tuple[int, Iterator[Piece]]:
+    """(record count, pieces) of a batch: keyless batches in input order, keyed batches
+    grouped by streamlet (input order kept within each). Everything that can be refused is
+    checked before the first piece is made, so a batch is refused whole or queued whole;
+    `keyless_streamlet` takes the None keys of a keyed batch."""
+    values = as_list(values)
+    if type(values).__name__ == "ChunkedArray":
+        values = values.combine_chunks()
+    lengths = value_lengths(values)
+    n = len(lengths)
+    ts = timestamps_column(timestamps, n)
+    klist = None if keys is None else normalize_keys(keys, n)
+    klengths = None if klist is None else key_lengths(klist)
+    if n:
+        record_bytes = lengths if klengths is None else lengths + klengths
+        biggest = int(record_bytes.max())
+        if biggest > max_record_bytes:
+            raise RecordTooLarge(f"a record of {biggest} bytes exceeds max_record_bytes={max_record_bytes}")
+    sizes = record_sizes(lengths, klengths)
+    return n, _pieces(values, klist, ts, sizes, streamlets, capacity, keyless_streamlet)
+
+
+def _pieces(values, klist, ts, sizes, streamlets, capacity, keyless_streamlet) -> Iterator[Piece]:
+    fixed_ts = ts is None or isinstance(ts, int)
+    if klist is None:
+        for a, b in split_by_size(sizes, capacity):
+            yield Piece(None, values[a:b], None, ts if fixed_ts else ts[a:b], b - a)
+        return
+    sls = streamlets_for_keys(klist, streamlets)
+    sls[sls < 0] = keyless_streamlet
+    for sl, idx in group_by_streamlet(sls):
+        sub_values = take(values, idx)
+        sub_keys = [klist[i] for i in idx.tolist()]
+        sub_ts = ts if fixed_ts else ts[idx]
+        for a, b in split_by_size(sizes[idx], capacity):
+            keys = sub_keys[a:b]
+            if all(k is None for k in keys):
+                keys = None
+            yield Piece(sl, sub_values[a:b], keys, sub_ts if fixed_ts else sub_ts[a:b], b - a)

@@ -1,0 +1,410 @@
+"""Sealed chunks on their way to the brokers: request building, acks, retries. Sans-IO.
+
+Chunks wait in *lanes*, one per (producer identity, stream, streamlet), in sequence order. The
+request thread asks `build` for requests (one per broker at a time, at most one chunk per
+streamlet, up to `request_size_bytes`, at most `in_flight_per_broker` requests in flight per
+broker), sends them, and feeds back each reply (`on_reply`), send failure or timeout
+(`on_request_failed`). The clock is passed in; nothing here touches a socket or a thread.
+
+Ordering: the broker stores chunk k+1 of a lane only after chunk k (`sequence_gap`
+otherwise), so a lane may pipeline several chunks. After any failure the lane *pauses* until
+its in-flight chunks are all answered, then resends from its first unacknowledged chunk, in
+order, with the same bytes (same producer id and sequence: a chunk stored by an attempt whose
+reply was lost is acknowledged as a duplicate, never stored twice).
+
+A chunk that fails for good (non-retriable error, or `retries_max` attempts) is reported as a
+Failure. The lane's later chunks would then hit `sequence_gap` forever, so a lane of this
+producer's own chunks takes a fresh identity: producer id + Q (the stream's active groups,
+so the broker keeps the same group slot and thus the order) and sequences from 0, and its
+waiting chunks are re-sealed under it.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+from kera import chunk as chunkcodec
+from kera.errors import KeraError, Timeout, UnknownStream, from_reply
+
+UNSENT, IN_FLIGHT, ACKED = 0, 1, 2
+U64 = 1 << 64
+BACKOFF_MS_BASE = 5
+BACKOFF_MS_MAX = 1000
+# Codes after which the stream's metadata is asked for again before the retry.
+REFRESH_CODES = frozenset({"not_owner", "unknown_stream", "timeout", "not_ready"})
+
+
+class PendingChunk:
+    __slots__ = ("data", "lane", "sequence", "records", "serial", "state", "attempts")
+
+    def __init__(self, data: bytes, lane: "Lane", sequence: int, records: int, serial: int):
+        self.data = data
+        self.lane = lane
+        self.sequence = sequence
+        self.records = records
+        self.serial = serial
+        self.state = UNSENT
+        self.attempts = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+class Lane:
+    """Chunks of one (producer id, stream, streamlet) that are not yet acknowledged."""
+
+    __slots__ = ("stream", "stream_id", "streamlet", "producer_id", "own", "slot_stride",
+                 "next_sequence", "chunks", "cursor", "in_flight", "paused", "retry_at",
+                 "reidentify")
+
+    def __init__(self, stream: str, stream_id: int, streamlet: int, producer_id: int, own: bool,
+                 slot_stride: int = 1):
+        self.stream = stream
+        self.stream_id = stream_id
+        self.streamlet = streamlet
+        self.producer_id = producer_id
+        self.own = own                  # our sequence space: may be re-sealed under a new id
+        self.slot_stride = slot_stride  # active groups Q: id + Q keeps the broker's group slot
+        self.next_sequence = 0
+        self.chunks: collections.deque[PendingChunk] = collections.deque()
+        self.cursor = 0                 # chunks before it are in flight or acked
+        self.in_flight = 0
+        self.paused = False             # after a failure: send nothing until in_flight == 0
+        self.retry_at = 0.0
+        self.reidentify = False
+
+    def next_unsent(self, now: float) -> PendingChunk | None:
+        if self.paused or now < self.retry_at:
+            return None
+        chunks = self.chunks
+        while self.cursor < len(chunks):
+            c = chunks[self.cursor]
+            if c.state == UNSENT:
+                return c
+            self.cursor += 1
+        return None
+
+    def pop_acked(self) -> None:
+        chunks = self.chunks
+        while chunks and chunks[0].state == ACKED:
+            chunks.popleft()
+            self.cursor = max(0, self.cursor - 1)
+
+
+class Failure(NamedTuple):
+    stream: str
+    streamlet: int
+    error: KeraError
+    records: int
+
+
+@dataclass
+class Outgoing:
+    """One produce request: chunks for streamlets of one broker."""
+    broker: str
+    chunks: list
+    req_id: int | None = None
+    deadline: float = 0.0
+
+    @property
+    def frames(self) -> list:
+        return [c.data for c in self.chunks]
+
+
+@dataclass
+class Pipeline:
+    request_size_bytes: int
+    in_flight_per_broker: int
+    retries_max: int
+    request_timeout_s: float
+    lanes: dict = field(default_factory=dict)
+    # Every chunk not yet acknowledged or failed, by serial, in serial order (flush waits on it).
+    incomplete: dict = field(default_factory=dict)
+    in_flight: dict = field(default_factory=dict)      # broker -> {req_id: Outgoing}
+    failures: list = field(default_factory=list)
+    pending_bytes: int = 0
+    last_serial: int = -1
+    dead_streams: set = field(default_factory=set)     # stream ids refused as unknown for good
+    want_refresh: set = field(default_factory=set)     # (name, id) of streams with no owner known
+    stats: collections.Counter = field(default_factory=collections.Counter)
+
+    FAILURES_KEPT_MAX = 1000
+
+    def __post_init__(self):
+        self._serials = itertools.count()
+        self._rotation = 0
+
+    # ------------------------------------------------------------------ lanes and chunks
+    def own_lane(self, stream: str, stream_id: int, streamlet: int, producer_id: int,
+                 slot_stride: int) -> Lane:
+        key = (stream_id, streamlet)
+        lane = self.lanes.get(key)
+        if lane is None:
+            lane = self.lanes[key] = Lane(stream, stream_id, streamlet, producer_id, True, slot_stride)
+        return lane
+
+    def add(self, lane: Lane, data: bytes, sequence: int, records: int) -> PendingChunk:
+        """Queue a sealed chunk at the tail of its lane."""
+        if lane.own:
+            assert sequence == lane.next_sequence, (sequence, lane.next_sequence)
+            lane.next_sequence += 1
+        serial = next(self._serials)
+        c = PendingChunk(data, lane, sequence, records, serial)
+        lane.chunks.append(c)
+        self.incomplete[serial] = c
+        self.last_serial = serial
+        self.pending_bytes += len(data)
+        return c
+
+    def add_foreign(self, stream: str, data: bytes) -> PendingChunk:
+        """Queue a chunk that carries its own producer id and sequence (never re-sealed)."""
+        h = chunkcodec.read_header(data)
+        key = (h.producer_id, h.stream_id, h.streamlet)
+        lane = self.lanes.get(key)
+        if lane is None:
+            lane = self.lanes[key] = Lane(stream, h.stream_id, h.streamlet, h.producer_id, False)
+        return self.add(lane, data, h.sequence, h.record_count)
+
+    def oldest_incomplete(self) -> int | None:
+        return next(iter(self.incomplete), None)
+
+    def done_through(self, serial: int) -> bool:
+        """Is every chunk with a serial <= `serial` acknowledged or failed?"""
+        oldest = self.oldest_incomplete()
+        return oldest is None or oldest > serial
+
+    # ------------------------------------------------------------------ requests
+    def build(self, now: float, address_of: Callable[[int, int], str | None]) -> list[Outgoing]:
+        """Requests to send now, filling each broker's window."""
+        by_broker: dict[str, list[Lane]] = {}
+        lanes = list(self.lanes.values())
+        if len(lanes) > 1:  # rotate the starting lane so no streamlet starves the others
+            self._rotation = (self._rotation + 1) % len(lanes)
+            lanes = lanes[self._rotation:] + lanes[:self._rotation]
+        for lane in lanes:
+            if lane.next_unsent(now) is None:
+                continue
+            address = address_of(lane.stream_id, lane.streamlet)
+            if address is None:  # no live owner known: wait for a metadata refresh
+                lane.retry_at = now + BACKOFF_MS_MAX / 1000
+                self.want_refresh.add((lane.stream, lane.stream_id))
+                continue
+            by_broker.setdefault(address, []).append(lane)
+        out = []
+        for broker, blanes in by_broker.items():
+            busy = len(self.in_flight.setdefault(broker, {}))
+            while busy < self.in_flight_per_broker:
+                chunks = self._fill(blanes, now)
+                if not chunks:
+                    break
+                out.append(Outgoing(broker, chunks))
+                busy += 1
+        return out
+
+    def _fill(self, lanes: list[Lane], now: float) -> list[PendingChunk]:
+        chunks: list[PendingChunk] = []
+        streamlets = set()
+        size = 0
+        for lane in lanes:
+            key = (lane.stream_id, lane.streamlet)
+            if key in streamlets:
+                continue
+            c = lane.next_unsent(now)
+            if c is None:
+                continue
+            if chunks and size + c.size > self.request_size_bytes:
+                continue
+            c.state = IN_FLIGHT
+            c.attempts += 1
+            lane.cursor += 1
+            lane.in_flight += 1
+            chunks.append(c)
+            streamlets.add(key)
+            size += c.size
+        return chunks
+
+    def sent(self, out: Outgoing, req_id: int, now: float) -> None:
+        out.req_id = req_id
+        out.deadline = now + self.request_timeout_s
+        self.in_flight.setdefault(out.broker, {})[req_id] = out
+        self.stats["requests"] += 1
+
+    def on_request_failed(self, out: Outgoing, error: KeraError, now: float) -> set[tuple[str, int]]:
+        """The request could not be sent, timed out or got an error reply as a whole."""
+        if out.req_id is not None:
+            self.in_flight.get(out.broker, {}).pop(out.req_id, None)
+        refresh = set()
+        for c in out.chunks:
+            refresh |= self._chunk_failed(c, error, now)
+        return refresh
+
+    def on_reply(self, broker: str, header: dict, now: float) -> set[tuple[str, int]]:
+        """Apply one produce reply; returns the (name, id) of streams whose metadata needs a
+        refresh."""
+        out = self.in_flight.get(broker, {}).get(header.get("id"))
+        if out is None:
+            return set()  # a late reply to a request that timed out: its chunks were resent
+        if header.get("ok") is not True:
+            err = from_reply(str(header.get("code", "internal")), str(header.get("message", "")),
+                             bool(header.get("retriable", False)))
+            return self.on_request_failed(out, err, now)
+        results = header.get("results")
+        if not isinstance(results, list) or len(results) != len(out.chunks):
+            err = KeraError(f"produce reply from {broker} has a malformed results list", retriable=True)
+            return self.on_request_failed(out, err, now)
+        del self.in_flight[broker][out.req_id]
+        refresh = set()
+        for c, result in zip(out.chunks, results):
+            if isinstance(result, list) and len(result) == 3 and isinstance(result[0], str):
+                refresh |= self._chunk_failed(c, from_reply(result[0], str(result[1]), bool(result[2])), now)
+            elif isinstance(result, list) and len(result) == 3 and all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in result):
+                self._chunk_acked(c)
+            else:
+                refresh |= self._chunk_failed(
+                    c, KeraError(f"malformed produce result {result!r}", retriable=True), now)
+        return refresh
+
+    def expire(self, now: float) -> set[tuple[str, int]]:
+        """Fail the requests whose reply is overdue (their chunks will be resent)."""
+        refresh = set()
+        for broker, window in self.in_flight.items():
+            for out in [o for o in window.values() if o.deadline <= now]:
+                refresh |= self.on_request_failed(
+                    out, Timeout(f"no reply from broker {broker} within {self.request_timeout_s:.1f} s"), now)
+        return refresh
+
+    def next_deadline(self, now: float) -> float | None:
+        """The earliest request deadline or lane retry time worth waking up for."""
+        times = [o.deadline for w in self.in_flight.values() for o in w.values()]
+        times += [lane.retry_at for lane in self.lanes.values()
+                  if lane.retry_at > now and not lane.paused and lane.cursor < len(lane.chunks)]
+        return min(times, default=None)
+
+    def has_unsent(self) -> bool:
+        return any(lane.cursor < len(lane.chunks) for lane in self.lanes.values())
+
+    # ------------------------------------------------------------------ outcomes
+    def _chunk_acked(self, c: PendingChunk) -> None:
+        lane = c.lane
+        c.state = ACKED
+        lane.in_flight -= 1
+        self.stats["chunks_acked"] += 1
+        self.stats["records_acked"] += c.records
+        self._complete(c)
+        lane.pop_acked()
+        self._maybe_resume(lane)
+        self._forget_if_done(lane)
+
+    def _forget_if_done(self, lane: Lane) -> None:
+        """A caller-identified lane is dropped once empty (one per Spark task attempt, say)."""
+        if not lane.own and not lane.chunks and not lane.in_flight:
+            self.lanes.pop((lane.producer_id, lane.stream_id, lane.streamlet), None)
+
+    def _complete(self, c: PendingChunk) -> None:
+        del self.incomplete[c.serial]
+        self.pending_bytes -= len(c.data)
+
+    def _chunk_failed(self, c: PendingChunk, error: KeraError, now: float) -> set[tuple[str, int]]:
+        lane = c.lane
+        lane.in_flight -= 1
+        c.state = UNSENT
+        lane.paused = True
+        refresh = {(lane.stream, lane.stream_id)} if error.code in REFRESH_CODES else set()
+        if error.code == "sequence_gap" and self._behind_unacked(c):
+            c.attempts -= 1  # collateral of an earlier chunk's failure, not this chunk's
+        if error.retriable and c.attempts <= self.retries_max:
+            self.stats["retries"] += 1
+            backoff_s = min(BACKOFF_MS_MAX, BACKOFF_MS_BASE << min(c.attempts, 10)) / 1000
+            lane.retry_at = max(lane.retry_at, now + backoff_s)
+        elif error.code == "unknown_stream" and not error.retriable:
+            self._fail_stream(lane.stream_id, error)
+        else:
+            self._fail_chunk(c, error)
+        self._maybe_resume(lane)
+        return refresh
+
+    def _behind_unacked(self, c: PendingChunk) -> bool:
+        for other in c.lane.chunks:
+            if other is c:
+                return False
+            if other.state != ACKED:
+                return True
+        return False
+
+    def _fail_chunk(self, c: PendingChunk, error: KeraError) -> None:
+        lane = c.lane
+        lane.chunks.remove(c)
+        self._complete(c)
+        self._record_failure(lane, error, c.records)
+        if lane.own:
+            lane.reidentify = True
+        else:
+            # The caller owns this sequence space: its later chunks can never be stored.
+            for other in [o for o in lane.chunks if o.state == UNSENT]:
+                lane.chunks.remove(other)
+                self._complete(other)
+                self._record_failure(lane, KeraError(
+                    f"chunk {other.sequence} follows failed chunk {c.sequence}"), other.records)
+        lane.pop_acked()
+
+    def _fail_stream(self, stream_id: int, error: KeraError) -> None:
+        """The stream is gone: every waiting chunk of it fails now."""
+        self.dead_streams.add(stream_id)
+        for lane in [lane for lane in self.lanes.values() if lane.stream_id == stream_id]:
+            for c in [c for c in lane.chunks if c.state == UNSENT]:
+                lane.chunks.remove(c)
+                self._complete(c)
+                self._record_failure(lane, error, c.records)
+            lane.pop_acked()
+
+    def fail_stream(self, stream_id: int, error: KeraError) -> None:
+        """Called when the coordinator confirms the stream no longer exists."""
+        self._fail_stream(stream_id, error)
+        for lane in self.lanes.values():
+            if lane.stream_id == stream_id:
+                self._maybe_resume(lane)
+
+    def _record_failure(self, lane: Lane, error: KeraError, records: int) -> None:
+        self.stats["records_failed"] += records
+        self.stats["chunks_failed"] += 1
+        if len(self.failures) < self.FAILURES_KEPT_MAX:
+            self.failures.append(Failure(lane.stream, lane.streamlet, error, records))
+
+    def _maybe_resume(self, lane: Lane) -> None:
+        if not lane.paused or lane.in_flight:
+            return
+        lane.paused = False
+        lane.cursor = 0
+        lane.pop_acked()
+        if lane.reidentify:
+            self._reidentify(lane)
+        self._forget_if_done(lane)
+
+    def _reidentify(self, lane: Lane) -> None:
+        lane.reidentify = False
+        # A chunk acknowledged behind unacknowledged ones proves those were stored (the broker
+        # stores a lane's chunks only in order): they count as acknowledged, not resent.
+        last_acked = max((i for i, c in enumerate(lane.chunks) if c.state == ACKED), default=-1)
+        for c in list(lane.chunks)[:last_acked + 1]:
+            if c.state != ACKED:
+                c.state = ACKED
+                self.stats["chunks_acked"] += 1
+                self.stats["records_acked"] += c.records
+                self._complete(c)
+        lane.pop_acked()
+        lane.producer_id = (lane.producer_id + lane.slot_stride) % U64
+        for i, c in enumerate(lane.chunks):
+            assert c.state == UNSENT, "a lane re-identifies only when nothing is in flight"
+            c.data = chunkcodec.reseal(c.data, lane.producer_id, i)
+            c.sequence = i
+        lane.next_sequence = len(lane.chunks)
+        self.stats["reidentified"] += 1
+
+    def take_failures(self) -> list[Failure]:
+        failures, self.failures = self.failures, []
+        return failures

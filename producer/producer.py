@@ -1,0 +1,329 @@
+"""The Producer: the caller's side (source) and one background request thread.
+
+    with Producer("127.0.0.1:7000") as p:
+        p.send("clicks", b"value", key=b"user-1")
+        p.send_batch("clicks", [b"a", b"b", b"c"])
+        p.flush()
+
+`send` appends to the open chunk of the record's streamlet (Accumulator); full chunks are sealed
+and queued in the Pipeline; the request thread (Sender) seals chunks older than `linger_ms`,
+sends produce requests and applies the replies. Both sides share one lock; the request thread
+does its socket I/O outside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from kera import chunk as chunkcodec
+from kera import config
+from kera.errors import BadRequest, ClientClosed, KeraError, Timeout
+from kera.metadata import Metadata, StreamInfo
+from kera.producer import batch as batching
+from kera.producer.accumulator import Accumulator, StreamState
+from kera.producer.pipeline import Failure, Pipeline
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETRIES_MAX = 30
+
+
+def new_producer_id() -> int:
+    return int.from_bytes(os.urandom(8), "little")
+
+
+def failure_error(failures: list[Failure]) -> KeraError:
+    """One exception for the failures since the last flush: the first failure's class, with a
+    message naming its stream and streamlet and the totals."""
+    first = failures[0]
+    records = sum(f.records for f in failures)
+    where = sorted({(f.stream, f.streamlet) for f in failures})
+    more = f" (and {len(where) - 1} more streamlets)" if len(where) > 1 else ""
+    message = (f"{records} records failed: stream '{first.stream}' streamlet {first.streamlet}"
+               f"{more}: [{first.error.code}] {first.error.message}")
+    err = first.error.__class__(message, retriable=False) if isinstance(first.error, KeraError) \
+        else KeraError(message)
+    if type(err) is KeraError:
+        err.code = first.error.code
+    err.failures = failures
+    return err
+
+
+def _as_bytes(value, what: str) -> bytes:
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes, not {type(value).__name__}")
+
+
+class Producer:
+    def __init__(self, bootstrap: str, *,
+                 chunk_size_bytes: int = config.DEFAULT_CHUNK_SIZE_BYTES,
+                 linger_ms: float = config.DEFAULT_LINGER_MS,
+                 request_size_bytes: int = config.DEFAULT_REQUEST_SIZE_BYTES,
+                 in_flight_per_broker: int = config.DEFAULT_IN_FLIGHT_PER_BROKER,
+                 buffer_bytes: int = config.DEFAULT_BUFFER_BYTES,
+                 max_record_bytes: int = config.DEFAULT_MAX_RECORD_BYTES,
+                 send_timeout_s: float = config.DEFAULT_SEND_TIMEOUT_S,
+                 request_timeout_s: float = config.DEFAULT_REQUEST_TIMEOUT_S,
+                 producer_id: int | None = None,
+                 retries_max: int = DEFAULT_RETRIES_MAX):
+        if max_record_bytes + chunkcodec.HEADER_SIZE > chunkcodec.MAX_CHUNK_BYTES:
+            raise ValueError(f"max_record_bytes={max_record_bytes} exceeds the chunk limit")
+        if in_flight_per_broker < 1 or buffer_bytes < chunk_size_bytes:
+            raise ValueError("in_flight_per_broker must be >= 1 and buffer_bytes >= chunk_size_bytes")
+        self.producer_id = new_producer_id() if producer_id is None else producer_id % (1 << 64)
+        self.buffer_bytes = buffer_bytes
+        self.send_timeout_s = send_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self._meta = Metadata(bootstrap, timeout_s=request_timeout_s)
+        self._pipe = Pipeline(request_size_bytes=request_size_bytes,
+                              in_flight_per_broker=in_flight_per_broker,
+                              retries_max=retries_max, request_timeout_s=request_timeout_s)
+        self._acc = Accumulator(self._pipe, self.producer_id, chunk_size_bytes=chunk_size_bytes,
+                                max_record_bytes=max_record_bytes, linger_s=linger_ms / 1000)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # completions: flush and full-buffer waits
+        self._streams: dict[str, StreamState] = {}
+        self._closed = False
+        self._stopping = False
+        self._fatal: BaseException | None = None
+        self._batch_records = 0
+        self._chunks_sealed_batch = 0
+        # The request thread sleeps in a zmq poll; a byte on this pipe wakes it (`_idle` says
+        # whether it is asleep, so a busy thread is not woken once per chunk).
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._idle = False
+        from kera.producer.sender import Sender
+        self._sender = Sender(self)
+        self._sender.start()
+
+    # ------------------------------------------------------------------ send
+    def send(self, stream: str, value: bytes, key: bytes | None = None,
+             timestamp: int | None = None) -> None:
+        """Queue one record. Blocks (up to send_timeout_s) while the buffer is full."""
+        st = self._streams.get(stream)
+        if st is None:
+            st = self._stream_state(stream)
+        if value.__class__ is not bytes:
+            value = _as_bytes(value, "value")
+        if key is not None and key.__class__ is not bytes:
+            key = _as_bytes(key, "key")
+        if timestamp is not None and timestamp.__class__ is not int:
+            timestamp = int(timestamp)
+        with self._lock:
+            if self._acc.open_bytes + self._pipe.pending_bytes > self.buffer_bytes or self._closed:
+                self._wait_for_room()
+            event = self._acc.append(st, value, key, timestamp)
+            if event and self._idle:
+                self._idle = False
+                self._wake()
+
+    def send_batch(self, stream: str, values, keys=None, timestamps=None) -> int:
+        """Queue many records with O(1) Python calls per chunk; returns how many.
+
+        `values`: a list of bytes, a numpy 'S' array, a 2-D uint8 array (one row per value) or
+        a pyarrow binary array. `keys`: None, or one bytes/None per value (numpy 'S' and
+        pyarrow arrays too). `timestamps`: None (now), one int, or one int64 per value (µs).
+        """
+        st = self._streams.get(stream) or self._stream_state(stream)
+        n, pieces = batching.plan(values, keys, timestamps, streamlets=st.streamlets,
+                                  capacity=self._acc.capacity,
+                                  max_record_bytes=self._acc.max_record_bytes,
+                                  keyless_streamlet=st.sticky)
+        for piece in pieces:
+            self._queue_piece(st, piece)
+        return n
+
+    def _queue_piece(self, st: StreamState, piece: batching.Piece) -> None:
+        sl = piece.streamlet
+        with self._lock:
+            if self._acc.open_bytes + self._pipe.pending_bytes > self.buffer_bytes or self._closed:
+                self._wait_for_room()
+            if sl is None:
+                sl = st.sticky
+                st.sticky = (sl + 1) % st.streamlets
+            self._acc.seal_streamlet(st, sl)  # records sent before this batch go first
+            lane = st.lanes[sl]
+            data = chunkcodec.encode(lane.producer_id, lane.next_sequence, st.info.id, sl,
+                                     piece.values, piece.keys, piece.timestamps)
+            self._pipe.add(lane, data, lane.next_sequence, piece.count)
+            self._batch_records += piece.count
+            self._chunks_sealed_batch += 1
+            if self._idle:
+                self._idle = False
+                self._wake()
+
+    # ------------------------------------------------------------------ explicit identity
+    def stream_info(self, stream: str) -> StreamInfo:
+        """The stream's descriptor (id, streamlets, ...), as this producer knows it."""
+        return (self._streams.get(stream) or self._stream_state(stream)).info
+
+    def send_chunk(self, stream: str, chunk: bytes) -> None:
+        """Internal: queue a chunk encoded by the caller (kera.chunk.encode) with its own
+        producer id and sequence. Chunks of one (producer id, streamlet) must be given in
+        sequence order; a chunk the broker already holds is acknowledged, not stored again."""
+        info = self.stream_info(stream)
+        header = chunkcodec.verify(chunk)
+        if header.stream_id != info.id or header.streamlet >= info.streamlets:
+            raise BadRequest(f"chunk for stream id {header.stream_id} streamlet {header.streamlet} "
+                             f"does not belong to stream '{stream}' (id {info.id}, "
+                             f"{info.streamlets} streamlets)")
+        chunk = bytes(chunk)
+        with self._lock:
+            if self._acc.open_bytes + self._pipe.pending_bytes > self.buffer_bytes or self._closed:
+                self._wait_for_room()
+            self._pipe.add_foreign(stream, chunk)
+            self._batch_records += header.record_count
+            if self._idle:
+                self._idle = False
+                self._wake()
+
+    def send_batch_as(self, stream: str, streamlet: int, values, *, producer_id: int,
+                      sequence_start: int, keys=None, timestamps=None) -> int:
+        """Internal (deterministic writers such as the Spark sink): encode `values` for one
+        streamlet into chunks with an explicit identity, sequences `sequence_start`, +1, ...
+        The same input always makes the same chunks, so a replay is de-duplicated by the
+        broker. Returns the next sequence."""
+        info = self.stream_info(stream)
+        if not 0 <= streamlet < info.streamlets:
+            raise BadRequest(f"stream '{stream}' has no streamlet {streamlet}")
+        _, pieces = batching.plan(values, keys, timestamps, streamlets=1,
+                                  capacity=self._acc.capacity,
+                                  max_record_bytes=self._acc.max_record_bytes, keyless_streamlet=0)
+        sequence = sequence_start
+        for piece in pieces:
+            # Keyed or not, every record goes to the one streamlet given (streamlets=1 above).
+            data = chunkcodec.encode(producer_id, sequence, info.id, streamlet, piece.values,
+                                     piece.keys, piece.timestamps)
+            self.send_chunk(stream, data)
+            sequence += 1
+        return sequence
+
+    # ------------------------------------------------------------------ flush and close
+    def flush(self, timeout: float | None = None) -> None:
+        """Return once every record sent before this call is acknowledged; raises the failures
+        since the last flush (a KeraError naming the stream and streamlet), or Timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._acc.seal_all()
+            target = self._pipe.last_serial
+            self._idle = False
+            self._wake()
+            while not self._pipe.done_through(target):
+                if self._fatal is not None:
+                    raise KeraError(f"producer request thread died: {self._fatal!r}")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise Timeout(f"flush: records still unacknowledged after {timeout:.1f} s")
+                self._cond.wait(left)
+            failures = self._pipe.take_failures()
+        if failures:
+            raise failure_error(failures)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, then stop the request thread and close the connections."""
+        if self._closed:
+            return
+        try:
+            if self._fatal is None:
+                self.flush(timeout)
+        finally:
+            with self._lock:
+                self._closed = True
+                self._stopping = True
+                self._wake()
+            self._sender.join(self.request_timeout_s + 5)
+            self._meta.close()
+            with self._lock:
+                fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+            for fd in fds:
+                os.close(fd)
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except KeraError as err:  # do not hide the exception already on its way
+            log.warning("producer close after %s: %s", exc_type.__name__, err)
+
+    @property
+    def stats(self) -> dict:
+        with self._lock:
+            s = dict(self._pipe.stats)
+            return {
+                "records_sent": self._acc.records + self._batch_records,
+                "chunks_sent": s.get("chunks_acked", 0) + s.get("chunks_failed", 0)
+                + sum(len(lane.chunks) for lane in self._pipe.lanes.values()),
+                "requests": s.get("requests", 0),
+                "retries": s.get("retries", 0),
+                "acked": s.get("records_acked", 0),
+                "records_acked": s.get("records_acked", 0),
+                "records_failed": s.get("records_failed", 0),
+                "chunks_acked": s.get("chunks_acked", 0),
+                "chunks_failed": s.get("chunks_failed", 0),
+                "reidentified": s.get("reidentified", 0),
+                "buffered_bytes": self._acc.open_bytes + self._pipe.pending_bytes,
+            }
+
+    # ------------------------------------------------------------------ internals
+    def _stream_state(self, name: str) -> StreamState:
+        if self._closed:
+            raise ClientClosed("producer is closed")
+        if not isinstance(name, str):
+            raise TypeError(f"stream name must be str, not {type(name).__name__}")
+        info = self._meta.stream(name)
+        with self._lock:
+            st = self._streams.get(name)
+            if st is None or st.info.id != info.id:
+                st = self._streams[name] = self._acc.stream_state(info)
+            return st
+
+    def _wait_for_room(self) -> None:
+        """Called under the lock when the buffer is full (or the producer closed)."""
+        deadline = time.monotonic() + self.send_timeout_s
+        while True:
+            if self._closed:
+                raise ClientClosed("producer is closed")
+            if self._fatal is not None:
+                raise KeraError(f"producer request thread died: {self._fatal!r}")
+            if self._acc.open_bytes + self._pipe.pending_bytes <= self.buffer_bytes:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Timeout(f"send: buffer of {self.buffer_bytes} bytes still full after "
+                              f"{self.send_timeout_s:.1f} s")
+            self._acc.seal_all()  # lingering open chunks hold buffer space too
+            self._idle = False
+            self._wake()
+            self._cond.wait(left)
+
+    def _wake(self) -> None:
+        if self._wake_w < 0:
+            return
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full (the thread has wake-ups pending) or closed
+
+    def _stream_gone(self, name: str, stream_id: int, error: KeraError) -> None:
+        """Under the lock: the coordinator confirmed the stream was deleted."""
+        self._pipe.fail_stream(stream_id, error)
+        st = self._streams.get(name)
+        if st is not None and st.info.id == stream_id:
+            del self._streams[name]
+            dropped = self._acc.drop_stream(st)
+            if dropped:
+                self._pipe.stats["records_failed"] += dropped
+                self._pipe.failures.append(Failure(name, -1, error, dropped))
+        self._meta.forget(name)
+        self._cond.notify_all()

@@ -1,0 +1,130 @@
+"""Shared fixtures: real local clusters (coordinator, brokers, backups as subprocesses).
+
+    def test_something(local_cluster):           # module-scoped factory
+        cluster = local_cluster(brokers=2, backups=1)
+        admin = cluster.admin()
+
+    def test_faults(fresh_cluster):              # function-scoped factory: stopped after the test
+        cluster = fresh_cluster(brokers=2, backups=2, heartbeat_interval_ms=50)
+        cluster.kill_broker(0)
+
+Both factories take LocalCluster's keyword arguments (virtual_logs, log_level,
+extra_broker_args, ...). Each cluster gets its own temporary data dir; daemon logs are in
+`cluster.log_dir`, and their tails are printed when a test using a function-scoped cluster fails.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # make `bench` importable under any rootdir
+    sys.path.insert(0, str(REPO_ROOT))
+
+
+def _factory(tmp_path_factory, clusters: list):
+    from kera.local import LocalCluster
+
+    def make(brokers: int = 1, backups: int = 0, **kw) -> LocalCluster:
+        data_dir = tmp_path_factory.mktemp("kera-cluster")
+        cluster = LocalCluster(data_dir, brokers=brokers, backups=backups, **kw)
+        clusters.append(cluster)
+        return cluster
+
+    return make
+
+
+def _stop_all(clusters: list) -> None:
+    for cluster in clusters:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory):
+    """Factory `make(brokers=1, backups=0, **kw) -> LocalCluster`; clusters stop at module end."""
+    clusters: list = []
+    yield _factory(tmp_path_factory, clusters)
+    _stop_all(clusters)
+
+
+@pytest.fixture
+def fresh_cluster(tmp_path_factory, request):
+    """Like `local_cluster`, but the clusters stop when the test ends."""
+    clusters: list = []
+    yield _factory(tmp_path_factory, clusters)
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for cluster in clusters:
+            sys.stderr.write(f"\n==== daemon logs of the cluster at {cluster.bootstrap}\n"
+                             f"{cluster._tails()}\n")
+    _stop_all(clusters)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # Keep each phase's report on the item so fixtures can tell whether the test failed.
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+class FakeDaemon:
+    """A stand-in broker or backup: registers with a coordinator over the wire and heartbeats
+    from a thread, reporting as applied the metadata version the coordinator last announced
+    (an ideal daemon). `applied_version=N` pins what it reports instead."""
+
+    def __init__(self, bootstrap: str, kind: str = "broker", address: str = "127.0.0.1:1",
+                 node: str = "fake-node", daemon_id: int | None = None,
+                 interval_s: float = 0.05, applied_version: int | None = None):
+        import threading
+        from kera import rpc
+
+        self.kind, self.address, self.node = kind, address, node
+        self.interval_s = interval_s
+        self.applied_version = applied_version
+        self.heartbeats = 0
+        self.errors: list = []
+        self._conn = rpc.Connection(bootstrap, timeout_s=5.0)
+        fields = {"kind": kind, "address": address, "node": node}
+        if daemon_id is not None:
+            fields["daemon_id"] = daemon_id
+        self.id = self._conn.call("register", fields)[0]["daemon_id"]
+        self._known_version = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from kera.errors import KeraError
+        while not self._stop.wait(self.interval_s):
+            applied = self._known_version if self.applied_version is None else self.applied_version
+            try:
+                header, _ = self._conn.call("heartbeat", {"kind": self.kind, "daemon_id": self.id,
+                                                          "metadata_version": applied})
+                self._known_version = header["metadata_version"]
+                self.heartbeats += 1
+            except KeraError as err:
+                self.errors.append(err)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._conn.close()
+
+
+@pytest.fixture
+def fake_daemons():
+    """Factory `make(bootstrap, kind="broker", **kw) -> FakeDaemon`; all stop after the test."""
+    made: list[FakeDaemon] = []
+
+    def make(bootstrap: str, kind: str = "broker", **kw) -> FakeDaemon:
+        daemon = FakeDaemon(bootstrap, kind, **kw)
+        made.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in made:
+        daemon.stop()

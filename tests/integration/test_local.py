@@ -1,0 +1,126 @@
+"""LocalCluster and `kera local`: real daemons as subprocesses, started, faulted, stopped."""
+
+import importlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kera import rpc
+from kera.admin import Admin
+from kera.errors import Timeout
+from kera.local import ClusterError, LocalCluster
+
+
+def wait_for(predicate, timeout_s=10.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def answers(address: str) -> bool:
+    try:
+        rpc.call(address, "cluster", timeout_s=0.3)
+        return True
+    except Timeout:
+        return False
+
+
+def has_daemon(module: str) -> bool:
+    try:
+        return hasattr(importlib.import_module(module), "run")
+    except ImportError:
+        return False
+
+
+def test_backups_register_die_and_come_back(tmp_path):
+    with LocalCluster(tmp_path, brokers=0, backups=2, heartbeat_interval_ms=50,
+                      log_level="WARNING") as cluster, Admin(cluster.bootstrap) as admin:
+        backups = admin.cluster()["backups"]
+        assert [(b["id"], b["node"], b["alive"]) for b in backups] == [
+            (0, "local-backup-0", True), (1, "local-backup-1", True)]
+        assert [b["address"] for b in backups] == [d.address for d in cluster.backups]
+
+        cluster.kill_backup(1)
+        assert not cluster.backups[1].running()
+        wait_for(lambda: not admin.cluster()["backups"][1]["alive"], 5, "backup 1 declared dead")
+        cluster.restart_backup(1)
+        backups = admin.cluster()["backups"]
+        assert len(backups) == 2 and all(b["alive"] for b in backups)  # same identity, not a third
+
+        cluster.kill_coordinator()
+        cluster.restart_coordinator()
+        assert [b["alive"] for b in admin.cluster()["backups"]] == [True, True]
+        daemons = list(cluster.daemons)
+    assert not any(d.running() for d in daemons)
+    assert not answers(cluster.bootstrap)
+    assert (tmp_path / "logs" / "backup-1.log").read_text().count("==== start") == 2
+
+
+def test_a_daemon_that_cannot_start_is_reported_with_its_log(tmp_path):
+    with pytest.raises(ClusterError, match="coordinator exited with code 2") as info:
+        LocalCluster(tmp_path, brokers=0, extra_coordinator_args=["--no-such-option"])
+    assert "unrecognized arguments: --no-such-option" in str(info.value)
+
+
+def test_kera_local_command(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "kera", "local", "--dir", str(tmp_path),
+                             "--port", "0", "--brokers", "0", "--backups", "1",
+                             "--log-level", "WARNING"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        bootstrap = proc.stdout.readline().strip()
+        summary = proc.stdout.readline()
+        assert bootstrap.startswith("127.0.0.1:") and "1 backups" in summary
+        with Admin(bootstrap) as admin:
+            assert [b["alive"] for b in admin.cluster()["backups"]] == [True]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert not answers(bootstrap)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_daemons_stop_when_their_parent_is_killed(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "kera", "local", "--dir", str(tmp_path),
+                             "--port", "0", "--brokers", "0", "--backups", "1",
+                             "--log-level", "WARNING"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    bootstrap = proc.stdout.readline().strip()
+    with Admin(bootstrap) as admin:
+        backup_address = admin.cluster()["backups"][0]["address"]
+    proc.kill()
+    proc.wait(10)
+    wait_for(lambda: not answers(bootstrap), 15, "the orphaned coordinator to stop")
+
+    def backup_gone():
+        try:
+            rpc.call(backup_address, "stats", timeout_s=0.3)
+            return False
+        except Timeout:
+            return True
+    wait_for(backup_gone, 15, "the orphaned backup to stop")
+
+
+@pytest.mark.skipif(not has_daemon("kera.broker.server"), reason="broker daemon not built yet")
+def test_two_brokers_serve_a_new_stream(tmp_path):
+    with LocalCluster(tmp_path, brokers=2, backups=1, log_level="WARNING") as cluster, \
+            Admin(cluster.bootstrap) as admin:
+        brokers = admin.cluster()["brokers"]
+        assert [(b["id"], b["alive"]) for b in brokers] == [(0, True), (1, True)]
+        stream = admin.create_stream("s", streamlets=4, replication=2)
+        assert stream["ready"] is True
+        assert sorted(stream["placement"]) == [0, 0, 1, 1]
+        assert stream["brokers"] == {"0": cluster.brokers[0].address,
+                                     "1": cluster.brokers[1].address}
+        stats = admin.stats()
+        assert sorted(stats["brokers"]) == [0, 1] and "error" not in stats["brokers"][0]
+        cluster.kill_broker(0)
+        cluster.restart_broker(0)
+        wait_for(lambda: admin.describe_stream("s")["ready"], 10, "stream ready after restart")

@@ -1,0 +1,295 @@
+"""Format "kera" in a real SparkSession against a real local cluster: batch round trip,
+streaming reads resumed from a checkpoint, an exactly-once streaming write through a failed
+and re-run batch, maxOffsetsPerTrigger, and the example pipeline."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kera import chunk as kchunk, rpc
+from kera.admin import Admin
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def opts(cluster, stream, **more):
+    return {"bootstrap": cluster.bootstrap, "stream": stream, **more}
+
+
+def create(cluster, name, **kw):
+    with Admin(cluster.bootstrap) as admin:
+        return admin.create_stream(name, **kw)
+
+
+def produce(cluster, stream, values, keys=None, producer_id=7, first_seq=0, ts=None, per_chunk=50):
+    """Append records over the wire, `per_chunk` per chunk, keyed records to their key's
+    streamlet (crc32c mod M), keyless ones to streamlet 0. Returns the next sequence."""
+    from kera.partitioner import streamlet_for_key
+
+    with Admin(cluster.bootstrap) as admin:
+        desc = admin.describe_stream(stream)
+    m = desc["streamlets"]
+    by_sl: dict[int, list] = {}
+    for i, v in enumerate(values):
+        k = keys[i] if keys else None
+        sl = 0 if k is None else streamlet_for_key(k, m)
+        by_sl.setdefault(sl, []).append((k, v, ts[i] if ts else 1_700_000_000_000_000 + i))
+    seq = first_seq
+    for sl, rows in sorted(by_sl.items()):
+        address = desc["brokers"][str(desc["placement"][sl])]
+        with rpc.Connection(address) as conn:
+            s = first_seq
+            for a in range(0, len(rows), per_chunk):
+                part = rows[a:a + per_chunk]
+                chunk = kchunk.encode(producer_id + sl, s, desc["id"], sl, [r[1] for r in part],
+                                      [r[0] for r in part] if keys else None, [r[2] for r in part])
+                header, _ = conn.call("produce", None, [chunk])
+                assert not isinstance(header["results"][0][0], str), header
+                s += 1
+        seq = max(seq, s)
+    return seq
+
+
+def read_all(spark, cluster, stream, **more):
+    return spark.read.format("kera").options(**opts(cluster, stream, **more)).load()
+
+
+def broker_stats(cluster) -> list[dict]:
+    return [rpc.call(b.address, "stats")[0]["stats"] for b in cluster.brokers]
+
+
+@pytest.fixture(scope="module")
+def cluster(local_cluster):
+    return local_cluster(brokers=2, backups=0)
+
+
+# --------------------------------------------------------------------------- batch
+
+def test_batch_round_trip_exact(spark, cluster):
+    create(cluster, "rt", streamlets=3, active_groups=2)
+    rows = [(f"user-{i % 17}", f"value-{i:05d}-" + "x" * (i % 50)) for i in range(5000)]
+    df = spark.createDataFrame(rows, "key string, value string")
+    df.write.format("kera").options(**opts(cluster, "rt", chunkSizeBytes="2048")).mode("append").save()
+
+    back = read_all(spark, cluster, "rt")
+    assert back.schema.simpleString() == ("struct<key:binary,value:binary,stream:string,streamlet:int,"
+                                          "group:int,offset:bigint,timestamp:timestamp>")
+    got = back.collect()
+    assert Counter((r.key.decode(), r.value.decode()) for r in got) == Counter(rows)
+    assert {r.stream for r in got} == {"rt"}
+    # offsets are dense from 0 in every group, and each key sits on one streamlet
+    by_group: dict = {}
+    for r in got:
+        by_group.setdefault((r.streamlet, r.group), []).append(r.offset)
+    for offs in by_group.values():
+        assert sorted(offs) == list(range(len(offs)))
+    assert all(len({r.streamlet for r in got if r.key == k}) == 1 for k in {r.key for r in got})
+    # one writer task per input partition, so per key the rows of one task stay in order
+    ordered = sorted(got, key=lambda r: (r.streamlet, r.group, r.offset))
+    for key in {r.key for r in got}:
+        mine = [r.value.decode() for r in ordered if r.key == key]
+        assert Counter(mine) == Counter(v for k, v in rows if k == key.decode())
+
+    # bounded reads: endingOffsets from a JSON offset, minPartitions splits groups
+    ending = {"rt": {"0": {"next": 1, "groups": {"0": 5}}}}
+    part = read_all(spark, cluster, "rt", endingOffsets=json.dumps(ending), minPartitions="4")
+    got = part.collect()
+    # streamlet 0 stops at offset 5 of group 0; the other streamlets are read to the end
+    assert sorted(r.offset for r in got if r.streamlet == 0) == list(range(5))
+    assert len([r for r in got if r.streamlet != 0]) == len([r for r in ordered if r.streamlet != 0])
+    assert read_all(spark, cluster, "rt", minPartitions="7").count() == 5000
+
+
+def test_batch_read_of_an_empty_stream_and_bad_options(spark, cluster):
+    create(cluster, "empty", streamlets=2)
+    assert read_all(spark, cluster, "empty").count() == 0
+    with pytest.raises(Exception, match="bootstrap"):
+        spark.read.format("kera").option("stream", "empty").load().collect()
+    with pytest.raises(Exception, match="unknown_stream|no stream|unknown stream"):
+        read_all(spark, cluster, "no-such-stream").collect()
+
+
+# --------------------------------------------------------------------------- streaming read
+
+def wait_for(predicate, timeout_s=120.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_streaming_read_resumes_from_checkpoint_exactly_once(spark, cluster, tmp_path):
+    create(cluster, "events", streamlets=2, active_groups=2)
+    n1 = 3000
+    values = [b"e%05d" % i for i in range(n1)]
+    keys = [b"k%d" % (i % 13) for i in range(n1)]
+    seq = produce(cluster, "events", values, keys)
+    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+
+    def start(trigger):
+        df = spark.readStream.format("kera").options(**opts(
+            cluster, "events", startingOffsets="earliest", maxOffsetsPerTrigger="200")).load()
+        w = (df.selectExpr("cast(value as string) as value", "streamlet", "group", "offset")
+             .writeStream.format("parquet").option("path", out).option("checkpointLocation", ck))
+        return w.trigger(**trigger).start()
+
+    q = start({"processingTime": "200 milliseconds"})
+    try:
+        wait_for(lambda: q.lastProgress is not None and q.lastProgress["batchId"] >= 2,
+                 what="three micro-batches")
+    finally:
+        q.stop()
+    assert q.exception() is None
+    first_run = spark.read.parquet(out).count()
+    assert 0 < first_run < n1  # stopped mid-stream
+
+    # more records (a second producer, and more of the first) while the query is down
+    n2 = 1000
+    values2 = [b"f%05d" % i for i in range(n2)]
+    produce(cluster, "events", values2, [b"k%d" % (i % 5) for i in range(n2)], first_seq=seq)
+    q = start({"availableNow": True})
+    assert q.awaitTermination(180)
+    assert q.exception() is None
+    rows = spark.read.parquet(out).collect()
+    got = Counter(r.value.encode() for r in rows)
+    assert got == Counter(values + values2), "every record exactly once"
+    assert len({(r.streamlet, r.group, r.offset) for r in rows}) == len(rows)
+
+
+def test_max_offsets_per_trigger_bounds_batches(spark, cluster, tmp_path):
+    create(cluster, "bounded", streamlets=3, active_groups=2)
+    n = 2000
+    produce(cluster, "bounded", [b"b%d" % i for i in range(n)], [b"k%d" % (i % 11) for i in range(n)])
+    sizes: list[int] = []
+    seen: list = []
+
+    def each(batch_df, batch_id):
+        rows = batch_df.select("value").collect()
+        sizes.append(len(rows))
+        seen.extend(r.value for r in rows)
+
+    q = (spark.readStream.format("kera")
+         .options(**opts(cluster, "bounded", startingOffsets="earliest", maxOffsetsPerTrigger="300"))
+         .load().writeStream.foreachBatch(each)
+         .option("checkpointLocation", str(tmp_path / "ck"))
+         .trigger(availableNow=True).start())
+    assert q.awaitTermination(180)
+    assert q.exception() is None
+    nonempty = [s for s in sizes if s]
+    assert all(s <= 300 for s in sizes), sizes
+    assert sum(sizes) == n and len(nonempty) >= n // 300
+    assert Counter(seen) == Counter(b"b%d" % i for i in range(n))
+
+
+def test_streaming_read_starting_latest_skips_existing_records(spark, cluster, tmp_path):
+    create(cluster, "late", streamlets=1)
+    seq = produce(cluster, "late", [b"old"] * 10)
+    seen: list = []
+    q = (spark.readStream.format("kera").options(**opts(cluster, "late")).load()
+         .writeStream.foreachBatch(lambda df, _: seen.extend(r.value for r in df.collect()))
+         .option("checkpointLocation", str(tmp_path / "ck"))
+         .trigger(processingTime="200 milliseconds").start())
+    try:
+        wait_for(lambda: q.lastProgress is not None, what="the first micro-batch")
+        produce(cluster, "late", [b"new"] * 7, first_seq=seq)
+        wait_for(lambda: len(seen) >= 7, what="the new records")
+    finally:
+        q.stop()
+    assert seen == [b"new"] * 7
+
+
+# --------------------------------------------------------------------------- exactly-once sink
+
+def test_streaming_write_stores_every_row_once_through_a_failed_batch(spark, cluster, tmp_path):
+    """A write task fails after it has sent some chunks; the query fails, restarts from its
+    checkpoint and replays the batch: the sink's producer ids and sequences are the same, so
+    the broker drops the chunks it already has and every row is stored exactly once."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    create(cluster, "src", streamlets=2, active_groups=2)
+    create(cluster, "dst", streamlets=2, active_groups=2)
+    n = 4000
+    values = [b"r%05d" % i for i in range(n)]
+    produce(cluster, "src", values, [b"u%d" % (i % 9) for i in range(n)], per_chunk=100)
+    marker = tmp_path / "failed-once"
+    poison = "r03000"
+
+    def fail_once(v):
+        if v == poison and not marker.exists():
+            marker.write_text("x")
+            raise RuntimeError("injected failure in the middle of a write task")
+        return v
+
+    fail = F.udf(fail_once, StringType())
+    ck = str(tmp_path / "ck")
+    before = sum(s.get("duplicates", 0) for s in broker_stats(cluster))
+
+    def run():
+        src = spark.readStream.format("kera").options(**opts(cluster, "src", startingOffsets="earliest")).load()
+        out = src.select("key", fail(F.col("value").cast("string")).alias("value"), "timestamp")
+        return (out.writeStream.format("kera").options(**opts(cluster, "dst", chunkSizeBytes="1024"))
+                .option("checkpointLocation", ck).trigger(availableNow=True).start())
+
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "200")
+    try:
+        q = run()
+        with pytest.raises(Exception):
+            q.awaitTermination(180)
+        assert marker.exists()
+        q = run()  # replays the failed batch from the checkpoint
+        assert q.awaitTermination(180)
+        assert q.exception() is None
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    got = read_all(spark, cluster, "dst").select("key", "value", "timestamp").collect()
+    assert Counter(r.value for r in got) == Counter(values)
+    src_rows = {r.value: r for r in read_all(spark, cluster, "src").collect()}
+    assert all(src_rows[r.value].key == r.key and src_rows[r.value].timestamp == r.timestamp for r in got)
+    after = sum(s.get("duplicates", 0) for s in broker_stats(cluster))
+    assert after > before, "the re-run batch re-sent chunks the broker already had"
+
+
+def test_batch_write_with_stream_column_and_retried_job(spark, cluster):
+    """Rows routed by a `stream` column; running the same write again with the same writeId
+    (a re-run job) stores nothing new."""
+    create(cluster, "multi-a", streamlets=2)
+    create(cluster, "multi-b", streamlets=1)
+    rows = [("multi-a" if i % 3 else "multi-b", f"v{i}") for i in range(900)]
+    df = spark.createDataFrame(rows, "stream string, value string").repartition(2)
+    df = df.sortWithinPartitions("value")  # a deterministic order for each write task
+    w = lambda: df.write.format("kera").options(bootstrap=cluster.bootstrap, writeId="job-1").mode("append").save()
+    w()
+    w()
+    for name in ("multi-a", "multi-b"):
+        got = [r.value.decode() for r in read_all(spark, cluster, name).collect()]
+        assert Counter(got) == Counter(v for s, v in rows if s == name)
+
+
+# --------------------------------------------------------------------------- example
+
+def test_click_pipeline_example_produces_correct_aggregates(spark, cluster, tmp_path):
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        import click_pipeline as ex
+    finally:
+        sys.path.remove(str(REPO / "examples"))
+    ex.create_streams(cluster.bootstrap)
+    events = ex.make_events(1500, seed=5)
+    ex.produce_clicks(cluster.bootstrap, events)
+    q = ex.start_aggregation(spark, cluster.bootstrap, str(tmp_path / "ck"))
+    assert q.awaitTermination(180)
+    assert q.exception() is None
+    want = ex.expected_counts(events)
+    assert ex.read_counts(cluster.bootstrap, until=want, timeout_s=60) == want

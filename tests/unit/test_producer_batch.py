@@ -1,0 +1,105 @@
+"""send_batch's planning: measuring, grouping by streamlet and cutting into chunk-sized pieces."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from crc32c import crc32c
+
+from kera import chunk
+from kera.errors import RecordTooLarge
+from kera.partitioner import streamlet_for_key, streamlets_for_keys
+from kera.producer import batch
+
+CAP = 1000
+
+
+def encode(piece):
+    return chunk.Chunk(chunk.encode(1, 0, 1, piece.streamlet or 0, piece.values, piece.keys, piece.timestamps))
+
+
+def test_split_by_size_fills_pieces_greedily():
+    sizes = np.array([400, 400, 300, 1200, 10, 990, 1], dtype=np.int64)
+    assert batch.split_by_size(sizes, CAP) == [(0, 2), (2, 3), (3, 4), (4, 6), (6, 7)]
+    assert batch.split_by_size(np.array([], dtype=np.int64), CAP) == []
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "numpy_s", "uint8_2d", "arrow", "arrow_large", "chunked"])
+def test_value_containers_plan_to_the_same_records(kind):
+    rng = np.random.default_rng(1)
+    if kind == "uint8_2d":
+        grid = rng.integers(1, 255, size=(500, 37), dtype=np.uint8)
+        values = grid
+        expect = [bytes(r) for r in grid]
+    else:
+        expect = [bytes(rng.integers(1, 255, size=rng.integers(0, 60), dtype=np.uint8)) for _ in range(500)]
+        values = {
+            "list": expect, "tuple": tuple(expect), "numpy_s": np.array(expect, dtype="S60"),
+            "arrow": pa.array(expect, pa.binary()), "arrow_large": pa.array(expect, pa.large_binary()),
+            "chunked": pa.chunked_array([pa.array(expect[:200], pa.binary()), pa.array(expect[200:], pa.binary())]),
+        }[kind]
+    n, pieces = batch.plan(values, None, 7, streamlets=4, capacity=CAP, max_record_bytes=1000, keyless_streamlet=0)
+    pieces = list(pieces)
+    assert n == 500
+    assert all(p.streamlet is None for p in pieces)
+    decoded = [encode(p) for p in pieces]
+    assert [v for c in decoded for v in c.values()] == expect
+    for c in decoded:
+        assert c.header.body_len <= CAP + 4
+        assert set(c.timestamps.tolist()) == {7}
+
+
+def test_keyed_batch_groups_by_crc32c_streamlet_keeping_input_order():
+    values = [f"v{i}".encode() for i in range(1000)]
+    keys = [f"k{i % 37}".encode() if i % 10 else None for i in range(1000)]
+    ts = np.arange(1000, dtype=np.int64)
+    n, pieces = batch.plan(values, keys, ts, streamlets=5, capacity=CAP, max_record_bytes=1000,
+                           keyless_streamlet=3)
+    got = {}
+    for p in pieces:
+        c = encode(p)
+        got.setdefault(p.streamlet, []).extend(zip(c.keys(), c.values(), c.timestamps.tolist()))
+    for sl in range(5):
+        want = [(k, v, int(t)) for k, v, t in zip(keys, values, ts)
+                if (3 if k is None else crc32c(k) % 5) == sl]
+        assert got.get(sl, []) == want
+
+
+def test_keyed_numpy_and_arrow_keys():
+    values = np.array([b"a", b"b", b"c"], dtype="S1")
+    for keys in (np.array([b"x", b"y", b"x"]), pa.array([b"x", b"y", b"x"])):
+        _, pieces = batch.plan(values, keys, None, streamlets=8, capacity=CAP, max_record_bytes=10,
+                               keyless_streamlet=0)
+        by = {p.streamlet: encode(p).values() for p in pieces}
+        assert by[crc32c(b"x") % 8] == [b"a", b"c"]
+        assert by[crc32c(b"y") % 8] == [b"b"]
+
+
+def test_batch_refused_whole_before_any_piece():
+    with pytest.raises(RecordTooLarge):
+        batch.plan([b"ok", b"x" * 101], None, None, streamlets=1, capacity=CAP, max_record_bytes=100,
+                   keyless_streamlet=0)
+    with pytest.raises(TypeError):
+        batch.plan([b"ok", "text"], None, None, streamlets=1, capacity=CAP, max_record_bytes=100,
+                   keyless_streamlet=0)
+    with pytest.raises(ValueError):
+        batch.plan([b"a", b"b"], [b"k"], None, streamlets=1, capacity=CAP, max_record_bytes=100,
+                   keyless_streamlet=0)
+    with pytest.raises(ValueError):
+        batch.plan([b"a", b"b"], None, [1, 2, 3], streamlets=1, capacity=CAP, max_record_bytes=100,
+                   keyless_streamlet=0)
+
+
+def test_large_batch_beyond_the_chunk_limit_is_cut_without_a_giant_blob():
+    values = np.zeros((700_000, 100), dtype=np.uint8)  # 70 MB: more than one chunk may hold
+    n, pieces = batch.plan(values, None, None, streamlets=1, capacity=16 * 1024, max_record_bytes=1000,
+                           keyless_streamlet=0)
+    count = 0
+    for p in pieces:
+        assert p.count <= 16 * 1024 // 112
+        count += p.count
+    assert count == n == 700_000
+
+
+def test_partitioner_is_crc32c_mod_streamlets():
+    assert streamlet_for_key(b"user-1", 7) == crc32c(b"user-1") % 7
+    assert streamlets_for_keys([b"a", None, b"b"], 3).tolist() == [crc32c(b"a") % 3, -1, crc32c(b"b") % 3]

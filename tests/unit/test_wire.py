@@ -1,0 +1,46 @@
+import msgpack
+import pytest
+
+from kera import errors, wire
+
+
+def test_request_and_reply_round_trip():
+    header = wire.unpack_header(wire.request("fetch", 42, {"reads": [[1, 2]]}))
+    assert header == {"v": wire.PROTOCOL_VERSION, "op": "fetch", "id": 42, "reads": [[1, 2]]}
+    ok = wire.unpack_header(wire.ok_reply(42, {"n": 1}))
+    assert wire.raise_for_reply(ok)["n"] == 1
+
+
+@pytest.mark.parametrize("cls", [errors.UnknownStream, errors.NotOwner, errors.Throttled, errors.CorruptChunk])
+def test_error_reply_becomes_the_same_exception(cls):
+    reply = wire.unpack_header(wire.error_reply(7, cls("boom")))
+    with pytest.raises(cls) as info:
+        wire.raise_for_reply(reply)
+    assert str(info.value) == "boom"
+    assert info.value.retriable == cls.retriable
+
+
+def test_unknown_error_code_keeps_its_code():
+    reply = {"ok": False, "code": "weird", "message": "m", "retriable": True}
+    with pytest.raises(errors.KeraError) as info:
+        wire.raise_for_reply(reply)
+    assert info.value.code == "weird" and info.value.retriable
+
+
+@pytest.mark.parametrize("frame", [b"", b"\xc1", b"\x93\x01\x02\x03", msgpack.packb(5), b"\xde\xff\xff"])
+def test_garbage_headers_are_bad_requests(frame):
+    with pytest.raises(errors.BadRequest):
+        wire.unpack_header(frame)
+
+
+def test_fields_validate_types_and_ranges():
+    f = wire.Fields({"a": 5, "b": "x", "c": True, "d": [1, 2], "e": -1})
+    assert f.int("a") == 5 and f.str("b") == "x" and f.bool("c") is True
+    assert f.int("missing", default=9) == 9
+    for call in (lambda: f.int("b"), lambda: f.int("c"), lambda: f.int("e"), lambda: f.str("a"),
+                 lambda: f.int("missing"), lambda: f.list("d", max_len=1), lambda: f.int("a", hi=4)):
+        with pytest.raises(errors.BadRequest):
+            call()
+    assert wire.int_list([1, 2], "x", length=2) == [1, 2]
+    with pytest.raises(errors.BadRequest):
+        wire.int_list([1, "2"], "x")
