@@ -19,7 +19,6 @@ import zmq
 
 from kera import config
 from kera.broker.core import Broker, BrokerConfig
-from kera.broker.outbox import Outbox
 from kera.broker.virtual_log import ReplicationWrite
 from kera.errors import KeraError
 from kera.metrics import serve_metrics
@@ -67,8 +66,7 @@ class BrokerDaemon:
         self.server.on("offsets", self._on_offsets)
         self.server.on("stats", self._on_stats)
         self.coordinator_address = coordinator
-        self.outbox = Outbox(self.server)
-        self.outbox.connect(coordinator)
+        self.coordinator = self.server.peer(coordinator)
         if advertise is None:
             advertise = self.server.address
             if host in ("0.0.0.0", "*", "::", ""):
@@ -113,7 +111,6 @@ class BrokerDaemon:
         now = time.monotonic()
         core = self.core
         core.tick(now)
-        self.outbox.flush(now)
         for w in core.sync(now):
             self._send_write(w)
         for token, result in core.take_replies():
@@ -126,11 +123,10 @@ class BrokerDaemon:
         def done(header, frames, error, w=w):
             self.core.write_done(w, header, error, time.monotonic())
 
-        # The core times writes out itself (replication_timeout_s); the peer's deadline only
-        # cleans up a reply that never comes.
-        timeout_s = 2 * self.core.cfg.replication_timeout_s
-        self.outbox.request(w.address, "replicate", w.fields, w.frames, timeout_s, done,
-                            time.monotonic(), wanted=lambda w=w: not w.done)
+        # The core times writes out itself (tick); the peer's deadline, the same, also drops a
+        # write still waiting for its connection, so no stale write reaches a replaced backup.
+        timeout_s = self.core.cfg.replication_timeout_s
+        self.server.peer(w.address).request("replicate", w.fields, w.frames, timeout_s, done)
 
     # ------------------------------------------------------------------ coordinator
     def _call(self, op: str, fields: dict, on_reply) -> None:
@@ -149,8 +145,7 @@ class BrokerDaemon:
             except KeraError as err:
                 log.warning("bad %s reply from the coordinator: %s", op, err)
 
-        self.outbox.request(self.coordinator_address, op, fields, [], COORDINATOR_TIMEOUT_S, done,
-                            time.monotonic())
+        self.coordinator.request(op, fields, [], COORDINATOR_TIMEOUT_S, done)
 
     def _coordinator_error(self, op: str, error: KeraError) -> None:
         if op == "heartbeat" and error.code == "not_ready":
@@ -226,7 +221,7 @@ class BrokerDaemon:
         self.core.set_backups(header.get("backups"), time.monotonic())
         for b in self.core.pool.backups.values():
             if b.alive:
-                self.outbox.connect(b.address)   # connected before the first write
+                self.server.peer(b.address)   # connect before the first write
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:

@@ -24,7 +24,7 @@ from kera.consumer.batch import Batch
 from kera.consumer.cursor import (ChunkItem, ConsumedCursor, ErrorItem, FetchCursor, LowItem,
                                   cursors_from_positions, parse_groups)
 from kera.consumer.fetching import FetchState
-from kera.errors import BadRequest, ClientClosed, KeraError, Timeout, UnknownStream
+from kera.errors import BadRequest, ClientClosed, KeraError, Timeout
 from kera.metadata import Metadata
 from kera.position import Position, Record
 

@@ -113,8 +113,6 @@ class Fetcher(threading.Thread):
             return
         else:
             gone = info.id != state.stream_id
-            if not gone:
-                state.maybe_gone = False
         if gone:
             state.fatal = True
             c._push([ErrorItem(UnknownStream(f"stream '{c.stream}' (id {state.stream_id}) no longer exists"))])

@@ -38,9 +38,10 @@ class FetchState:
     next_fetch_at: dict = field(default_factory=dict)   # broker -> monotonic time
     retry_at: dict = field(default_factory=dict)        # streamlet -> monotonic time
     failures: dict = field(default_factory=dict)        # streamlet -> consecutive failures
+    # Set after not_owner, unknown_stream, timeouts: the thread asks the coordinator again, and
+    # a stream the coordinator no longer knows is fatal (the broker's word alone is not: its
+    # metadata may lag the coordinator's).
     want_refresh: bool = False
-    # A broker said unknown_stream for good: fatal if the coordinator agrees.
-    maybe_gone: bool = False
     fatal: bool = False
 
     def build(self, now: float, address_of: Callable[[int, int], str | None]
@@ -169,10 +170,7 @@ class FetchState:
 
     def _read_failed(self, sl: int, err: KeraError, now: float, items: list) -> None:
         n = self.failures[sl] = self.failures.get(sl, 0) + 1
-        if err.code == "unknown_stream" and not err.retriable:
-            self.maybe_gone = True
-            self.want_refresh = True
-        elif err.retriable:
+        if err.code == "unknown_stream" or err.retriable:
             if err.code in ("not_owner", "unknown_stream", "timeout", "not_ready"):
                 self.want_refresh = True
         else:

@@ -38,18 +38,24 @@ def unpack_header(frame) -> dict:
     return obj
 
 
-def request(op: str, req_id: int, fields: dict | None = None) -> bytes:
-    header = {"v": PROTOCOL_VERSION, "op": op, "id": req_id}
+_ENVELOPE = frozenset({"v", "op", "id", "ok"})
+
+
+def _merge(header: dict, fields: dict | None) -> bytes:
     if fields:
+        clash = _ENVELOPE.intersection(fields)
+        if clash:
+            raise ValueError(f"fields {sorted(clash)} would overwrite the message envelope")
         header.update(fields)
     return pack(header)
+
+
+def request(op: str, req_id: int, fields: dict | None = None) -> bytes:
+    return _merge({"v": PROTOCOL_VERSION, "op": op, "id": req_id}, fields)
 
 
 def ok_reply(req_id: Any, fields: dict | None = None) -> bytes:
-    header = {"v": PROTOCOL_VERSION, "id": req_id, "ok": True}
-    if fields:
-        header.update(fields)
-    return pack(header)
+    return _merge({"v": PROTOCOL_VERSION, "id": req_id, "ok": True}, fields)
 
 
 def error_reply(req_id: Any, err: KeraError) -> bytes:

@@ -27,14 +27,23 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from kera import chunk as chunkcodec
-from kera.errors import KeraError, Timeout, UnknownStream, from_reply
+from kera.errors import KeraError, Timeout, from_reply
 
 UNSENT, IN_FLIGHT, ACKED = 0, 1, 2
 U64 = 1 << 64
 BACKOFF_MS_BASE = 5
+# A lane's first unacknowledged chunk refused with sequence_gap this often: take a new identity.
+FRONT_GAP_ATTEMPTS_MAX = 8
 BACKOFF_MS_MAX = 1000
 # Codes after which the stream's metadata is asked for again before the retry.
 REFRESH_CODES = frozenset({"not_owner", "unknown_stream", "timeout", "not_ready"})
+
+
+def next_identity(producer_id: int, slot_stride: int) -> int:
+    """A fresh producer id in the same group slot (same residue mod the active groups)."""
+    if producer_id + slot_stride < U64:
+        return producer_id + slot_stride
+    return producer_id % slot_stride
 
 
 class PendingChunk:
@@ -315,8 +324,15 @@ class Pipeline:
         c.state = UNSENT
         lane.paused = True
         refresh = {(lane.stream, lane.stream_id)} if error.code in REFRESH_CODES else set()
-        if error.code == "sequence_gap" and self._behind_unacked(c):
-            c.attempts -= 1  # collateral of an earlier chunk's failure, not this chunk's
+        if error.code == "sequence_gap":
+            if self._behind_unacked(c):
+                c.attempts -= 1  # collateral of an earlier chunk's failure, not this chunk's
+            elif lane.own and c.attempts >= FRONT_GAP_ATTEMPTS_MAX:
+                # Every earlier chunk was acknowledged, yet the broker misses one: it lost this
+                # producer's state (a restart without replicas). This chunk was never stored
+                # (refused), so resending it under a fresh identity cannot duplicate it.
+                lane.reidentify = True
+                c.attempts = 0
         if error.retriable and c.attempts <= self.retries_max:
             self.stats["retries"] += 1
             backoff_s = min(BACKOFF_MS_MAX, BACKOFF_MS_BASE << min(c.attempts, 10)) / 1000
@@ -397,7 +413,7 @@ class Pipeline:
                 self.stats["records_acked"] += c.records
                 self._complete(c)
         lane.pop_acked()
-        lane.producer_id = (lane.producer_id + lane.slot_stride) % U64
+        lane.producer_id = next_identity(lane.producer_id, lane.slot_stride)
         for i, c in enumerate(lane.chunks):
             assert c.state == UNSENT, "a lane re-identifies only when nothing is in flight"
             c.data = chunkcodec.reseal(c.data, lane.producer_id, i)

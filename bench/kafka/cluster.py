@@ -20,6 +20,7 @@ import atexit
 import base64
 import contextlib
 import fcntl
+import hashlib
 import os
 import shutil
 import signal
@@ -54,6 +55,9 @@ JVM_GC_OPTS = (
     "-XX:+ExplicitGCInvokesConcurrent",
     "-Djava.awt.headless=true",
 )
+# Short-lived tool JVMs (StorageTool): small heap, C1 only, start fast.
+JVM_TOOL_OPTS = ("-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+                 "-Djava.awt.headless=true")
 
 MAVEN_TIMEOUT_S = 900.0
 FORMAT_TIMEOUT_S = 120.0
@@ -129,14 +133,24 @@ def ensure_jars(lib_dir: Path = DEFAULT_LIB_DIR, timeout: float = MAVEN_TIMEOUT_
     renamed into place only when Maven succeeded.  Returns ``lib_dir``.
     """
     lib_dir = Path(lib_dir)
-    if (lib_dir / COMPLETE_MARKER).exists():
+    if _jars_current(lib_dir):
         return lib_dir
     lib_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(lib_dir.parent / f".{lib_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (lib_dir / COMPLETE_MARKER).exists():
+        if not _jars_current(lib_dir):
             _run_maven(lib_dir, timeout)
     return lib_dir
+
+
+def _pom_stamp() -> str:
+    """Identifies the pom the jars came from, so editing it refreshes them."""
+    return "pom-sha256=" + hashlib.sha256(POM.read_bytes()).hexdigest()
+
+
+def _jars_current(lib_dir: Path) -> bool:
+    marker = lib_dir / COMPLETE_MARKER
+    return marker.exists() and marker.read_text().splitlines()[:1] == [_pom_stamp()]
 
 
 def _run_maven(lib_dir: Path, timeout: float) -> None:
@@ -156,7 +170,8 @@ def _run_maven(lib_dir: Path, timeout: float) -> None:
         output = "\n".join((proc.stdout + proc.stderr).splitlines()[-LOG_TAIL_LINES:])
         raise KafkaClusterError(
             f"Maven failed (exit {proc.returncode}): {' '.join(cmd)}\n{output}")
-    (staging / COMPLETE_MARKER).write_text(" ".join(sorted(p.name for p in staging.glob("*.jar"))))
+    jars = sorted(p.name for p in staging.glob("*.jar"))
+    (staging / COMPLETE_MARKER).write_text("\n".join([_pom_stamp(), *jars]) + "\n")
     shutil.rmtree(lib_dir, ignore_errors=True)
     staging.rename(lib_dir)
 
@@ -370,9 +385,10 @@ class KafkaCluster:
     def _classpath(self) -> str:
         return str(self.lib_dir / "*")
 
-    def _java_cmd(self, node: KafkaNode, main: str, *args: str, heap: str) -> list[str]:
+    def _java_cmd(self, node: KafkaNode, jvm_opts: tuple[str, ...], main: str,
+                  *args: str) -> list[str]:
         return [
-            _java(), f"-Xms{heap}", f"-Xmx{heap}", *JVM_GC_OPTS,
+            _java(), *jvm_opts,
             f"-Dkafka.logs.dir={node.logs_dir}",
             f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
             "-cp", self._classpath(), main, *args,
@@ -382,8 +398,8 @@ class KafkaCluster:
         """Run StorageTool format for every node (in parallel JVMs)."""
         procs = []
         for node in self.nodes:
-            cmd = self._java_cmd(node, STORAGE_TOOL, "format", "-t", self.cluster_id,
-                                 "-c", str(node.config_path), heap="256m")
+            cmd = self._java_cmd(node, JVM_TOOL_OPTS, STORAGE_TOOL, "format",
+                                 "-t", self.cluster_id, "-c", str(node.config_path))
             log = open(node.logs_dir / "format.log", "w")
             procs.append((node, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
         errors = []
@@ -400,7 +416,8 @@ class KafkaCluster:
             raise KafkaClusterError("formatting storage failed:\n" + "\n".join(errors))
 
     def _launch(self, node: KafkaNode) -> None:
-        cmd = self._java_cmd(node, KAFKA_MAIN, str(node.config_path), heap=self.heap)
+        heap = (f"-Xms{self.heap}", f"-Xmx{self.heap}")
+        cmd = self._java_cmd(node, heap + JVM_GC_OPTS, KAFKA_MAIN, str(node.config_path))
         with open(node.stdout_path, "w") as out:
             # Own session: Ctrl-C in a terminal reaches Python, which then
             # stops the brokers in order.

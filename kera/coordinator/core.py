@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 STATE_FORMAT = 1
 FIRST_STREAM_ID = 1  # 0 is never a stream id, so a zeroed field is never mistaken for one
+# A heartbeat may move the version ahead (see `heartbeat`) but not beyond this: a bogus report
+# must not push it toward the u64 limit of the wire.
+VERSION_JUMP_MAX = 2**62
 
 
 @dataclass(slots=True)
@@ -103,7 +106,7 @@ class Coordinator:
 
     def _op_register(self, f: Fields, now: float) -> dict:
         kind = validate.kind(f)
-        member_id = f.int("daemon_id", None, hi=validate.ID_MAX)
+        member_id = f.int("daemon_id", None, hi=validate.CHOSEN_ID_MAX)
         member = self.register(now, kind, validate.address(f), validate.node(f), member_id)
         return {"daemon_id": member.id,
                 "heartbeat_interval_ms": round(self.heartbeat_interval_s * 1000)}
@@ -141,8 +144,10 @@ class Coordinator:
         table = self.members[kind]
         if member_id is None:
             member_id = self.next_member_id[kind]
-        self.next_member_id[kind] = max(self.next_member_id[kind], member_id + 1)
         member = table.get(member_id)
+        if member is None and len(table) >= validate.DAEMONS_MAX:
+            raise NotReady(f"{validate.DAEMONS_MAX} {kind}s are registered already")
+        self.next_member_id[kind] = max(self.next_member_id[kind], member_id + 1)
         if member is None:
             member = table[member_id] = Member(kind, member_id, address, node)
             log.info("%s %d registered at %s (node %s)", kind, member_id, address, node)
@@ -163,6 +168,8 @@ class Coordinator:
         member = self.members[kind].get(member_id)
         if member is None:
             raise NotReady(f"unknown {kind} id {member_id}: register first")
+        if applied_version > max(self.version, VERSION_JUMP_MAX):
+            raise BadRequest(f"metadata_version {applied_version} was never issued")
         member.last_heartbeat_s = now
         if applied_version > self.version:
             # Only possible if this coordinator lost its data dir: jump past what the daemon
@@ -205,6 +212,12 @@ class Coordinator:
     def create_stream(self, spec: StreamSpec) -> dict:
         if spec.name in self.streams:
             raise StreamExists(f"stream '{spec.name}' already exists")
+        if len(self.streams) >= validate.STREAMS_MAX:
+            raise BadRequest(f"the cluster holds {validate.STREAMS_MAX} streams, the most it may")
+        streamlets_total = sum(s.spec.streamlets for s in self.streams.values())
+        if streamlets_total + spec.streamlets > validate.STREAMLETS_TOTAL_MAX:
+            raise BadRequest(f"{spec.streamlets} more streamlets would exceed the cluster's "
+                             f"{validate.STREAMLETS_TOTAL_MAX} ({streamlets_total} exist)")
         brokers = self.live("broker")
         if not brokers:
             raise NotReady("no live broker to place the stream on")

@@ -32,6 +32,15 @@ DURABILITIES = (config.DURABILITY_MEMORY, config.DURABILITY_DISK)
 STATS_ENTRIES_MAX = 1000
 VERSION_MAX = 2**63 - 1
 ID_MAX = 2**32 - 1
+# A daemon may ask for an id of its own only below this, so ids handed out in order always
+# have room above the ones asked for.
+CHOSEN_ID_MAX = 2**31 - 1
+# Bounds on the metadata as a whole: registered daemons stay known (dead or alive) forever,
+# and every stream descriptor goes into `list_streams` replies, which must stay well under
+# wire.MAX_HEADER_BYTES (about 300 bytes per descriptor plus up to 3 per streamlet).
+DAEMONS_MAX = 4096           # per kind
+STREAMS_MAX = 10_000
+STREAMLETS_TOTAL_MAX = 100_000
 
 
 @dataclass(frozen=True, slots=True)

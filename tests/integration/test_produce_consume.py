@@ -390,3 +390,23 @@ def test_full_buffer_blocks_then_times_out_when_the_broker_is_gone(fresh_cluster
             p.close(timeout=1)
         except Exception:  # noqa: BLE001 - the records could not be stored, as expected
             pass
+
+
+def test_producer_carries_on_after_a_broker_restart(fresh_cluster):
+    """A broker restarted without replicas forgets the producer; the producer reconnects,
+    takes a fresh identity for its lanes and stores what it sends next."""
+    cl = fresh_cluster(brokers=1, backups=0, log_level="WARNING")
+    with cl.admin() as admin:
+        admin.create_stream("s", streamlets=2)
+    with Producer(cl.bootstrap, request_timeout_s=2, producer_id=9) as p:
+        p.send_batch("s", values_for(0, 0, 1000))
+        p.flush(timeout=10)
+        cl.kill_broker(0)
+        cl.restart_broker(0)
+        p.send_batch("s", values_for(1, 0, 5000))
+        p.flush(timeout=60)
+        assert p.stats["records_failed"] == 0
+    with Consumer(cl.bootstrap, "s") as c:
+        recs = identities(drain(c, 5000, timeout_s=30))
+        assert c.poll(0.3) is None
+    check_exactly_once_in_order(recs, {1: 5000})

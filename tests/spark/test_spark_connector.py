@@ -30,9 +30,10 @@ def create(cluster, name, **kw):
         return admin.create_stream(name, **kw)
 
 
-def produce(cluster, stream, values, keys=None, producer_id=7, first_seq=0, ts=None, per_chunk=50):
-    """Append records over the wire, `per_chunk` per chunk, keyed records to their key's
-    streamlet (crc32c mod M), keyless ones to streamlet 0. Returns the next sequence."""
+def produce(cluster, stream, values, keys=None, producer_id=7, ts=None, per_chunk=50):
+    """Append records over the wire as a new producer (ids producer_id + streamlet), `per_chunk`
+    per chunk, keyed records to their key's streamlet (crc32c mod M), keyless ones to
+    streamlet 0."""
     from kera.partitioner import streamlet_for_key
 
     with Admin(cluster.bootstrap) as admin:
@@ -43,11 +44,10 @@ def produce(cluster, stream, values, keys=None, producer_id=7, first_seq=0, ts=N
         k = keys[i] if keys else None
         sl = 0 if k is None else streamlet_for_key(k, m)
         by_sl.setdefault(sl, []).append((k, v, ts[i] if ts else 1_700_000_000_000_000 + i))
-    seq = first_seq
     for sl, rows in sorted(by_sl.items()):
         address = desc["brokers"][str(desc["placement"][sl])]
         with rpc.Connection(address) as conn:
-            s = first_seq
+            s = 0
             for a in range(0, len(rows), per_chunk):
                 part = rows[a:a + per_chunk]
                 chunk = kchunk.encode(producer_id + sl, s, desc["id"], sl, [r[1] for r in part],
@@ -55,8 +55,6 @@ def produce(cluster, stream, values, keys=None, producer_id=7, first_seq=0, ts=N
                 header, _ = conn.call("produce", None, [chunk])
                 assert not isinstance(header["results"][0][0], str), header
                 s += 1
-        seq = max(seq, s)
-    return seq
 
 
 def read_all(spark, cluster, stream, **more):
@@ -134,7 +132,7 @@ def test_streaming_read_resumes_from_checkpoint_exactly_once(spark, cluster, tmp
     n1 = 3000
     values = [b"e%05d" % i for i in range(n1)]
     keys = [b"k%d" % (i % 13) for i in range(n1)]
-    seq = produce(cluster, "events", values, keys)
+    produce(cluster, "events", values, keys)
     out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
 
     def start(trigger):
@@ -157,7 +155,7 @@ def test_streaming_read_resumes_from_checkpoint_exactly_once(spark, cluster, tmp
     # more records (a second producer, and more of the first) while the query is down
     n2 = 1000
     values2 = [b"f%05d" % i for i in range(n2)]
-    produce(cluster, "events", values2, [b"k%d" % (i % 5) for i in range(n2)], first_seq=seq)
+    produce(cluster, "events", values2, [b"k%d" % (i % 5) for i in range(n2)], producer_id=100)
     q = start({"availableNow": True})
     assert q.awaitTermination(180)
     assert q.exception() is None
@@ -194,7 +192,7 @@ def test_max_offsets_per_trigger_bounds_batches(spark, cluster, tmp_path):
 
 def test_streaming_read_starting_latest_skips_existing_records(spark, cluster, tmp_path):
     create(cluster, "late", streamlets=1)
-    seq = produce(cluster, "late", [b"old"] * 10)
+    produce(cluster, "late", [b"old"] * 10)
     seen: list = []
     q = (spark.readStream.format("kera").options(**opts(cluster, "late")).load()
          .writeStream.foreachBatch(lambda df, _: seen.extend(r.value for r in df.collect()))
@@ -202,7 +200,7 @@ def test_streaming_read_starting_latest_skips_existing_records(spark, cluster, t
          .trigger(processingTime="200 milliseconds").start())
     try:
         wait_for(lambda: q.lastProgress is not None, what="the first micro-batch")
-        produce(cluster, "late", [b"new"] * 7, first_seq=seq)
+        produce(cluster, "late", [b"new"] * 7, producer_id=100)
         wait_for(lambda: len(seen) >= 7, what="the new records")
     finally:
         q.stop()

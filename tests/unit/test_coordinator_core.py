@@ -311,6 +311,8 @@ def test_accepts_boundary_values_and_name_characters():
     ("register", {"kind": "broker", "address": "h:7000", "node": "n", "daemon_id": "1"}),
     ("heartbeat", {"kind": "broker", "daemon_id": 0}),
     ("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": -1}),
+    ("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": 2**63 - 1}),
+    ("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": 2**64}),
     ("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": 0, "stats": [1]}),
     ("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": 0,
                    "stats": {str(i): i for i in range(1001)}}),
@@ -383,3 +385,38 @@ def test_inconsistent_state_is_refused(corrupt):
     corrupt(state)
     with pytest.raises(ValueError):
         make(state=state)
+
+
+# ---------------------------------------------------------------------- bounds
+
+def test_chosen_ids_leave_room_for_assigned_ones():
+    c = make()
+    with pytest.raises(BadRequest):
+        c.handle("register", {"kind": "broker", "address": "h:1", "node": "n",
+                              "daemon_id": 2**31}, 0.0)
+    top = c.handle("register", {"kind": "broker", "address": "h:1", "node": "n",
+                                "daemon_id": 2**31 - 1}, 0.0)["daemon_id"]
+    nxt = c.handle("register", {"kind": "broker", "address": "h:2", "node": "n"}, 0.0)["daemon_id"]
+    assert nxt == top + 1
+    c.handle("heartbeat", {"kind": "broker", "daemon_id": nxt, "metadata_version": 0}, 0.1)
+
+
+def test_metadata_is_bounded(monkeypatch):
+    from kera.coordinator import validate
+    monkeypatch.setattr(validate, "DAEMONS_MAX", 3)
+    monkeypatch.setattr(validate, "STREAMS_MAX", 2)
+    monkeypatch.setattr(validate, "STREAMLETS_TOTAL_MAX", 10)
+    c = make()
+    join(c, "broker", 3)
+    with pytest.raises(NotReady, match="registered already"):
+        join(c, "broker", 1)
+    # Known daemons may still come back.
+    c.handle("register", {"kind": "broker", "address": "h:9", "node": "n", "daemon_id": 1}, 0.0)
+    create(c, "a", streamlets=8)
+    with pytest.raises(BadRequest, match="exceed"):
+        create(c, "b", streamlets=3)
+    create(c, "b", streamlets=2)
+    with pytest.raises(BadRequest, match="2 streams"):
+        create(c, "c")
+    c.handle("delete_stream", {"name": "a"}, 0.0)
+    create(c, "c")

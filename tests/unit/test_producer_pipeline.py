@@ -9,7 +9,7 @@ import random
 import pytest
 
 from kera import chunk
-from kera.producer.pipeline import ACKED, IN_FLIGHT, UNSENT, Pipeline
+from kera.producer.pipeline import FRONT_GAP_ATTEMPTS_MAX, IN_FLIGHT, UNSENT, Pipeline
 
 PID = 1000
 SID = 5
@@ -290,3 +290,31 @@ def test_simulated_losses_never_store_twice_nor_out_of_order(seed):
     for sl in range(4):
         stored = broker.stored.get((SID, sl), [])
         assert [body for _, _, body in stored] == bodies[sl]  # each once, in order
+
+
+def test_new_identity_keeps_the_group_slot_even_at_the_top_of_the_id_space():
+    from kera.producer.pipeline import next_identity
+    for pid in (0, 5, 2**64 - 1, 2**64 - 2, 2**63 + 7):
+        for q in (1, 2, 3, 7):
+            new = next_identity(pid, q)
+            assert 0 <= new < 2**64 and new != pid
+            assert new % q == pid % q
+
+
+def test_broker_that_forgot_the_producer_gets_the_lane_under_a_new_identity():
+    pipe = make(window=1, retries=20)
+    c0, c1, c2 = add(pipe, 0, 3)
+    (o,) = send_all(pipe)
+    pipe.on_reply("b1", ok(o, 1), 0.0)
+    now = 0.0
+    for attempt in range(FRONT_GAP_ATTEMPTS_MAX):  # chunk 1 is the lane's front: a gap means lost broker state
+        now += 10
+        (o,) = send_all(pipe, now=now, first_id=10 + attempt)
+        assert seq_of(o.chunks[0]) == 1
+        pipe.on_reply("b1", {"id": 10 + attempt, "ok": True, "results": [["sequence_gap", "gap", True]]}, now)
+    lane = pipe.lanes[(SID, 0)]
+    assert lane.producer_id == PID + Q
+    (o,) = send_all(pipe, now=now + 10, first_id=20)
+    h = chunk.verify(o.chunks[0].data)
+    assert (h.producer_id, h.sequence) == (PID + Q, 0) and o.chunks[0] is c1
+    assert not pipe.take_failures()

@@ -44,3 +44,11 @@ def test_fields_validate_types_and_ranges():
     assert wire.int_list([1, 2], "x", length=2) == [1, 2]
     with pytest.raises(errors.BadRequest):
         wire.int_list([1, "2"], "x")
+
+
+def test_fields_may_not_overwrite_the_envelope():
+    for name in ("v", "op", "id", "ok"):
+        with pytest.raises(ValueError):
+            wire.request("x", 1, {name: 2})
+        with pytest.raises(ValueError):
+            wire.ok_reply(1, {name: 2})
