@@ -89,7 +89,11 @@ class BrokerDaemon:
     def _on_produce(self, req: Request):
         acks = req.fields.bool("acks", True)
         frames = [f.buffer for f in req.frames]
+        # The chunks are copied into segments now: a deferred request must not keep the
+        # received frames alive until it is answered.
+        req.frames = []
         results = self.core.produce(req, frames, time.monotonic(), acks)
+        del frames
         if results is None:
             return DEFERRED
         return {"results": results}

@@ -59,6 +59,19 @@ def _as_bytes(value, what: str) -> bytes:
 
 
 class Producer:
+    """Appends records to streams; thread-safe (any thread may send, flush or close).
+
+    `bootstrap` is the coordinator's "host:port". Chunks of `chunk_size_bytes` are sealed when
+    full or `linger_ms` after their first record; a request to a broker carries at most one
+    chunk per streamlet, up to `request_size_bytes`, with `in_flight_per_broker` requests in
+    flight per broker. Sent but unacknowledged bytes are bounded by `buffer_bytes` (`send`
+    blocks up to `send_timeout_s`, then raises Timeout). A chunk is retried (same identity, so
+    never stored twice) on retriable errors up to `retries_max` times. `producer_id` is random
+    unless given; give one only with a sequence space of its own (the broker drops a chunk
+    whose (producer id, streamlet, sequence) it already holds as a duplicate): reusing an id
+    in a new Producer on the same stream makes its first chunks look like duplicates.
+    """
+
     def __init__(self, bootstrap: str, *,
                  chunk_size_bytes: int = config.DEFAULT_CHUNK_SIZE_BYTES,
                  linger_ms: float = config.DEFAULT_LINGER_MS,
@@ -91,7 +104,6 @@ class Producer:
         self._stopping = False
         self._fatal: BaseException | None = None
         self._batch_records = 0
-        self._chunks_sealed_batch = 0
         # The request thread sleeps in a zmq poll; a byte on this pipe wakes it (`_idle` says
         # whether it is asleep, so a busy thread is not woken once per chunk).
         self._wake_r, self._wake_w = os.pipe()
@@ -153,7 +165,6 @@ class Producer:
                                      piece.values, piece.keys, piece.timestamps)
             self._pipe.add(lane, data, lane.next_sequence, piece.count)
             self._batch_records += piece.count
-            self._chunks_sealed_batch += 1
             if self._idle:
                 self._idle = False
                 self._wake()
