@@ -17,9 +17,6 @@ from kera.errors import RecordTooLarge
 from kera.partitioner import streamlets_for_keys
 from kera.producer.accumulator import KEYED_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES
 
-_BYTES_TYPES = frozenset({bytes, bytearray, memoryview})
-
-
 def _is_arrow(values) -> bool:
     return hasattr(values, "buffers") and hasattr(values, "offset") or type(values).__name__ == "ChunkedArray"
 
@@ -45,18 +42,28 @@ def value_lengths(values) -> np.ndarray:
         return pc.binary_length(values).to_numpy(zero_copy_only=False).astype(np.int64)
     if not isinstance(values, list):
         values = list(values)
-    types = set(map(type, values))
-    if not types <= _BYTES_TYPES:
-        bad = sorted(t.__name__ for t in types - _BYTES_TYPES)
-        raise TypeError(f"values must be bytes-like, not {', '.join(bad)}")
+    _check_bytes(values, "values")
     return np.fromiter(map(len, values), dtype=np.int64, count=len(values))
 
 
+def _check_bytes(values: list, what: str, none_ok: bool = False) -> None:
+    """TypeError unless every item is bytes-like (a C-speed pass over the types present)."""
+    bad = [t.__name__ for t in set(map(type, values))
+           if not issubclass(t, (bytes, bytearray, memoryview)) and not (none_ok and t is type(None))]
+    if bad:
+        raise TypeError(f"{what} must be bytes{' or None' if none_ok else ''}, not {', '.join(sorted(bad))}")
+
+
 def as_list(values):
-    """Sequences other than lists (tuples, generators) as a list; arrays unchanged."""
-    if isinstance(values, (list, np.ndarray)) or _is_arrow(values):
+    """Sequences other than lists (tuples, generators) as a list, memoryviews as bytes (their
+    len() counts items, not bytes); arrays unchanged."""
+    if isinstance(values, np.ndarray) or _is_arrow(values):
         return values
-    return list(values)
+    if not isinstance(values, list):
+        values = list(values)
+    if memoryview in set(map(type, values)):
+        values = [bytes(v) if type(v) is memoryview else v for v in values]
+    return values
 
 
 def take(values, idx: np.ndarray):
@@ -83,11 +90,8 @@ def normalize_keys(keys, n: int) -> list:
         keys = list(keys)
     if len(keys) != n:
         raise ValueError(f"{len(keys)} keys for {n} values")
-    types = set(map(type, keys))
-    if not types <= _BYTES_TYPES | {type(None)}:
-        bad = sorted(t.__name__ for t in types - _BYTES_TYPES - {type(None)})
-        raise TypeError(f"keys must be bytes or None, not {', '.join(bad)}")
-    if types - {bytes, type(None)}:
+    _check_bytes(keys, "keys", none_ok=True)
+    if set(map(type, keys)) - {bytes, type(None)}:
         keys = [k if k is None or type(k) is bytes else bytes(k) for k in keys]
     return keys
 

@@ -53,7 +53,7 @@ def failure_error(failures: list[Failure]) -> KeraError:
 
 
 def _as_bytes(value, what: str) -> bytes:
-    if isinstance(value, (bytearray, memoryview)):
+    if isinstance(value, (bytes, bytearray, memoryview)):  # a copy: the caller may reuse it
         return bytes(value)
     raise TypeError(f"{what} must be bytes, not {type(value).__name__}")
 

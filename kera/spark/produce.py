@@ -30,7 +30,7 @@ ATTEMPTS_MAX = 30            # sends of one chunk before the write task fails
 RETRY_PAUSE_S = 0.005        # pause before a resend; doubles per attempt up to
 RETRY_PAUSE_MAX_S = 1.0
 
-Key = tuple[int, int]        # (stream id, streamlet)
+Key = tuple[int, int, int]   # (producer id, stream id, streamlet)
 
 
 @dataclass
@@ -71,7 +71,8 @@ class ProduceQueue:
         return self.pending_bytes == 0 and not self.requests
 
     def add(self, key: Key, seq: int, chunk: bytes, address: str) -> None:
-        expected = self._next_seq.get(key, 0)
+        """Queue a chunk; a key's chunks must come in sequence order (from any first one)."""
+        expected = self._next_seq.get(key, seq)
         assert seq == expected, f"chunk {seq} of {key} added out of order (expected {expected})"
         self._next_seq[key] = seq + 1
         s = self.streamlets.get(key)
@@ -86,7 +87,8 @@ class ProduceQueue:
 
     def next_requests(self, now: float) -> list[Request]:
         """Requests to send now: per broker up to the window, each with at most one chunk per
-        streamlet (the lowest not acknowledged and not in flight) up to request_size_bytes."""
+        streamlet (for each producer, its lowest not acknowledged and not in flight) up to
+        request_size_bytes."""
         busy: dict[str, int] = {}
         for r in self.requests.values():
             busy[r.address] = busy.get(r.address, 0) + 1
@@ -100,12 +102,13 @@ class ProduceQueue:
         out = []
         for address, candidates in ready.items():
             while candidates and busy.get(address, 0) < self.in_flight_per_broker:
-                chunks, size, rest = [], 0, []
+                chunks, size, rest, taken = [], 0, [], set()
                 for key, seq in candidates:
                     chunk = self.streamlets[key].unacked[seq]
-                    if chunks and size + len(chunk) > self.request_size_bytes:
+                    if key[1:] in taken or (chunks and size + len(chunk) > self.request_size_bytes):
                         rest.append((key, seq))
                         continue
+                    taken.add(key[1:])
                     chunks.append((key, seq, chunk))
                     size += len(chunk)
                     self.streamlets[key].in_flight.add(seq)
@@ -163,10 +166,10 @@ class ProduceQueue:
             raise error
         tries = s.attempts[seq] = s.attempts.get(seq, 0) + 1
         if tries >= self.attempts_max:
-            raise KeraError(f"chunk {seq} of stream {key[0]} streamlet {key[1]} refused "
+            raise KeraError(f"chunk {seq} of stream {key[1]} streamlet {key[2]} refused "
                             f"{tries} times; last: {error.code}: {error}", retriable=True)
         if isinstance(error, (NotOwner, UnknownStream, Timeout)):
-            self.stale.add(key[0])
+            self.stale.add(key[1])
         if error.code != "sequence_gap":  # a gap clears as soon as the earlier chunk lands
             s.not_before = max(s.not_before, now + min(RETRY_PAUSE_MAX_S, RETRY_PAUSE_S * 2 ** tries))
 
@@ -193,8 +196,8 @@ class Sender:
         self.streams[info.id] = info
         return info
 
-    def send(self, info: StreamInfo, streamlet: int, seq: int, chunk: bytes) -> None:
-        self.queue.add((info.id, streamlet), seq, chunk, info.owner(streamlet))
+    def send(self, producer_id: int, info: StreamInfo, streamlet: int, seq: int, chunk: bytes) -> None:
+        self.queue.add((producer_id, info.id, streamlet), seq, chunk, info.owner(streamlet))
         self.pump(0.0)
         while self.queue.pending_bytes > self.buffer_bytes:
             self.pump(self.timeout_s)
@@ -262,8 +265,9 @@ class Sender:
             if info.id != sid:
                 raise UnknownStream(f"stream {old.name!r} was deleted while being written")
             self.streams[sid] = info
-            for sl in range(info.streamlets):
-                self.queue.move((sid, sl), info.owner(sl))
+            for key in self.queue.streamlets:
+                if key[1] == sid:
+                    self.queue.move(key, info.owner(key[2]))
 
     def close(self) -> None:
         self.meta.close()

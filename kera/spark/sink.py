@@ -17,8 +17,11 @@ storing them twice. Every row is then stored exactly once *provided the task see
 in the same order on every attempt*: true for kera and other replayable sources and for
 deterministic transformations, not for input whose order is not fixed (e.g. rows straight out
 of a shuffle without a sort) or non-deterministic expressions (rand(), current_timestamp()).
-Rows of a batch become visible to readers as soon as they are stored, before Spark commits the
-batch (as with Kafka's non-transactional sink).
+A task sends its full chunks as it goes; its last, partly filled chunk per lane (at most one
+chunk per streamlet, plus one for keyless rows) travels in its commit message and is sent by the
+driver when Spark commits the write, because only then is it certain that the task saw all its
+rows (see _TaskWriter.run). Rows become visible to readers as soon as their chunk is stored,
+before Spark commits the batch (as with Kafka's non-transactional sink).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType, TimestampNTZTy
 
 from kera.spark.chunking import ChunkPlanner
 from kera.spark.columns import as_binary, encode_arrow
+from kera.errors import UnknownStream
 from kera.spark.metadata import Metadata
 from kera.spark.options import Options
 from kera.spark.produce import Sender
@@ -62,6 +66,28 @@ class KeraCommitMessage(WriterCommitMessage):
     producer_id: int
     rows: int
     chunks: int
+    # The task's last, partly filled chunk of each lane: (stream, stream id, streamlet, seq,
+    # chunk). Sent by the driver's commit, once Spark knows every task saw all its rows.
+    tails: list
+
+
+def send_tails(opts: Options, messages) -> int:
+    """Store the tail chunks of every task (driver side, at commit). Returns how many."""
+    tails = [(m.producer_id, *t) for m in messages if m is not None for t in m.tails]
+    if not tails:
+        return 0
+    sender = Sender(Metadata(opts.bootstrap, opts.timeout_s), opts.in_flight_per_broker,
+                    opts.request_size_bytes, opts.buffer_bytes, opts.timeout_s)
+    try:
+        for pid, stream, sid, sl, seq, chunk in sorted(tails, key=lambda t: t[:5]):
+            info = sender.stream(stream)
+            if info.id != sid:
+                raise UnknownStream(f"stream {stream!r} was recreated during the write")
+            sender.send(pid, info, sl, seq, chunk)
+        sender.flush()
+    finally:
+        sender.close()
+    return len(tails)
 
 
 def check_schema(schema: StructType, opts: Options) -> None:
@@ -96,15 +122,24 @@ class _TaskWriter:
         self.chunks = 0
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> KeraCommitMessage:
+        """Send every full chunk; return the partly filled ones for the driver to send.
+
+        The tails wait for the commit because an ended iterator does not prove the task saw
+        all its rows: when an upstream operator fails, Spark may end the input early and
+        cleanly. A tail cut from such a truncated input would take the sequence the complete
+        re-run gives a fuller chunk, which the broker would then drop as a duplicate."""
         try:
             for batch in batches:
                 self.add(batch)
+            tails = []
             for stream in sorted(self.planners):
-                self._send(stream, self.planners[stream].flush())
+                info = self.sender.stream(stream)
+                for c, seq, chunk in self._encode(stream, self.planners[stream].flush()):
+                    tails.append((stream, info.id, c.streamlet, seq, chunk))
             self.sender.flush()
         finally:
             self.sender.close()
-        return KeraCommitMessage(self.partition_id, self.pid, self.rows, self.chunks)
+        return KeraCommitMessage(self.partition_id, self.pid, self.rows, self.chunks, tails)
 
     def add(self, batch: pa.RecordBatch) -> None:
         n = batch.num_rows
@@ -151,6 +186,12 @@ class _TaskWriter:
         self._send(stream, planner.add(values, keys, ts))
 
     def _send(self, stream: str, planned) -> None:
+        info = self.sender.stream(stream) if planned else None
+        for c, seq, chunk in self._encode(stream, planned):
+            self.sender.send(self.pid, info, c.streamlet, seq, chunk)
+
+    def _encode(self, stream: str, planned):
+        """(planned chunk, sequence, bytes): sequences dense from 0 per (stream, streamlet)."""
         if not planned:
             return
         info = self.sender.stream(stream)
@@ -158,9 +199,8 @@ class _TaskWriter:
             key = (info.id, c.streamlet)
             seq = self.seqs.get(key, 0)
             self.seqs[key] = seq + 1
-            chunk = encode_arrow(self.pid, seq, info.id, c.streamlet, c.values, c.keys, c.timestamps)
-            self.sender.send(info, c.streamlet, seq, chunk)
             self.chunks += 1
+            yield c, seq, encode_arrow(self.pid, seq, info.id, c.streamlet, c.values, c.keys, c.timestamps)
 
 
 def _task_context():
@@ -184,11 +224,12 @@ class KeraBatchWriter(DataSourceArrowWriter):
 
     def commit(self, messages) -> None:
         done = [m for m in messages if m is not None]
-        log.info("kera write %s stored %d rows in %d chunks from %d tasks", self.write_id,
-                 sum(m.rows for m in done), sum(m.chunks for m in done), len(done))
+        tails = send_tails(self.opts, done)
+        log.info("kera write %s stored %d rows in %d chunks (%d at commit) from %d tasks",
+                 self.write_id, sum(m.rows for m in done), sum(m.chunks for m in done), tails, len(done))
 
     def abort(self, messages) -> None:
-        log.warning("kera write %s aborted; rows of finished tasks stay stored", self.write_id)
+        log.warning("kera write %s aborted; the full chunks its tasks sent stay stored", self.write_id)
 
 
 class KeraStreamWriter(DataSourceStreamArrowWriter):
@@ -209,9 +250,10 @@ class KeraStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages, batchId: int) -> None:
         done = [m for m in messages if m is not None]
-        log.info("kera micro-batch %d stored %d rows in %d chunks", batchId,
-                 sum(m.rows for m in done), sum(m.chunks for m in done))
+        tails = send_tails(self.opts, done)
+        log.info("kera micro-batch %d stored %d rows in %d chunks (%d at commit)", batchId,
+                 sum(m.rows for m in done), sum(m.chunks for m in done), tails)
 
     def abort(self, messages, batchId: int) -> None:
-        log.warning("kera micro-batch %d aborted; rows of finished tasks stay stored and a "
-                    "rerun of the batch will not store them again", batchId)
+        log.warning("kera micro-batch %d aborted; the full chunks its tasks sent stay stored "
+                    "and a re-run of the batch will not store them again", batchId)

@@ -352,6 +352,38 @@ def test_deleted_stream_fails_producer_flush_and_consumer_poll(cluster):
         p.close()
 
 
+def wait_broker_forgets(info, timeout_s=10.0):
+    """Until the brokers owning the stream have applied its deletion."""
+    from kera import rpc
+    deadline = time.monotonic() + timeout_s
+    for sl in range(info.streamlets):
+        while True:
+            try:
+                rpc.call(info.address_of(sl), "offsets", {"sid": info.id, "sl": sl}, timeout_s=2)
+            except UnknownStream:
+                break
+            assert time.monotonic() < deadline, "broker still serves a deleted stream"
+            time.sleep(0.02)
+
+
+def test_flush_reports_records_that_could_not_be_stored(cluster):
+    stream = new_stream(cluster, streamlets=2)
+    p = Producer(cluster.bootstrap, linger_ms=60_000, request_timeout_s=5)
+    try:
+        for i in range(100):
+            p.send(stream, b"v", key=b"%d" % i)  # held in open chunks (long linger)
+        info = p.stream_info(stream)
+        with cluster.admin() as admin:
+            admin.delete_stream(stream)
+        wait_broker_forgets(info)
+        with pytest.raises(UnknownStream, match=f"100 records failed: stream '{stream}' streamlet"):
+            p.flush(timeout=30)
+        assert p.stats["records_failed"] == 100 and p.stats["acked"] == 0
+        p.flush(timeout=5)  # reported once
+    finally:
+        p.close()
+
+
 def test_record_too_large_and_closed_producer(cluster):
     stream = new_stream(cluster, streamlets=1)
     p = Producer(cluster.bootstrap, max_record_bytes=1000)

@@ -40,7 +40,7 @@ def test_every_chunk_stored_once_in_order_despite_faults(seed):
     print("seed", seed)
     q = ProduceQueue(in_flight_per_broker=3, request_size_bytes=40, attempts_max=1000)
     broker = ModelBroker()
-    keys = [(1, sl) for sl in range(4)]
+    keys = [(9, 1, sl) for sl in range(4)]
     want = {}
     for i in range(200):
         key = rnd.choice(keys)
@@ -76,7 +76,7 @@ def test_every_chunk_stored_once_in_order_despite_faults(seed):
 
 def test_non_retriable_refusal_fails_the_task():
     q = ProduceQueue(1, 1000)
-    q.add((1, 0), 0, b"x", "b0")
+    q.add((9, 1, 0), 0, b"x", "b0")
     (req,) = q.next_requests(0.0)
     with pytest.raises(KeraError) as err:
         q.on_reply(req.token, [["corrupt_chunk", "bad", False]], 0.0)
@@ -85,7 +85,7 @@ def test_non_retriable_refusal_fails_the_task():
 
 def test_retries_are_bounded():
     q = ProduceQueue(1, 1000, attempts_max=3)
-    q.add((1, 0), 0, b"x", "b0")
+    q.add((9, 1, 0), 0, b"x", "b0")
     now = 0.0
     with pytest.raises(KeraError):
         for _ in range(10):
@@ -97,18 +97,28 @@ def test_retries_are_bounded():
 def test_requests_carry_one_chunk_per_streamlet_and_respect_the_window():
     q = ProduceQueue(in_flight_per_broker=2, request_size_bytes=1 << 20)
     for seq in range(3):
-        q.add((1, 0), seq, b"a", "b0")
-        q.add((1, 1), seq, b"b", "b0")
-    q.add((1, 2), 0, b"c", "b1")
+        q.add((9, 1, 0), seq, b"a", "b0")
+        q.add((9, 1, 1), seq, b"b", "b0")
+    q.add((9, 1, 2), 0, b"c", "b1")
     reqs = q.next_requests(0.0)
     per_broker = {}
     for r in reqs:
         per_broker.setdefault(r.address, []).append(r)
-        assert len({k for k, _, _ in r.chunks}) == len(r.chunks)
+        assert len({k[1:] for k, _, _ in r.chunks}) == len(r.chunks)
     assert len(per_broker["b0"]) == 2 and len(per_broker["b1"]) == 1
     assert [[(k, s) for k, s, _ in r.chunks] for r in per_broker["b0"]] == [
-        [((1, 0), 0), ((1, 1), 0)], [((1, 0), 1), ((1, 1), 1)]]
+        [((9, 1, 0), 0), ((9, 1, 1), 0)], [((9, 1, 0), 1), ((9, 1, 1), 1)]]
     assert q.next_requests(0.0) == []  # window full on b0, nothing left for b1
+
+
+def test_two_producers_of_one_streamlet_never_share_a_request():
+    q = ProduceQueue(in_flight_per_broker=4, request_size_bytes=1 << 20)
+    q.add((1, 5, 0), 3, b"a", "b0")   # a later part of producer 1's sequence
+    q.add((2, 5, 0), 0, b"b", "b0")
+    reqs = q.next_requests(0.0)
+    assert sorted(len(r.chunks) for r in reqs) == [1, 1]
+    with pytest.raises(AssertionError):
+        q.add((1, 5, 0), 5, b"skip", "b0")
 
 
 def test_producer_id_is_stable_and_distinct():

@@ -219,13 +219,15 @@ def test_streaming_write_stores_every_row_once_through_a_failed_batch(spark, clu
     create(cluster, "src", streamlets=2, active_groups=2)
     create(cluster, "dst", streamlets=2, active_groups=2)
     n = 4000
-    values = [b"r%05d" % i for i in range(n)]
-    produce(cluster, "src", values, [b"u%d" % (i % 9) for i in range(n)], per_chunk=100)
+    # Large enough values that the failing UDF cannot run far ahead of the sink: the sink has
+    # sent chunks of the task before the failure.
+    values = [b"r%05d-" % i + b"." * 2000 for i in range(n)]
+    produce(cluster, "src", values, [b"u%d" % (i % 9) for i in range(n)], per_chunk=20)
     marker = tmp_path / "failed-once"
-    poison = "r03000"
+    poison = "r03000-"
 
     def fail_once(v):
-        if v == poison and not marker.exists():
+        if v.startswith(poison) and not marker.exists():
             marker.write_text("x")
             raise RuntimeError("injected failure in the middle of a write task")
         return v
@@ -237,7 +239,7 @@ def test_streaming_write_stores_every_row_once_through_a_failed_batch(spark, clu
     def run():
         src = spark.readStream.format("kera").options(**opts(cluster, "src", startingOffsets="earliest")).load()
         out = src.select("key", fail(F.col("value").cast("string")).alias("value"), "timestamp")
-        return (out.writeStream.format("kera").options(**opts(cluster, "dst", chunkSizeBytes="1024"))
+        return (out.writeStream.format("kera").options(**opts(cluster, "dst", chunkSizeBytes="16384"))
                 .option("checkpointLocation", ck).trigger(availableNow=True).start())
 
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "200")
@@ -252,6 +254,7 @@ def test_streaming_write_stores_every_row_once_through_a_failed_batch(spark, clu
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     got = read_all(spark, cluster, "dst").select("key", "value", "timestamp").collect()
+    assert len(got) == n
     assert Counter(r.value for r in got) == Counter(values)
     src_rows = {r.value: r for r in read_all(spark, cluster, "src").collect()}
     assert all(src_rows[r.value].key == r.key and src_rows[r.value].timestamp == r.timestamp for r in got)

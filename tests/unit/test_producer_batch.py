@@ -103,3 +103,13 @@ def test_large_batch_beyond_the_chunk_limit_is_cut_without_a_giant_blob():
 def test_partitioner_is_crc32c_mod_streamlets():
     assert streamlet_for_key(b"user-1", 7) == crc32c(b"user-1") % 7
     assert streamlets_for_keys([b"a", None, b"b"], 3).tolist() == [crc32c(b"a") % 3, -1, crc32c(b"b") % 3]
+
+
+def test_bytes_like_items_of_a_list():
+    items = [np.bytes_(b"ab"), bytearray(b"cd"), memoryview(np.array([1, 2], dtype="<u2")), b"e"]
+    _, pieces = batch.plan(items, [bytearray(b"k"), None, memoryview(b"m"), np.bytes_(b"n")], None,
+                           streamlets=1, capacity=CAP, max_record_bytes=100, keyless_streamlet=0)
+    (p,) = list(pieces)
+    c = encode(p)
+    assert c.values() == [b"ab", b"cd", b"\x01\x00\x02\x00", b"e"]
+    assert c.keys() == [b"k", None, b"m", b"n"]

@@ -318,3 +318,16 @@ def test_broker_that_forgot_the_producer_gets_the_lane_under_a_new_identity():
     h = chunk.verify(o.chunks[0].data)
     assert (h.producer_id, h.sequence) == (PID + Q, 0) and o.chunks[0] is c1
     assert not pipe.take_failures()
+
+
+def test_flush_error_names_stream_streamlet_and_totals():
+    from kera.errors import KeraError, UnknownStream
+    from kera.producer.pipeline import Failure
+    from kera.producer.producer import failure_error
+    err = failure_error([Failure("clicks", 2, UnknownStream("gone"), 10), Failure("clicks", 3, UnknownStream("gone"), 5)])
+    assert isinstance(err, UnknownStream) and not err.retriable
+    assert str(err) == "15 records failed: stream 'clicks' streamlet 2 (and 1 more streamlets): [unknown_stream] gone"
+    assert len(err.failures) == 2
+    odd = KeraError("x")
+    odd.code = "weird_code"
+    assert failure_error([Failure("s", 0, odd, 1)]).code == "weird_code"

@@ -1,0 +1,215 @@
+"""The two systems' clients behind one small interface, used inside the worker processes.
+
+Producer side: `send(stream_index, values)` hands one send unit (a 2-D uint8 array of
+`records_per_chunk` stamped records: one chunk's worth) to the client; `acked()` counts records
+the system acknowledged (acks=all / R copies); `flush()` waits for everything.
+Consumer side: `poll()` returns the send-time stamps (µs) of the records that arrived, as a
+numpy int64 array; `close()` stops.
+
+Each system is driven through its best batch API: kera's `send_batch` (one call per chunk) and
+`poll_batch` (whole chunks, columnar); confluent-kafka has no columnar API, so records go through
+`produce` / `consume` one message object each, which is how Python applications use Kafka.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .latency import stamps_from_blob, stamps_from_values
+from .workload import Workload
+
+KAFKA_CONSUME_MAX_MESSAGES = 10_000
+KAFKA_POLL_S = 0.05
+KAFKA_QUEUE_FULL_POLL_S = 0.005
+KERA_IDLE_SLEEP_S = 0.001
+
+
+def stream_name(prefix: str, index: int) -> str:
+    return f"{prefix}-{index:04d}"
+
+
+# ---------------------------------------------------------------------- kera
+
+def kera_producer_settings(w: Workload) -> dict:
+    return {"chunk_size_bytes": w.chunk_size_bytes, "linger_ms": w.linger_ms,
+            "buffer_bytes": max(w.buffer_bytes, w.chunk_size_bytes)}
+
+
+class KeraProducerClient:
+    def __init__(self, bootstrap: str, prefix: str, w: Workload):
+        from kera.producer import Producer
+
+        self.p = Producer(bootstrap, **kera_producer_settings(w))
+        self.prefix = prefix
+        self.names: dict[int, str] = {}
+
+    def send(self, stream: int, values: np.ndarray) -> None:
+        name = self.names.get(stream) or self.names.setdefault(stream, stream_name(self.prefix, stream))
+        self.p.send_batch(name, values)
+
+    def acked(self) -> int:
+        return self.p.stats["records_acked"]
+
+    def failed(self) -> int:
+        return self.p.stats["records_failed"]
+
+    def flush(self, timeout_s: float) -> None:
+        self.p.flush(timeout_s)
+
+    def close(self) -> None:
+        self.p.close(timeout=30.0)
+
+
+class KeraConsumerClient:
+    """One kera Consumer per stream this process reads (the client reads one stream each)."""
+
+    def __init__(self, bootstrap: str, prefix: str, w: Workload, partitions: dict[int, list[int]]):
+        from kera.consumer import Consumer
+
+        self.consumers = []
+        try:
+            for s, streamlets in sorted(partitions.items()):
+                self.consumers.append(Consumer(bootstrap, stream_name(prefix, s), start="earliest",
+                                               streamlets=streamlets))
+        except BaseException:
+            self.close()
+            raise
+        self._next = 0
+
+    def poll(self) -> np.ndarray | None:
+        """Stamps of every chunk ready now in any of the consumers; None if there was none."""
+        parts = []
+        for c in self.consumers:
+            for batch in c.poll_batch(timeout_s=0):
+                parts.append(stamps_from_blob(batch.values_blob, batch.value_offsets))
+        if not parts:
+            time.sleep(KERA_IDLE_SLEEP_S)
+            return None
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def close(self) -> None:
+        for c in self.consumers:
+            c.close()
+
+
+# ---------------------------------------------------------------------- Kafka
+
+def kafka_producer_settings(w: Workload) -> dict:
+    """Throughput tuning from Kafka's docs, with kera's chunk size as the batch size."""
+    return {
+        "acks": "all",
+        "enable.idempotence": True,
+        "compression.type": "none",
+        "linger.ms": w.linger_ms,
+        "batch.size": w.chunk_size_bytes,
+        "batch.num.messages": 1_000_000,                 # let batch.size decide
+        "queue.buffering.max.kbytes": max(1, w.buffer_bytes // 1024),
+        "queue.buffering.max.messages": max(1000, w.buffer_bytes // w.record_size_bytes),
+        "delivery.report.only.error": True,              # count acks without a callback each
+        "max.in.flight.requests.per.connection": 5,      # the idempotence maximum
+    }
+
+
+def kafka_consumer_settings() -> dict:
+    return {
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": False,
+        "fetch.wait.max.ms": 100,
+    }
+
+
+class KafkaProducerClient:
+    """Sends each unit to one partition, rotating over partitions like kera's keyless
+    send_batch rotates chunks over streamlets."""
+
+    def __init__(self, bootstrap: str, prefix: str, w: Workload, producer_index: int):
+        from confluent_kafka import Producer
+
+        self.p = Producer({"bootstrap.servers": bootstrap, **kafka_producer_settings(w)})
+        self.prefix = prefix
+        self.partitions = w.streamlets
+        self.record_size = w.record_size_bytes
+        self.next_partition: dict[int, int] = {}
+        self.start_partition = producer_index
+        self.produced = 0
+        self.errors = 0
+        self.names: dict[int, str] = {}
+
+    def _on_error(self, err, msg) -> None:  # delivery.report.only.error: failures only
+        if err is not None:
+            self.errors += 1
+
+    def send(self, stream: int, values: np.ndarray) -> None:
+        name = self.names.get(stream) or self.names.setdefault(stream, stream_name(self.prefix, stream))
+        part = self.next_partition.get(stream, self.start_partition) % self.partitions
+        self.next_partition[stream] = part + 1
+        blob = values.tobytes()
+        size = self.record_size
+        produce = self.p.produce
+        on_error = self._on_error
+        i = 0
+        n = len(values)
+        while i < n:
+            try:
+                produce(name, blob[i * size:(i + 1) * size], partition=part, on_delivery=on_error)
+                i += 1
+            except BufferError:  # queue full (buffer_bytes): let deliveries drain
+                self.p.poll(KAFKA_QUEUE_FULL_POLL_S)
+        self.produced += n
+        self.p.poll(0)
+
+    def acked(self) -> int:
+        self.p.poll(0)
+        return self.produced - len(self.p) - self.errors
+
+    def failed(self) -> int:
+        return self.errors
+
+    def flush(self, timeout_s: float) -> None:
+        left = self.p.flush(timeout_s)
+        if left:
+            raise TimeoutError(f"{left} Kafka messages still unacknowledged after {timeout_s:.0f} s")
+
+    def close(self) -> None:
+        self.p.flush(30.0)
+
+
+class KafkaConsumerClient:
+    def __init__(self, bootstrap: str, prefix: str, w: Workload, partitions: dict[int, list[int]],
+                 consumer_index: int):
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}-c{consumer_index}",
+                           **kafka_consumer_settings()})
+        self.c.assign([TopicPartition(stream_name(prefix, s), sl, OFFSET_BEGINNING)
+                       for s, sls in sorted(partitions.items()) for sl in sls])
+
+    def poll(self) -> np.ndarray | None:
+        msgs = self.c.consume(num_messages=KAFKA_CONSUME_MAX_MESSAGES, timeout=KAFKA_POLL_S)
+        if not msgs:
+            return None
+        values = [m.value() for m in msgs if m.error() is None]
+        if len(values) != len(msgs):
+            bad = next(m.error() for m in msgs if m.error() is not None)
+            if bad.fatal() or not bad.retriable():
+                raise RuntimeError(f"Kafka consumer error: {bad}")
+        return stamps_from_values(values)
+
+    def close(self) -> None:
+        self.c.close()
+
+
+def make_producer(system: str, bootstrap: str, prefix: str, w: Workload, index: int):
+    if system == "kera":
+        return KeraProducerClient(bootstrap, prefix, w)
+    return KafkaProducerClient(bootstrap, prefix, w, index)
+
+
+def make_consumer(system: str, bootstrap: str, prefix: str, w: Workload,
+                  partitions: dict[int, list[int]], index: int):
+    if system == "kera":
+        return KeraConsumerClient(bootstrap, prefix, w, partitions)
+    return KafkaConsumerClient(bootstrap, prefix, w, partitions, index)

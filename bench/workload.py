@@ -1,0 +1,182 @@
+"""One workload definition drives both systems; presets are lists of them scaled to 2 cores.
+
+A Workload names everything a run depends on: client processes, stream layout, replication,
+chunking, record size, timing. `kera_layout` and `kafka_layout` say how each system realises it
+(R copies: kera = 1 broker + R-1 backups, Kafka = R brokers with `acks=all`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+KiB = 1024
+MiB = 1024 * KiB
+
+CHUNK_HEADER_BYTES = 64 + 4        # kera chunk header + the producer's reserve (accumulator)
+RECORD_OVERHEAD_BYTES = 12         # kera: i64 timestamp + u32 value offset per record
+STAMP_BYTES = 8                    # send time (µs, little-endian i64) at the start of each value
+ONE_PER_SUB_PARTITION = 0          # virtual_logs value meaning "streams x streamlets x groups"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    producers: int = 1                  # P: producer processes (one client each)
+    consumers: int = 1                  # C: consumer processes (one client each, or one per stream for kera)
+    streams: int = 1                    # S: kera streams = Kafka topics
+    streamlets: int = 1                 # per stream = Kafka partitions per topic
+    active_groups: int = 1              # Q: kera active groups per streamlet (no Kafka equivalent)
+    replication: int = 1                # R: copies of each record
+    virtual_logs: int | None = None     # V per kera broker; None = broker default, 0 = one per sub-partition
+    chunk_size_bytes: int = 16 * KiB    # kera chunk = Kafka batch.size
+    linger_ms: float = 5.0              # both
+    record_size_bytes: int = 100        # value bytes (no keys)
+    warmup_s: float = 2.0               # excluded from the measurement
+    duration_s: float = 5.0             # measured window
+    buffer_bytes: int = 32 * MiB        # producer buffer: kera buffer_bytes = Kafka queue.buffering.max.kbytes
+    rate_records_per_s: int = 0         # per producer; 0 = as fast as the system takes them
+    durability: str = "memory"          # kera backups ack from memory; Kafka acks from page cache
+    tags: dict = field(default_factory=dict, compare=False, hash=False)  # the swept values, for tables
+
+    def __post_init__(self) -> None:
+        for name in ("producers", "consumers", "streams", "streamlets", "active_groups",
+                     "replication"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.record_size_bytes < STAMP_BYTES:
+            raise ValueError(f"record_size_bytes must be >= {STAMP_BYTES} (the send-time stamp)")
+        if self.records_per_chunk < 1:
+            raise ValueError(f"chunk_size_bytes={self.chunk_size_bytes} holds no record of "
+                             f"{self.record_size_bytes} bytes")
+        if self.duration_s <= 0 or self.warmup_s < 0:
+            raise ValueError("duration_s must be > 0 and warmup_s >= 0")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def records_per_chunk(self) -> int:
+        """Records of one send unit: what fills one kera chunk (and one Kafka batch)."""
+        return (self.chunk_size_bytes - CHUNK_HEADER_BYTES) // (self.record_size_bytes + RECORD_OVERHEAD_BYTES)
+
+    @property
+    def sub_partitions(self) -> int:
+        return self.streams * self.streamlets * self.active_groups
+
+    @property
+    def effective_virtual_logs(self) -> int | None:
+        if self.virtual_logs == ONE_PER_SUB_PARTITION:
+            return self.sub_partitions
+        return self.virtual_logs
+
+    def kera_layout(self) -> dict:
+        return {"brokers": 1, "backups": self.replication - 1,
+                "virtual_logs": self.effective_virtual_logs}
+
+    def kafka_layout(self) -> dict:
+        return {"brokers": self.replication,
+                "min_insync_replicas": 2 if self.replication >= 3 else 1}
+
+    def label(self) -> str:
+        if self.tags:
+            return " ".join(f"{k}={v}" for k, v in self.tags.items())
+        return self.name
+
+    def replace(self, **changes) -> "Workload":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["records_per_chunk"] = self.records_per_chunk
+        d["sub_partitions"] = self.sub_partitions
+        d["effective_virtual_logs"] = self.effective_virtual_logs
+        d["label"] = self.label()
+        return d
+
+
+# ---------------------------------------------------------------------- assignments
+
+def producer_streams(w: Workload, index: int) -> list[int]:
+    """Streams producer `index` writes to: its share when there are enough, else all of them."""
+    if w.streams >= w.producers:
+        return [s for s in range(w.streams) if s % w.producers == index]
+    return list(range(w.streams))
+
+
+def consumer_partitions(w: Workload, index: int) -> dict[int, list[int]]:
+    """{stream: [streamlets]} consumer `index` reads: every (stream, streamlet) pair exactly once
+    over all consumers, dealt round-robin."""
+    out: dict[int, list[int]] = {}
+    k = 0
+    for s in range(w.streams):
+        for sl in range(w.streamlets):
+            if k % w.consumers == index:
+                out.setdefault(s, []).append(sl)
+            k += 1
+    return out
+
+
+# ---------------------------------------------------------------------- presets
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    workloads: tuple
+    repeats: int = 2                   # kera/Kafka pairs per workload (medians over them)
+    ceiling_bytes: int = 256 * MiB     # bytes moved by the raw pyzmq ceiling per chunk size
+
+
+def _quick() -> Preset:
+    base = Workload("quick", producers=1, consumers=1, streams=2, streamlets=2,
+                    chunk_size_bytes=16 * KiB, warmup_s=1.5, duration_s=4.0,
+                    tags={"streams": 2, "R": 1})
+    return Preset("quick", "one small configuration, R=1, a smoke run of the whole harness "
+                  "(under two minutes)", (base,), repeats=2, ceiling_bytes=128 * MiB)
+
+
+def _streams() -> Preset:
+    out = []
+    for r in (1, 2, 3):
+        for s in (8, 32, 128, 512):
+            out.append(Workload(f"streams-{s}-r{r}", producers=2, consumers=2, streams=s,
+                                streamlets=1, replication=r, chunk_size_bytes=1 * KiB,
+                                warmup_s=2.0, duration_s=5.0, tags={"R": r, "streams": s}))
+    return Preset("streams", "scaling streams 8..512 with 1 KiB chunks, R=1/2/3 "
+                  "(KerA Figs. 8, 10, 12)", tuple(out))
+
+
+def _clients() -> Preset:
+    out = []
+    for pc in (1, 2, 4):
+        out.append(Workload(f"clients-{pc}", producers=pc, consumers=pc, streams=128,
+                            streamlets=1, replication=1, chunk_size_bytes=16 * KiB,
+                            warmup_s=2.0, duration_s=5.0,
+                            tags={"producers": pc, "consumers": pc}))
+    return Preset("clients", "128 streams, 16 KiB chunks, 1/2/4 producer and consumer processes "
+                  "(KerA Fig. 9)", tuple(out))
+
+
+def _throughput() -> Preset:
+    out = []
+    for r in (1, 3):
+        for kib in (4, 16, 64):
+            out.append(Workload(f"throughput-{kib}k-r{r}", producers=2, consumers=2, streams=1,
+                                streamlets=32, active_groups=4, replication=r,
+                                chunk_size_bytes=kib * KiB, warmup_s=2.0, duration_s=5.0,
+                                tags={"R": r, "chunk_KiB": kib}))
+    return Preset("throughput", "one stream of 32 streamlets x 4 active groups, chunks of "
+                  "4-64 KiB, R=1/3 (KerA Figs. 11, 17)", tuple(out))
+
+
+def _vlogs() -> Preset:
+    out = []
+    for v in (1, 4, 32, ONE_PER_SUB_PARTITION):
+        w = Workload(f"vlogs-{v or 'all'}", producers=2, consumers=2, streams=16, streamlets=4,
+                     active_groups=2, replication=3, virtual_logs=v, chunk_size_bytes=4 * KiB,
+                     warmup_s=2.0, duration_s=5.0)
+        out.append(w.replace(tags={"V": w.effective_virtual_logs}))
+    return Preset("vlogs", "R=3 with 1, 4, 32 and one virtual log per sub-partition "
+                  "(16 streams x 4 streamlets x 2 groups; KerA Figs. 13-16)", tuple(out))
+
+
+PRESETS = {p.name: p for p in (_quick(), _streams(), _clients(), _throughput(), _vlogs())}
