@@ -128,7 +128,8 @@ class KafkaProducerClient:
     def __init__(self, bootstrap: str, prefix: str, w: Workload, producer_index: int):
         from confluent_kafka import Producer
 
-        self.p = Producer({"bootstrap.servers": bootstrap, **kafka_producer_settings(w)})
+        self.p = Producer({"bootstrap.servers": bootstrap, **kafka_producer_settings(w),
+                           "on_delivery": self._on_error})
         self.prefix = prefix
         self.partitions = w.streamlets
         self.record_size = w.record_size_bytes
@@ -149,12 +150,11 @@ class KafkaProducerClient:
         blob = values.tobytes()
         size = self.record_size
         produce = self.p.produce
-        on_error = self._on_error
         i = 0
         n = len(values)
         while i < n:
             try:
-                produce(name, blob[i * size:(i + 1) * size], partition=part, on_delivery=on_error)
+                produce(name, blob[i * size:(i + 1) * size], partition=part)
                 i += 1
             except BufferError:  # queue full (buffer_bytes): let deliveries drain
                 self.p.poll(KAFKA_QUEUE_FULL_POLL_S)

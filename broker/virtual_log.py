@@ -11,7 +11,8 @@ virtual segment has acknowledged it, and references are walked strictly in order
 durable head (each group is served by exactly one virtual log) only moves forward over whole
 chunks. A replica whose backup times out or fails is replaced by another backup that starts
 empty: everything the virtual segment holds is sent again from offset 0, and the durable walk
-waits for the new replica, so nothing is acknowledged on fewer than R copies.
+waits for the new replica, so nothing is acknowledged on fewer than R copies. With no other
+backup free, the same one is retried after a pause (see _replica_failed).
 
 Choice (documented in broker/README): one virtual log carries one replication factor and one
 durability mode; the broker keeps V logs per (R, durability) pair that occurs. A log's writes
@@ -39,6 +40,8 @@ WRITE_CHUNKS_MAX = wire.MAX_FRAMES
 # them died) are re-sent one at a time per log, so a backup loss cannot flood the network.
 BACKGROUND_VSEGS_MAX = 1
 THROTTLE_BACKOFF_S = 0.05
+# A failed backup that cannot be replaced (no other is free) is retried after this pause.
+RETRY_SAME_BACKUP_S = 0.5
 
 
 @dataclass(slots=True, eq=False)
@@ -292,21 +295,42 @@ class VirtualLog:
 
     def _replica_failed(self, vs: VirtualSegment, r: Replica, error: KeraError, now: float) -> None:
         if error.code == "throttled":
-            # The backup is alive but full of unflushed buffers: retry it after a pause from
-            # what it acknowledged. Writes still in flight to it will be refused (their offset
-            # no longer matches), and their replies are disowned by the new generation.
-            r.gen += 1
-            r.in_flight = 0
-            r.sent_idx, r.sent_bytes = r.acked_idx, r.acked_bytes
-            r.close_sent = r.close_acked
-            r.retry_at = now + THROTTLE_BACKOFF_S
+            # Alive but full of unflushed buffers: the same backup, after a pause.
+            self._retry_same(r, now + THROTTLE_BACKOFF_S, from_zero=False)
             self.counters.add("replication_throttled")
+            return
+        self.counters.add("replica_failures")
+        exclude = {x.backup_id for x in vs.replicas if x is not None}
+        exclude.update(bid for bid, until in vs.excluded.items() if until > now)
+        used_nodes = {x.node for x in vs.replicas if x is not None and x is not r}
+        if self.pool.choose(exclude, used_nodes, now) is None:
+            # No other backup to move to: keep this one. After a timeout or a storage error
+            # resend from what it acknowledged (the protocol makes a repeated write
+            # idempotent); after anything else (its replica is not what we think) restart it
+            # from offset 0 (the same chunks in the same order).
+            from_zero = error.code not in ("timeout", "storage_error")
+            log.warning("vlog %d vseg %d: backup %d (%s) failed (%s: %s) and no other is free; "
+                        "retrying it%s", self.id, vs.number, r.backup_id, r.address, error.code,
+                        error.message, " from offset 0" if from_zero else "")
+            self._retry_same(r, now + RETRY_SAME_BACKUP_S, from_zero)
             return
         log.warning("vlog %d vseg %d: backup %d (%s) failed (%s: %s); re-replicating elsewhere",
                     self.id, vs.number, r.backup_id, r.address, error.code, error.message)
-        self.counters.add("replica_failures")
         self._drop_replica(vs, r, now)
         self.pool.suspect(r.backup_id, now + self.exclude_s)
+
+    @staticmethod
+    def _retry_same(r: Replica, retry_at: float, from_zero: bool) -> None:
+        """Rewind a replica: writes still in flight to it are disowned (new generation) and will
+        be refused by the backup anyway (their offsets no longer match what it stores)."""
+        r.gen += 1
+        r.in_flight = 0
+        if from_zero:
+            r.acked_idx = r.acked_bytes = 0
+            r.close_acked = False
+        r.sent_idx, r.sent_bytes = r.acked_idx, r.acked_bytes
+        r.close_sent = r.close_acked
+        r.retry_at = retry_at
 
     def _drop_replica(self, vs: VirtualSegment, r: Replica, now: float) -> None:
         slot = next(i for i, x in enumerate(vs.replicas) if x is r)

@@ -328,6 +328,35 @@ class KafkaCluster:
         self._wait_for(lambda: self._topic_ready(name, partitions), timeout,
                        f"topic {name!r} partitions to get leaders")
 
+    def create_topics(self, names: list[str], partitions: int = 1, replication: int = 1,
+                      min_insync: int | None = None, timeout: float = TOPIC_TIMEOUT_S) -> None:
+        """Create many topics in one request and wait until every partition has a leader."""
+        from confluent_kafka.admin import NewTopic
+
+        config = {} if min_insync is None else {"min.insync.replicas": str(min_insync)}
+        futures = self.admin().create_topics(
+            [NewTopic(n, num_partitions=partitions, replication_factor=replication, config=config)
+             for n in names], request_timeout=timeout)
+        for name, future in futures.items():
+            try:
+                future.result(timeout=timeout)
+            except Exception as exc:  # KafkaException or TimeoutError
+                raise KafkaClusterError(f"create_topics({name!r}) failed: {exc}") from exc
+        wanted = set(names)
+        self._wait_for(lambda: self._topics_ready(wanted, partitions), timeout,
+                       f"{len(names)} topics' partitions to get leaders")
+
+    def delete_topics(self, names: list[str], timeout: float = TOPIC_TIMEOUT_S) -> None:
+        """Delete topics (their log files go in the background)."""
+        if not names:
+            return
+        futures = self.admin().delete_topics(list(names), request_timeout=timeout)
+        for name, future in futures.items():
+            try:
+                future.result(timeout=timeout)
+            except Exception as exc:  # noqa: BLE001
+                raise KafkaClusterError(f"delete_topics({name!r}) failed: {exc}") from exc
+
     def admin(self):
         """A confluent_kafka AdminClient for this cluster (cached)."""
         from confluent_kafka.admin import AdminClient
@@ -451,6 +480,16 @@ class KafkaCluster:
         if topic is None or topic.error is not None or len(topic.partitions) != partitions:
             return False
         return all(p.leader >= 0 and p.error is None for p in topic.partitions.values())
+
+    def _topics_ready(self, names: set[str], partitions: int) -> bool:
+        topics = self.admin().list_topics(timeout=10).topics
+        for name in names:
+            topic = topics.get(name)
+            if topic is None or topic.error is not None or len(topic.partitions) != partitions:
+                return False
+            if not all(p.leader >= 0 and p.error is None for p in topic.partitions.values()):
+                return False
+        return True
 
     def _wait_for(self, condition, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout

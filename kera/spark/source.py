@@ -59,6 +59,8 @@ class KeraDataSource(DataSource):
         return KeraBatchWriter(Options.parse(self.options), schema)
 
     def streamWriter(self, schema, overwrite: bool):
+        # overwrite is Spark's "complete" output mode: as Spark's Kafka sink does, append the
+        # whole result table at every trigger (Spark offers Python sinks no "update" mode).
         from kera.spark.sink import KeraStreamWriter
         return KeraStreamWriter(Options.parse(self.options), schema)
 

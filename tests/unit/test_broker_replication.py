@@ -199,6 +199,37 @@ def test_backup_error_replaces_it(error):
     assert b.take_replies() == [("a", [[0, 0, 0]])]
 
 
+def test_a_lone_backup_that_times_out_is_retried_from_what_it_acknowledged():
+    b = broker(backups=(1,))
+    fb = FakeBackups()
+    b.produce("a", [make(seq=0)], 0.0)
+    [w1] = b.sync(0.0)
+    ack(b, fb, [w1])
+    assert len(b.take_replies()) == 1
+    b.produce("b", [make(seq=1)], 1.0)
+    [w2] = b.sync(1.0)
+    b.tick(1.0 + TIMEOUT)                          # no other backup to move to
+    assert b.sync(1.0 + TIMEOUT) == []             # a pause first
+    [w3] = b.sync(1.5 + TIMEOUT)
+    assert w3.backup_id == 1 and w3.fields["offset"] == w1.end_bytes
+    ack(b, fb, [w3])
+    assert b.take_replies() == [("b", [[0, 0, 4]])]
+
+
+def test_a_lone_backup_that_lost_its_replica_is_restarted_from_zero():
+    b = broker(backups=(1,))
+    fb = FakeBackups()
+    b.produce("a", [make(seq=0)], 0.0)
+    ack(b, fb, b.sync(0.0))
+    b.produce("b", [make(seq=1)], 0.0)
+    [w2] = b.sync(0.0)
+    b.write_done(w2, None, BadRequest("unknown replica at offset > 0"), 0.1)
+    [w3] = b.sync(1.0)
+    assert w3.backup_id == 1 and w3.fields["offset"] == 0 and w3.chunks == 2
+    ack(b, fb, [w3])
+    assert b.take_replies()[-1] == ("b", [[0, 0, 4]])
+
+
 def test_wrong_length_in_the_reply_is_a_failure():
     b = broker()
     b.produce("a", [make(seq=0)], 0.0)

@@ -1,0 +1,223 @@
+"""`python -m bench` / `kera bench`: run a preset of workloads on kera and Apache Kafka.
+
+    python -m bench --preset quick
+    python -m bench --preset streams --where R=3 --set duration_s=3 --repeats 1
+    python -m bench --list
+
+Writes results/<date>-<preset>/{results.json, results.md, *.png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import logging
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+from . import report
+from .ceiling import zmq_ceiling
+from .progress import make_progress
+from .runner import TrialResult, run_trial
+from .systems import make_system
+from .workload import PRESETS, Workload
+
+log = logging.getLogger(__name__)
+
+SYSTEM_ORDER = ("kera", "kafka")   # alternation within each repeat: kera, Kafka, kera, Kafka ...
+
+
+def run_benchmark(workloads: list[Workload], *, preset: str, description: str, repeats: int,
+                  out_dir: Path, systems=SYSTEM_ORDER, ceiling_bytes: int = 0,
+                  work_dir: Path | None = None, plots: bool = True, progress=None) -> dict:
+    """Run every workload `repeats` times on each system, alternating; write the results."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    progress = progress or make_progress(len(workloads) * repeats * len(systems))
+    results = {"preset": preset, "description": description,
+               "started": datetime.datetime.now().isoformat(timespec="seconds"),
+               "machine": report.machine_info(), "repeats": repeats, "systems": list(systems),
+               "ceiling": {}, "configurations": [], "errors": [], "files": {}}
+    try:
+        if ceiling_bytes:
+            for chunk in sorted({w.chunk_size_bytes for w in workloads}):
+                progress.note(f"raw pyzmq ceiling, {chunk} B frames, {ceiling_bytes >> 20} MiB")
+                c = zmq_ceiling(ceiling_bytes, frame_bytes=chunk)
+                results["ceiling"][str(chunk)] = c
+                progress.note(f"ceiling: {c['bytes_per_s'] / 1e6:,.0f} MB/s")
+        with tempfile.TemporaryDirectory(prefix="kera-bench-", dir=work_dir) as tmp:
+            _run_all(workloads, repeats, systems, Path(tmp), results, out_dir, progress)
+        if plots:
+            results["files"]["plots"] = [p.name for p in report.write_plots(out_dir, results)]
+    finally:
+        results["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+        results["files"]["json"] = report.write_json(out_dir, results).name
+        results["files"]["markdown"] = report.write_markdown(out_dir, results).name
+        report.write_json(out_dir, results)
+        progress.close()
+    return results
+
+
+def _run_all(workloads, repeats, systems, work_dir: Path, results: dict, out_dir: Path,
+             progress) -> None:
+    running = {name: make_system(name, work_dir) for name in systems}
+    try:
+        for ci, w in enumerate(workloads):
+            config = {"workload": w.to_dict(), "trials": []}
+            for name, system in running.items():
+                config[name] = system.settings(w)
+            results["configurations"].append(config)
+            broken: set[str] = set()
+            for repeat in range(repeats):
+                for name, system in running.items():
+                    what = f"{w.label()} {name} #{repeat + 1}"
+                    progress.trial_started(what)
+                    if name in broken:
+                        progress.trial_done(f"{what}: skipped (failed before)")
+                        continue
+                    try:
+                        system.ensure(w)
+                        trial = run_trial(system, w, f"t{ci:02d}-{repeat}-{name}", repeat)
+                    except Exception:  # noqa: BLE001 - recorded; the run goes on
+                        err = traceback.format_exc()
+                        results["errors"].append({"label": w.label(), "system": name,
+                                                  "repeat": repeat, "error": err})
+                        progress.trial_done(f"{what}: FAILED {err.strip().splitlines()[-1]}")
+                        broken.add(name)
+                        system.stop()   # a fresh cluster for the next configuration
+                        continue
+                    config["trials"].append(trial.to_dict())
+                    progress.trial_done(_one_line(what, trial))
+            config["summary"] = report.summarize(config)
+            report.write_json(out_dir, results)
+            report.write_markdown(out_dir, results)
+    finally:
+        for system in running.values():
+            system.stop()
+
+
+def _one_line(what: str, t: TrialResult) -> str:
+    p99 = "-" if t.latency_p99_ms is None else f"{t.latency_p99_ms:.1f}"
+    cpu = "-" if t.cpu_s_per_million is None else f"{t.cpu_s_per_million:.1f}"
+    ok = "ok" if t.consumed == t.acked and t.drained else f"MISMATCH consumed {t.consumed}"
+    return (f"{what}: produce {t.producer_records_per_s:,.0f} rec/s "
+            f"({t.producer_mb_per_s:.1f} MB/s), consume {t.consumer_records_per_s:,.0f} rec/s, "
+            f"p99 {p99} ms, {cpu} CPU s/Mrec, acked {t.acked:,} {ok}, "
+            f"machine busy {t.machine_busy_fraction:.0%}")
+
+
+# ---------------------------------------------------------------------- selection
+
+def _parse_value(field: dataclasses.Field, text: str):
+    if text.lower() in ("none", "null"):
+        return None
+    kind = str(field.type)
+    if "int" in kind and "float" not in kind:
+        return int(text)
+    if "float" in kind:
+        return float(text)
+    return text
+
+
+def apply_overrides(workloads: list[Workload], pairs: list[str]) -> list[Workload]:
+    fields = {f.name: f for f in dataclasses.fields(Workload)}
+    changes = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in fields or key in ("name", "tags"):
+            raise SystemExit(f"--set {pair!r}: expected FIELD=VALUE with FIELD one of "
+                             f"{', '.join(k for k in fields if k not in ('name', 'tags'))}")
+        changes[key] = _parse_value(fields[key], value)
+    return [w.replace(**changes) for w in workloads]
+
+
+def select(workloads: list[Workload], pairs: list[str]) -> list[Workload]:
+    """Keep workloads whose tag (or field) KEY equals VALUE for every KEY=VALUE."""
+    out = []
+    for w in workloads:
+        keep = True
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            actual = w.tags.get(key, getattr(w, key, None))
+            keep &= str(actual) == value
+        if keep:
+            out.append(w)
+    return out
+
+
+def default_out_dir(preset: str) -> Path:
+    return Path("results") / f"{datetime.datetime.now():%Y-%m-%d-%H%M%S}-{preset}"
+
+
+# ---------------------------------------------------------------------- command line
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="quick", choices=sorted(PRESETS),
+                   help="which set of workloads (default: %(default)s)")
+    p.add_argument("--list", action="store_true", help="list the presets and their workloads")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="kera/Kafka trial pairs per configuration (default: the preset's)")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                   help="only configurations whose tag or field KEY is VALUE (e.g. R=3); repeat")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a workload field in every configuration (e.g. duration_s=3)")
+    p.add_argument("--systems", default=",".join(SYSTEM_ORDER),
+                   help="comma-separated systems to run (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results directory (default: results/<date>-<preset>)")
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="where cluster data goes (default: the system's temp dir)")
+    p.add_argument("--no-ceiling", action="store_true", help="skip the raw pyzmq ceiling")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--plain", action="store_true", help="plain progress lines even with rich")
+    p.add_argument("--log-level", default="WARNING", type=str.upper,
+                   help="log level on stderr (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=getattr(logging, args.log_level, logging.WARNING), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.list:
+        for p in PRESETS.values():
+            print(f"{p.name}: {p.description} (repeats {p.repeats})")
+            for w in p.workloads:
+                print(f"    {w.label():30s} P={w.producers} C={w.consumers} S={w.streams} "
+                      f"streamlets={w.streamlets} Q={w.active_groups} R={w.replication} "
+                      f"V={w.effective_virtual_logs or 'default'} chunk={w.chunk_size_bytes} "
+                      f"window={w.duration_s}s")
+        return 0
+    preset = PRESETS[args.preset]
+    workloads = select(apply_overrides(list(preset.workloads), args.set), args.where)
+    if not workloads:
+        print(f"no configuration of preset {preset.name!r} matches {args.where}", file=sys.stderr)
+        return 2
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    bad = [s for s in systems if s not in SYSTEM_ORDER]
+    if bad or not systems:
+        print(f"--systems: unknown {bad}; choose from {', '.join(SYSTEM_ORDER)}", file=sys.stderr)
+        return 2
+    repeats = args.repeats or preset.repeats
+    out_dir = args.out or default_out_dir(preset.name)
+    progress = make_progress(len(workloads) * repeats * len(systems), plain=args.plain)
+    progress.note(f"preset {preset.name}: {len(workloads)} configuration(s) x {repeats} "
+                  f"repeat(s) x {', '.join(systems)}; results in {out_dir}")
+    results = run_benchmark(workloads, preset=preset.name, description=preset.description,
+                            repeats=repeats, out_dir=out_dir, systems=systems,
+                            ceiling_bytes=0 if args.no_ceiling else preset.ceiling_bytes,
+                            work_dir=args.work_dir, plots=not args.no_plots, progress=progress)
+    print(report.markdown(results))
+    print(f"results: {out_dir}/", file=sys.stderr)
+    return 1 if results["errors"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench",
+                                     description="Benchmark kera against Apache Kafka.")
+    add_arguments(parser)
+    try:
+        return run(parser.parse_args(argv))
+    except KeyboardInterrupt:
+        return 130

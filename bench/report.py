@@ -1,0 +1,180 @@
+"""Results: one JSON with every setting and trial, a markdown table, PNG plots (kera vs Kafka).
+
+Each configuration's numbers are the medians over its alternating trials, and the ratio is
+kera / Kafka of those medians (for latency and CPU, lower is better: a ratio below 1 favours
+kera there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+from .runner import METRICS, TrialResult, median_of
+
+SYSTEMS = ("kera", "kafka")
+PLOTS = {  # file: (title, metric, y label)
+    "producer_throughput.png": ("Acknowledged producer throughput", "producer_records_per_s",
+                                "records/s"),
+    "consumer_throughput.png": ("Consumer throughput", "consumer_records_per_s", "records/s"),
+    "latency_p99.png": ("End-to-end latency p99 (send to receipt)", "latency_p99_ms", "ms"),
+    "latency_p50.png": ("End-to-end latency p50 (send to receipt)", "latency_p50_ms", "ms"),
+    "cpu_per_million.png": ("CPU per million records (servers + clients)", "cpu_s_per_million",
+                            "CPU seconds / 1M records"),
+}
+
+
+def summarize(config: dict) -> dict:
+    """Medians per system and kera/Kafka ratios for one configuration's trials."""
+    trials = [TrialResult(**t) for t in config["trials"]]
+    medians = {s: {m: median_of([t for t in trials if t.system == s], m) for m in METRICS}
+               for s in SYSTEMS}
+    ratios = {}
+    for m in METRICS:
+        a, b = medians["kera"][m], medians["kafka"][m]
+        ratios[m] = a / b if a is not None and b else None
+    integrity = {s: all(t.drained and t.consumed == t.acked and t.failed == 0
+                        for t in trials if t.system == s) for s in SYSTEMS}
+    return {"medians": medians, "ratios": ratios, "integrity_ok": integrity,
+            "trials_per_system": {s: sum(t.system == s for t in trials) for s in SYSTEMS},
+            "machine_busy_fraction": median_of(trials, "machine_busy_fraction"),
+            "other_cpu_s": median_of(trials, "other_cpu_s")}
+
+
+def machine_info() -> dict:
+    return {"cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "load_average": os.getloadavg()}
+
+
+def write_json(out_dir: Path, results: dict) -> Path:
+    path = out_dir / "results.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=str))
+    tmp.replace(path)
+    return path
+
+
+def _fmt(v, digits: int = 0) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and digits == 0 and abs(v) >= 100:
+        return f"{v:,.0f}"
+    if isinstance(v, float):
+        return f"{v:,.{max(digits, 2)}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def _ratio(v) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def markdown(results: dict) -> str:
+    lines = [f"# kera vs Apache Kafka — preset `{results['preset']}`", "",
+             f"{results['description']}", "",
+             f"Started {results['started']}, {results['machine']['cpus']} CPUs, load average at "
+             f"start {', '.join(f'{x:.1f}' for x in results['machine']['load_average'])}. "
+             "The machine is shared: `busy` is the whole machine's CPU use during the measured "
+             "windows (of all cores), `other` the CPU seconds used by processes outside the "
+             "system and its clients. Numbers are medians over alternating trials "
+             "(kera, Kafka, kera, Kafka, ...); ratios are kera / Kafka.", ""]
+    ceil = results.get("ceiling") or {}
+    if ceil:
+        lines += ["Raw pyzmq ROUTER/DEALER ceiling (same bytes, no work; measured in this run): " +
+                  "; ".join(f"{int(k) // 1024} KiB frames {v['bytes_per_s'] / 1e6:,.0f} MB/s"
+                            for k, v in sorted(ceil.items(), key=lambda kv: int(kv[0]))), ""]
+    lines += ["| configuration | system | producer rec/s | producer MB/s | consumer rec/s | "
+              "p50 ms | p99 ms | CPU s/Mrec | server CPU s/Mrec | of ceiling | acked = consumed |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for config in results["configurations"]:
+        s = config["summary"]
+        label = config["workload"]["label"]
+        ceiling = (ceil.get(str(config["workload"]["chunk_size_bytes"])) or {}).get("bytes_per_s")
+        for system in SYSTEMS:
+            m = s["medians"][system]
+            if not s["trials_per_system"][system]:
+                continue
+            frac = "-"
+            if ceiling and m["producer_mb_per_s"] is not None:
+                frac = f"{m['producer_mb_per_s'] * 1e6 / ceiling:.1%}"
+            lines.append(
+                f"| {label} | {system} | {_fmt(m['producer_records_per_s'])} | "
+                f"{_fmt(m['producer_mb_per_s'], 1)} | {_fmt(m['consumer_records_per_s'])} | "
+                f"{_fmt(m['latency_p50_ms'], 1)} | {_fmt(m['latency_p99_ms'], 1)} | "
+                f"{_fmt(m['cpu_s_per_million'], 2)} | {_fmt(m['server_cpu_s_per_million'], 2)} | "
+                f"{frac} | {'yes' if s['integrity_ok'][system] else 'NO'} |")
+        r = s["ratios"]
+        lines.append(
+            f"| {label} | **kera/Kafka** | **{_ratio(r['producer_records_per_s'])}** | | "
+            f"**{_ratio(r['consumer_records_per_s'])}** | {_ratio(r['latency_p50_ms'])} | "
+            f"{_ratio(r['latency_p99_ms'])} | {_ratio(r['cpu_s_per_million'])} | "
+            f"{_ratio(r['server_cpu_s_per_million'])} | | busy "
+            f"{(s['machine_busy_fraction'] or 0):.0%}, other {(s['other_cpu_s'] or 0):.1f} s |")
+    lines += ["", "## Settings", "",
+              "Every configuration's workload, kera and Kafka settings are in `results.json` "
+              "(`configurations[].workload`, `.kera`, `.kafka`). Layout of R copies: kera runs "
+              "1 broker + R-1 backups (+ coordinator); Kafka runs R brokers, replication factor "
+              "R, acks=all, min.insync.replicas=2 when R >= 3. Both clusters of a configuration "
+              "stay up while the other system's trial runs.", ""]
+    for config in results["configurations"]:
+        w = config["workload"]
+        lines.append(f"- **{w['label']}**: P={w['producers']} C={w['consumers']} S={w['streams']} "
+                     f"streamlets={w['streamlets']} Q={w['active_groups']} R={w['replication']} "
+                     f"V={w['effective_virtual_logs'] or 'default'} chunk={w['chunk_size_bytes']} B "
+                     f"({w['records_per_chunk']} records) linger={w['linger_ms']} ms "
+                     f"record={w['record_size_bytes']} B warm-up={w['warmup_s']} s "
+                     f"window={w['duration_s']} s rate={w['rate_records_per_s'] or 'max'}")
+    if results.get("errors"):
+        lines += ["", "## Errors", ""] + [f"- {e['label']} {e['system']}: "
+                                          f"{e['error'].strip().splitlines()[-1]}"
+                                          for e in results["errors"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(out_dir: Path, results: dict) -> Path:
+    path = out_dir / "results.md"
+    path.write_text(markdown(results))
+    return path
+
+
+def write_plots(out_dir: Path, results: dict) -> list[Path]:
+    """One grouped bar chart per metric: kera and Kafka per configuration, ratio on top."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = results["configurations"]
+    if not configs:
+        return []
+    labels = [c["workload"]["label"] for c in configs]
+    paths = []
+    for filename, (title, metric, ylabel) in PLOTS.items():
+        kera = [c["summary"]["medians"]["kera"][metric] or 0.0 for c in configs]
+        kafka = [c["summary"]["medians"]["kafka"][metric] or 0.0 for c in configs]
+        width = 0.38
+        fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(configs) + 2), 4.2))
+        xs = range(len(configs))
+        ax.bar([x - width / 2 for x in xs], kera, width, label="kera", color="#1f77b4")
+        ax.bar([x + width / 2 for x in xs], kafka, width, label="Apache Kafka", color="#ff7f0e")
+        top = max(kera + kafka + [1e-9])
+        for x, c in zip(xs, configs):
+            r = c["summary"]["ratios"][metric]
+            if r is not None:
+                h = max(c["summary"]["medians"]["kera"][metric] or 0,
+                        c["summary"]["medians"]["kafka"][metric] or 0)
+                ax.text(x, h + top * 0.02, f"{r:.2f}x", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(labels, rotation=30 if len(configs) > 4 else 0, ha="right"
+                           if len(configs) > 4 else "center", fontsize=8)
+        ax.set_ylim(0, top * 1.15)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title} — preset {results['preset']} (ratio kera/Kafka)", fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        path = out_dir / filename
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths

@@ -1,0 +1,167 @@
+"""The two systems under test: start a cluster shaped for a workload, create and delete its
+streams/topics, name the server processes whose CPU counts.
+
+A cluster is kept across trials while the workloads need the same shape (so the alternating
+kera/Kafka trials of one configuration reuse both), and restarted when the shape changes.
+Each trial gets fresh streams/topics under its own name prefix, deleted afterwards.
+
+How R copies are laid out (documented in the results):
+- kera: 1 broker + R-1 backup processes (+ the coordinator); the broker replicates through its
+  virtual logs; backups acknowledge from memory and flush to disk in the background.
+- Kafka: R brokers (combined broker+controller KRaft nodes), replication factor R, producers
+  with acks=all, min.insync.replicas=2 when R >= 3 (Kafka's recommended setting), else 1
+  (acks=all still waits for every in-sync replica). Logs go to the page cache (Kafka default).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from .clients import kafka_consumer_settings, kafka_producer_settings, kera_producer_settings, \
+    stream_name
+from .workload import Workload
+
+log = logging.getLogger(__name__)
+
+KERA_READY_TIMEOUT_S = 120.0
+KAFKA_HEAP = "1g"
+
+
+class KeraSystem:
+    name = "kera"
+
+    def __init__(self, work_dir: Path):
+        self.work_dir = Path(work_dir) / "kera"
+        self.cluster = None
+        self.layout: dict | None = None
+        self.starts = 0
+
+    def ensure(self, w: Workload) -> None:
+        layout = w.kera_layout()
+        if self.cluster is not None and layout == self.layout:
+            return
+        self.stop()
+        from kera.local import LocalCluster
+
+        self.starts += 1
+        data_dir = self.work_dir / f"cluster-{self.starts}"
+        self.cluster = LocalCluster(data_dir, brokers=layout["brokers"], backups=layout["backups"],
+                                    virtual_logs=layout["virtual_logs"], log_level="WARNING")
+        self.layout = layout
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    def server_pids(self) -> list[int]:
+        return [d.pid for d in self.cluster.daemons if d.pid is not None]
+
+    def create(self, prefix: str, w: Workload) -> None:
+        from kera.admin import Admin
+
+        with Admin(self.bootstrap, timeout_s=KERA_READY_TIMEOUT_S) as admin:
+            names = [stream_name(prefix, s) for s in range(w.streams)]
+            for name in names:
+                admin.create_stream(name, streamlets=w.streamlets, active_groups=w.active_groups,
+                                    replication=w.replication, durability=w.durability,
+                                    wait_ready=False)
+            deadline = time.monotonic() + KERA_READY_TIMEOUT_S
+            for name in names:
+                admin.wait_ready(name, max(1.0, deadline - time.monotonic()))
+
+    def delete(self, prefix: str, w: Workload) -> None:
+        from kera.admin import Admin
+
+        with Admin(self.bootstrap) as admin:
+            for s in range(w.streams):
+                admin.delete_stream(stream_name(prefix, s))
+
+    def settings(self, w: Workload) -> dict:
+        return {"layout": w.kera_layout(), "producer": kera_producer_settings(w),
+                "stream": {"streamlets": w.streamlets, "active_groups": w.active_groups,
+                           "replication": w.replication, "durability": w.durability},
+                "consumer": {"api": "poll_batch", "start": "earliest",
+                             "one_client_per_stream": True},
+                "producer_api": "send_batch, one call per chunk"}
+
+    def check_alive(self) -> None:
+        if self.cluster is not None:
+            self.cluster._check_running()
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+            shutil.rmtree(self.cluster.data_dir, ignore_errors=True)
+            self.cluster = None
+            self.layout = None
+
+
+class KafkaSystem:
+    name = "kafka"
+
+    def __init__(self, work_dir: Path):
+        self.work_dir = Path(work_dir) / "kafka"
+        self.cluster = None
+        self.layout: dict | None = None
+        self.starts = 0
+
+    def ensure(self, w: Workload) -> None:
+        layout = w.kafka_layout()
+        if self.cluster is not None and layout == self.layout:
+            return
+        self.stop()
+        from .kafka.cluster import KafkaCluster
+
+        self.starts += 1
+        self.cluster = KafkaCluster(self.work_dir / f"cluster-{self.starts}",
+                                    brokers=layout["brokers"], heap=KAFKA_HEAP,
+                                    min_insync_replicas=layout["min_insync_replicas"])
+        self.cluster.start()
+        self.layout = layout
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    def server_pids(self) -> list[int]:
+        return [n.process.pid for n in self.cluster.nodes if n.process is not None]
+
+    def create(self, prefix: str, w: Workload) -> None:
+        self.cluster.create_topics([stream_name(prefix, s) for s in range(w.streams)],
+                                   partitions=w.streamlets, replication=w.replication,
+                                   min_insync=w.kafka_layout()["min_insync_replicas"])
+
+    def delete(self, prefix: str, w: Workload) -> None:
+        self.cluster.delete_topics([stream_name(prefix, s) for s in range(w.streams)])
+
+    def settings(self, w: Workload) -> dict:
+        return {"layout": {**w.kafka_layout(), "heap": KAFKA_HEAP, "version": "4.1.2",
+                           "num.network.threads": 3, "num.io.threads": 8},
+                "producer": kafka_producer_settings(w),
+                "topic": {"partitions": w.streamlets, "replication.factor": w.replication},
+                "consumer": {**kafka_consumer_settings(), "api": "consume(10000)",
+                             "assignment": "manual assign() from the beginning"},
+                "producer_api": "produce() per record to an explicit partition, rotating "
+                                "partitions every records_per_chunk records"}
+
+    def check_alive(self) -> None:
+        if self.cluster is not None:
+            self.cluster.check_alive()
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+            shutil.rmtree(self.cluster.work_dir, ignore_errors=True)
+            self.cluster = None
+            self.layout = None
+
+
+def make_system(name: str, work_dir: Path):
+    if name == "kera":
+        return KeraSystem(work_dir)
+    if name == "kafka":
+        return KafkaSystem(work_dir)
+    raise ValueError(f"unknown system {name!r} (kera or kafka)")
