@@ -27,13 +27,16 @@ from .workload import PRESETS, Workload
 
 log = logging.getLogger(__name__)
 
-SYSTEM_ORDER = ("kera", "kafka")   # alternation within each repeat: kera, Kafka, kera, Kafka ...
+SYSTEM_ORDER = ("kera", "kafka")
+WARM_UP_S = 2.0   # alternation within each repeat: kera, Kafka, kera, Kafka ...
 
 
 def run_benchmark(workloads: list[Workload], *, preset: str, description: str, repeats: int,
                   out_dir: Path, systems=SYSTEM_ORDER, ceiling_bytes: int = 0,
-                  work_dir: Path | None = None, plots: bool = True, progress=None) -> dict:
-    """Run every workload `repeats` times on each system, alternating; write the results."""
+                  work_dir: Path | None = None, plots: bool = True, warm_up: bool = True,
+                  progress=None) -> dict:
+    """Run every workload `repeats` times on each system, alternating; write the results.
+    With `warm_up`, each freshly started cluster first runs a short unrecorded trial."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     progress = progress or make_progress(len(workloads) * repeats * len(systems))
@@ -49,7 +52,7 @@ def run_benchmark(workloads: list[Workload], *, preset: str, description: str, r
                 results["ceiling"][str(chunk)] = c
                 progress.note(f"ceiling: {c['bytes_per_s'] / 1e6:,.0f} MB/s")
         with tempfile.TemporaryDirectory(prefix="kera-bench-", dir=work_dir) as tmp:
-            _run_all(workloads, repeats, systems, Path(tmp), results, out_dir, progress)
+            _run_all(workloads, repeats, systems, Path(tmp), results, out_dir, progress, warm_up)
         if plots:
             results["files"]["plots"] = [p.name for p in report.write_plots(out_dir, results)]
     finally:
@@ -62,7 +65,7 @@ def run_benchmark(workloads: list[Workload], *, preset: str, description: str, r
 
 
 def _run_all(workloads, repeats, systems, work_dir: Path, results: dict, out_dir: Path,
-             progress) -> None:
+             progress, warm_up: bool) -> None:
     running = {name: make_system(name, work_dir) for name in systems}
     try:
         for ci, w in enumerate(workloads):
@@ -79,7 +82,9 @@ def _run_all(workloads, repeats, systems, work_dir: Path, results: dict, out_dir
                         progress.trial_done(f"{what}: skipped (failed before)")
                         continue
                     try:
-                        system.ensure(w)
+                        if system.ensure(w) and warm_up:
+                            progress.note(f"{name}: new cluster {system.bootstrap}; warming up")
+                            run_trial(system, warm_up_workload(w), f"w{ci:02d}-{name}")
                         trial = run_trial(system, w, f"t{ci:02d}-{repeat}-{name}", repeat)
                     except Exception:  # noqa: BLE001 - recorded; the run goes on
                         err = traceback.format_exc()
@@ -97,6 +102,14 @@ def _run_all(workloads, repeats, systems, work_dir: Path, results: dict, out_dir
     finally:
         for system in running.values():
             system.stop()
+
+
+def warm_up_workload(w: Workload) -> Workload:
+    """A short unrecorded trial on a freshly started cluster: JIT-compiles Kafka's broker and
+    lets its coordinators load (the first idempotent producer waits for them), for both systems
+    alike."""
+    return w.replace(streams=min(w.streams, 4), warmup_s=0.0, duration_s=WARM_UP_S,
+                     rate_records_per_s=0, tags={})
 
 
 def _one_line(what: str, t: TrialResult) -> str:

@@ -8,7 +8,8 @@ numpy int64 array; `close()` stops.
 
 Each system is driven through its best batch API: kera's `send_batch` (one call per chunk) and
 `poll_batch` (whole chunks, columnar); confluent-kafka has no columnar API, so records go through
-`produce` / `consume` one message object each, which is how Python applications use Kafka.
+`produce_batch` (one dict per record, one call per chunk's worth) and `consume` (one message
+object per record).
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ from .latency import stamps_from_blob, stamps_from_values
 from .workload import Workload
 
 KAFKA_CONSUME_MAX_MESSAGES = 10_000
-KAFKA_POLL_S = 0.05
 KAFKA_QUEUE_FULL_POLL_S = 0.005
-KERA_IDLE_SLEEP_S = 0.001
+IDLE_SLEEP_S = 0.001              # both consumers sleep this long when nothing had arrived
 
 
 def stream_name(prefix: str, index: int) -> str:
@@ -85,7 +85,7 @@ class KeraConsumerClient:
             for batch in c.poll_batch(timeout_s=0):
                 parts.append(stamps_from_blob(batch.values_blob, batch.value_offsets))
         if not parts:
-            time.sleep(KERA_IDLE_SLEEP_S)
+            time.sleep(IDLE_SLEEP_S)
             return None
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
@@ -126,8 +126,9 @@ class KafkaProducerClient:
     send_batch rotates chunks over streamlets."""
 
     def __init__(self, bootstrap: str, prefix: str, w: Workload, producer_index: int):
-        from confluent_kafka import Producer
+        from confluent_kafka import KafkaError, Producer
 
+        self.queue_full = KafkaError._QUEUE_FULL
         self.p = Producer({"bootstrap.servers": bootstrap, **kafka_producer_settings(w),
                            "on_delivery": self._on_error})
         self.prefix = prefix
@@ -149,20 +150,24 @@ class KafkaProducerClient:
         self.next_partition[stream] = part + 1
         blob = values.tobytes()
         size = self.record_size
-        produce = self.p.produce
-        i = 0
         n = len(values)
-        while i < n:
-            try:
-                produce(name, blob[i * size:(i + 1) * size], partition=part)
-                i += 1
-            except BufferError:  # queue full (buffer_bytes): let deliveries drain
-                self.p.poll(KAFKA_QUEUE_FULL_POLL_S)
+        messages = [{"value": blob[i * size:(i + 1) * size]} for i in range(n)]
+        while True:
+            queued = self.p.produce_batch(name, messages, partition=part)
+            if queued == len(messages):
+                break
+            # The queue (buffer_bytes) is full: the tail that did not fit goes again, in order.
+            failed = [m for m in messages if "_error" in m]
+            other = next((m["_error"] for m in failed if m["_error"].code() != self.queue_full), None)
+            if other is not None:
+                raise RuntimeError(f"Kafka produce_batch failed: {other}")
+            messages = [{"value": m["value"]} for m in failed]
+            self.p.poll(KAFKA_QUEUE_FULL_POLL_S)
         self.produced += n
         self.p.poll(0)
 
     def acked(self) -> int:
-        self.p.poll(0)
+        """Records sent and no longer queued nor failed (safe from the sampler thread)."""
         return self.produced - len(self.p) - self.errors
 
     def failed(self) -> int:
@@ -188,8 +193,11 @@ class KafkaConsumerClient:
                        for s, sls in sorted(partitions.items()) for sl in sls])
 
     def poll(self) -> np.ndarray | None:
-        msgs = self.c.consume(num_messages=KAFKA_CONSUME_MAX_MESSAGES, timeout=KAFKA_POLL_S)
+        # timeout=0: take what the client has fetched and return at once (a timeout would make
+        # consume() wait for a full batch); idle like the kera side.
+        msgs = self.c.consume(num_messages=KAFKA_CONSUME_MAX_MESSAGES, timeout=0)
         if not msgs:
+            time.sleep(IDLE_SLEEP_S)
             return None
         values = [m.value() for m in msgs if m.error() is None]
         if len(values) != len(msgs):

@@ -39,10 +39,11 @@ class KeraSystem:
         self.layout: dict | None = None
         self.starts = 0
 
-    def ensure(self, w: Workload) -> None:
+    def ensure(self, w: Workload) -> bool:
+        """Make the cluster fit `w`; True if a new one was started."""
         layout = w.kera_layout()
         if self.cluster is not None and layout == self.layout:
-            return
+            return False
         self.stop()
         from kera.local import LocalCluster
 
@@ -51,6 +52,7 @@ class KeraSystem:
         self.cluster = LocalCluster(data_dir, brokers=layout["brokers"], backups=layout["backups"],
                                     virtual_logs=layout["virtual_logs"], log_level="WARNING")
         self.layout = layout
+        return True
 
     @property
     def bootstrap(self) -> str:
@@ -108,10 +110,11 @@ class KafkaSystem:
         self.layout: dict | None = None
         self.starts = 0
 
-    def ensure(self, w: Workload) -> None:
+    def ensure(self, w: Workload) -> bool:
+        """Make the cluster fit `w`; True if a new one was started."""
         layout = w.kafka_layout()
         if self.cluster is not None and layout == self.layout:
-            return
+            return False
         self.stop()
         from .kafka.cluster import KafkaCluster
 
@@ -121,6 +124,7 @@ class KafkaSystem:
                                     min_insync_replicas=layout["min_insync_replicas"])
         self.cluster.start()
         self.layout = layout
+        return True
 
     @property
     def bootstrap(self) -> str:
@@ -144,8 +148,9 @@ class KafkaSystem:
                 "topic": {"partitions": w.streamlets, "replication.factor": w.replication},
                 "consumer": {**kafka_consumer_settings(), "api": "consume(10000)",
                              "assignment": "manual assign() from the beginning"},
-                "producer_api": "produce() per record to an explicit partition, rotating "
-                                "partitions every records_per_chunk records"}
+                "producer_api": "produce_batch() of records_per_chunk records to one "
+                                "partition, rotating partitions (like kera's keyless "
+                                "send_batch rotates chunks over streamlets)"}
 
     def check_alive(self) -> None:
         if self.cluster is not None:

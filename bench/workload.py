@@ -34,7 +34,7 @@ class Workload:
     record_size_bytes: int = 100        # value bytes (no keys)
     warmup_s: float = 2.0               # excluded from the measurement
     duration_s: float = 5.0             # measured window
-    buffer_bytes: int = 32 * MiB        # producer buffer: kera buffer_bytes = Kafka queue.buffering.max.kbytes
+    buffer_bytes: int = 8 * MiB         # producer buffer: kera buffer_bytes = Kafka queue.buffering.max.kbytes
     rate_records_per_s: int = 0         # per producer; 0 = as fast as the system takes them
     durability: str = "memory"          # kera backups ack from memory; Kafka acks from page cache
     tags: dict = field(default_factory=dict, compare=False, hash=False)  # the swept values, for tables
@@ -128,10 +128,14 @@ class Preset:
 
 def _quick() -> Preset:
     base = Workload("quick", producers=1, consumers=1, streams=2, streamlets=2,
-                    chunk_size_bytes=16 * KiB, warmup_s=1.5, duration_s=4.0,
-                    tags={"streams": 2, "R": 1})
-    return Preset("quick", "one small configuration, R=1, a smoke run of the whole harness "
-                  "(under two minutes)", (base,), repeats=2, ceiling_bytes=128 * MiB)
+                    chunk_size_bytes=16 * KiB, warmup_s=1.0, duration_s=3.0)
+    return Preset("quick", "two small configurations, R=1: as fast as each system goes, and "
+                  "latency at the same offered load (50k records/s); a smoke run of the whole "
+                  "harness (under two minutes)",
+                  (base.replace(tags={"load": "max"}),
+                   base.replace(name="quick-50k", rate_records_per_s=50_000,
+                                tags={"load": "50k rec/s"})),
+                  repeats=2, ceiling_bytes=128 * MiB)
 
 
 def _streams() -> Preset:

@@ -4,6 +4,7 @@
     kera stream create events --streamlets 4 --replication 2
     seq 10 | kera produce events
     kera consume events --from earliest --max-records 10
+    kera bench --preset quick
 
 A KeraError prints one line on stderr and exits 1; a usage error exits 2.
 """
@@ -76,6 +77,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     _add_stats(sub)
     _add_produce(sub)
     _add_consume(sub)
+    # `kera bench ...` is `python -m bench ...` (kera.bench.cli), loaded only when it runs.
+    _add_daemon(sub, "bench", "kera.bench.cli", "benchmark kera against Apache Kafka",
+                load=(wanted == "bench"))
     return parser
 
 

@@ -6,11 +6,16 @@
 Each line is rows/s for the same rows (a 100-byte value each) with Spark `local[2]`:
 
 - write ceiling: generate the rows and drop them (`noop` sink)
+- python sink ceiling: generate the rows and hand them to a Python Arrow sink that drops
+  them: the cost of Spark's Python Data Source write path, which the kera sink also pays
 - kera write:    generate the rows and write them to a kera stream (`df.write.format("kera")`)
 - read ceiling:  generate the rows and drop them again, the cost of a batch scan into Spark
+- python source ceiling: a Python source yielding ready-made Arrow batches of such rows
 - kera read:     `spark.read.format("kera")` of those rows into the `noop` sink
 - stream ceiling / kera stream read: Trigger.AvailableNow over the `rate-micro-batch` source
   vs over the kera stream, into the `noop` sink
+
+Python workers are warmed up first (a small kera write and read).
 
 Numbers are reported, never asserted: this machine is shared and noisy, which is why the
 ceilings run next to the measurements. Best of `--repeat` runs.
@@ -24,7 +29,52 @@ import sys
 import tempfile
 import time
 
+from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader,
+                                    InputPartition, WriterCommitMessage)
+
 VALUE_EXPR = "cast(concat(lpad(cast(id as string), 12, '0'), repeat('x', 88)) as binary)"
+BATCH_ROWS = 10_000
+
+
+class _NullWriter(DataSourceArrowWriter):
+    def write(self, iterator):
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
+
+
+class _ReadyReader(DataSourceReader):
+    def __init__(self, rows: int):
+        self.rows = rows
+
+    def partitions(self):
+        return [InputPartition(self.rows // 2), InputPartition(self.rows - self.rows // 2)]
+
+    def read(self, partition):
+        import pyarrow as pa
+        batch = pa.record_batch([pa.array([b"%012d" % i + b"x" * 88 for i in range(BATCH_ROWS)])],
+                                names=["value"])
+        left = partition.value
+        while left > 0:
+            yield batch.slice(0, min(left, BATCH_ROWS))
+            left -= BATCH_ROWS
+
+
+class PythonCeiling(DataSource):
+    """A Python source and sink doing no work: what Spark's Python Data Source API costs."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "kera_bench_ceiling"
+
+    def schema(self) -> str:
+        return "value binary"
+
+    def reader(self, schema):
+        return _ReadyReader(int(self.options["rows"]))
+
+    def writer(self, schema, overwrite):
+        return _NullWriter()
 
 
 def _best(fn, repeat: int) -> float:
@@ -39,21 +89,41 @@ def _best(fn, repeat: int) -> float:
 def run(spark, bootstrap: str, rows: int, repeat: int = 2, streamlets: int = 2) -> dict[str, float]:
     from kera.admin import Admin
 
-    name = f"bench-{int(time.time() * 1000)}"
-    with Admin(bootstrap) as admin:
-        admin.create_stream(name, streamlets=streamlets, active_groups=1, replication=1)
-    generated = spark.range(0, rows, numPartitions=2).selectExpr(f"{VALUE_EXPR} as value")
-    kera_opts = {"bootstrap": bootstrap, "stream": name}
-    out: dict[str, float] = {}
+    spark.dataSource.register(PythonCeiling)
+    admin = Admin(bootstrap)
 
+    def new_stream() -> dict:
+        name = f"bench-{time.time_ns()}"
+        admin.create_stream(name, streamlets=streamlets, active_groups=1, replication=1)
+        return {"bootstrap": bootstrap, "stream": name}
+
+    def generated(n: int):
+        return spark.range(0, n, numPartitions=2).selectExpr(f"{VALUE_EXPR} as value")
+
+    warm = new_stream()
+    generated(10_000).write.format("kera").options(**warm).mode("append").save()
+    spark.read.format("kera").options(**warm).load().write.format("noop").mode("overwrite").save()
+
+    out: dict[str, float] = {}
+    data = generated(rows)
     out["write ceiling (range -> noop)"] = rows / _best(
-        lambda: generated.write.format("noop").mode("overwrite").save(), repeat)
-    # Written once only: the stream must hold `rows` rows for the reads below.
-    out["kera write (range -> kera)"] = rows / _best(
-        lambda: generated.write.format("kera").options(**kera_opts).mode("append").save(), 1)
+        lambda: data.write.format("noop").mode("overwrite").save(), repeat)
+    out["python sink ceiling (range -> null python sink)"] = rows / _best(
+        lambda: data.write.format("kera_bench_ceiling").mode("append").save(), repeat)
+    targets = []
+
+    def write_kera():
+        targets.append(new_stream())
+        data.write.format("kera").options(**targets[-1]).mode("append").save()
+
+    out["kera write (range -> kera)"] = rows / _best(write_kera, repeat)
+    kera_opts = targets[-1]
 
     out["read ceiling (range -> noop)"] = rows / _best(
-        lambda: generated.selectExpr("value").write.format("noop").mode("overwrite").save(), repeat)
+        lambda: data.write.format("noop").mode("overwrite").save(), repeat)
+    out["python source ceiling (python source -> noop)"] = rows / _best(
+        lambda: spark.read.format("kera_bench_ceiling").option("rows", rows).load()
+        .write.format("noop").mode("overwrite").save(), repeat)
     reader = spark.read.format("kera").options(**kera_opts, minPartitions="2")
     count = reader.load().count()
     assert count == rows, f"read {count} rows back, wrote {rows}"
@@ -78,6 +148,7 @@ def run(spark, bootstrap: str, rows: int, repeat: int = 2, streamlets: int = 2) 
     kera_stream = spark.readStream.format("kera").options(**kera_opts, startingOffsets="earliest",
                                                           minPartitions="2").load()
     out["kera stream read (kera -> noop)"] = rows / _best(lambda: stream(kera_stream), repeat)
+    admin.close()
     return out
 
 

@@ -1,0 +1,80 @@
+"""The harness' pure pieces: workload assignments, send-time stamps, latency percentiles,
+CPU accounting from /proc, preset selection."""
+
+import os
+
+import numpy as np
+import pytest
+
+from bench.cli import apply_overrides, select
+from bench.latency import LatencyHistogram, stamp_rows, stamps_from_blob, stamps_from_values
+from bench.procstat import machine_cpu_s, process_cpu_s, self_cpu_s
+from bench.workload import (ONE_PER_SUB_PARTITION, PRESETS, Workload, consumer_partitions,
+                            producer_streams)
+
+
+def test_every_partition_is_read_by_exactly_one_consumer():
+    w = Workload("w", consumers=3, streams=5, streamlets=4)
+    pairs = [(s, sl) for c in range(3) for s, sls in consumer_partitions(w, c).items() for sl in sls]
+    assert sorted(pairs) == [(s, sl) for s in range(5) for sl in range(4)]
+
+
+def test_producers_share_streams_or_all_write_every_stream():
+    many = Workload("w", producers=2, streams=5)
+    assert producer_streams(many, 0) + producer_streams(many, 1) == [0, 2, 4, 1, 3]
+    few = Workload("w", producers=4, streams=2)
+    assert all(producer_streams(few, p) == [0, 1] for p in range(4))
+
+
+def test_records_per_chunk_fit_a_kera_chunk():
+    w = Workload("w", chunk_size_bytes=16384, record_size_bytes=100)
+    assert w.records_per_chunk == (16384 - 68) // 112
+    with pytest.raises(ValueError):
+        Workload("w", chunk_size_bytes=100, record_size_bytes=100)
+
+
+def test_layouts_for_replication():
+    w = Workload("w", replication=3, streams=2, streamlets=4, active_groups=2,
+                 virtual_logs=ONE_PER_SUB_PARTITION)
+    assert w.kera_layout() == {"brokers": 1, "backups": 2, "virtual_logs": 16}
+    assert w.kafka_layout() == {"brokers": 3, "min_insync_replicas": 2}
+
+
+def test_stamps_survive_both_decoders():
+    values = np.zeros((4, 20), dtype=np.uint8)
+    stamp_rows(values, 1_700_000_000_123_456)
+    blob = values.tobytes()
+    offsets = np.arange(0, 81, 20, dtype=np.uint32)
+    assert stamps_from_blob(blob, offsets).tolist() == [1_700_000_000_123_456] * 4
+    rows = [blob[i * 20:(i + 1) * 20] for i in range(4)]
+    assert stamps_from_values(rows).tolist() == [1_700_000_000_123_456] * 4
+
+
+def test_latency_percentiles_within_bucket_precision():
+    h = LatencyHistogram()
+    h.add(np.arange(1, 1001, dtype=np.float64) * 1000)   # 1 .. 1000 ms
+    assert h.total == 1000
+    assert h.percentile_ms(50) == pytest.approx(500, rel=0.03)
+    assert h.percentile_ms(99) == pytest.approx(990, rel=0.03)
+    merged = LatencyHistogram(h.to_list())
+    merged.merge(h)
+    assert merged.total == 2000
+    assert LatencyHistogram().percentile_ms(50) is None
+
+
+def test_cpu_accounting_from_proc():
+    before = self_cpu_s()
+    sum(i * i for i in range(300_000))
+    assert self_cpu_s() > before
+    assert process_cpu_s(os.getpid()) > 0
+    assert process_cpu_s(2 ** 22 + 12345) is None
+    busy, total = machine_cpu_s()
+    assert 0 < busy < total
+
+
+def test_selection_and_overrides():
+    streams = list(PRESETS["streams"].workloads)
+    r3 = select(streams, ["R=3"])
+    assert [w.tags["streams"] for w in r3] == [8, 32, 128, 512]
+    short = apply_overrides(r3, ["duration_s=1.5", "producers=1"])
+    assert all(w.duration_s == 1.5 and w.producers == 1 and w.replication == 3 for w in short)
