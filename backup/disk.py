@@ -22,7 +22,7 @@ from kera.errors import CorruptChunk
 from kera.backup import meta as meta_codec
 from kera.backup.meta import Meta
 from kera.backup.replica import Key
-from kera.backup.store import DiskRead, FlushJob
+from kera.backup.store import DiskRead, DropJob, FlushJob
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,11 @@ def flush(root: Path, job: FlushJob) -> None:
     if not directory.is_dir():
         directory.mkdir(parents=True, exist_ok=True)
         _fsync_dir(root)
-    fd = os.open(segment_path(root, job.key), os.O_WRONLY | os.O_CREAT, 0o644)
+    # A flush at 0 is a replica's first (or its first since a reset): nothing of an earlier
+    # file counts, so it goes (its record, if one is left, then names more than the file holds
+    # and `scan` skips it).
+    truncate = os.O_TRUNC if job.offset == 0 else 0
+    fd = os.open(segment_path(root, job.key), os.O_WRONLY | os.O_CREAT | truncate, 0o644)
     try:
         _pwrite_all(fd, job.buffers, job.offset)
         os.fdatasync(fd)
@@ -58,7 +62,26 @@ def flush(root: Path, job: FlushJob) -> None:
     write_meta(root, job.meta)
 
 
+def run(root: Path, job) -> None:
+    """The flusher thread's job: a FlushJob, or the removal of a dropped replica (DropJob)."""
+    if isinstance(job, DropJob):
+        remove(root, job.key)
+    else:
+        flush(root, job)
+
+
+def remove(root: Path, key: Key) -> None:
+    """Delete a replica's files: the metadata record first, so a crash in between leaves a
+    `.seg` file no record names (ignored by `scan`)."""
+    for path in (meta_path(root, key), segment_path(root, key)):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
 def _pwrite_all(fd: int, buffers, offset: int) -> None:
+
     pending = [b for b in buffers if len(b)]
     while pending:
         batch = pending[:IOV_MAX]

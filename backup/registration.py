@@ -19,12 +19,18 @@ from kera.server import Server
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 1.0
+# A heartbeat is given up after this many heartbeat intervals (as a broker's, see
+# kera.broker.server), not after REQUEST_TIMEOUT_S: with one request in flight at a time, two
+# lost heartbeats of 1 s each would outlast the coordinator's dead window (20 x 100 ms).
+HEARTBEAT_TIMEOUT_INTERVALS = 3
 
 
 class Registration:
     def __init__(self, server: Server, coordinator: str, kind: str, address: str, node: str,
                  daemon_id: int | None = None, stats: Callable[[], dict] | None = None,
-                 timeout_s: float = REQUEST_TIMEOUT_S):
+                 timeout_s: float = REQUEST_TIMEOUT_S,
+                 fields: Callable[[], dict] | None = None,
+                 on_heartbeat: Callable[[dict], None] | None = None):
         self.kind = kind
         self.address = address
         self.node = node
@@ -34,6 +40,8 @@ class Registration:
         self.registrations = 0
         self.heartbeats = 0
         self._stats = stats
+        self._fields = fields              # more heartbeat fields (e.g. `held`)
+        self._on_heartbeat_reply = on_heartbeat   # gets each heartbeat reply's header
         self._timeout_s = timeout_s
         self._server = server
         self._peer = server.peer(coordinator)
@@ -66,11 +74,18 @@ class Registration:
         fields = {"kind": self.kind, "daemon_id": self.id, "metadata_version": 0}
         if self._stats is not None:
             fields["stats"] = self._stats()
-        self._send("heartbeat", fields, self._on_heartbeat)
+        if self._fields is not None:
+            fields.update(self._fields())
+        self._send("heartbeat", fields, self._on_heartbeat, self.heartbeat_timeout_s)
 
-    def _send(self, op: str, fields: dict, callback) -> None:
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        return min(self._timeout_s, HEARTBEAT_TIMEOUT_INTERVALS * self.heartbeat_interval_s)
+
+    def _send(self, op: str, fields: dict, callback, timeout_s: float | None = None) -> None:
         self._busy = True
-        self._peer.request(op, fields, (), self._timeout_s, callback)
+        self._peer.request(op, fields, (), self._timeout_s if timeout_s is None else timeout_s,
+                           callback)
 
     def _on_registered(self, header, frames, err: KeraError | None) -> None:
         self._busy = False
@@ -98,6 +113,8 @@ class Registration:
         if err is None:
             self.heartbeats += 1
             self._unreachable_logged = False
+            if self._on_heartbeat_reply is not None:
+                self._on_heartbeat_reply(header)
             return
         if isinstance(err, Timeout):
             self._unreachable("heartbeat timed out", err)

@@ -11,7 +11,9 @@ is acknowledged without being stored again and the rest, if any, is appended. Th
 byte for byte while the stored bytes are in memory. Once they have left memory (flushed, then
 dropped), only a retry of the replica's last write can still be recognised, by its chunk
 headers (each header carries the header and body checksums, both verified on arrival): a broker
-whose acknowledgement of a closing write was lost retries exactly that write.
+whose acknowledgement of a closing write was lost retries exactly that write. A broker that
+starts a replica over from offset 0 says so (`reset`, kera.backup.store.ReplicaStore.reset): the
+replica is then discarded and rebuilt, never compared.
 """
 
 from __future__ import annotations

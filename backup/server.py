@@ -24,11 +24,13 @@ import zmq
 
 from kera import config
 from kera.config import MiB
-from kera.errors import CorruptChunk, KeraError, NotReady, StorageError, Throttled
+from kera.errors import BadRequest, CorruptChunk, KeraError, NotReady, StorageError, Throttled
+
 from kera.metrics import serve_metrics
 from kera.server import DEFERRED, Request, Server
 
 from kera.backup import disk
+from kera.backup.incarnations import Incarnations, keep, parse_fence, parse_filter
 from kera.backup.registration import Registration
 from kera.backup.store import DiskRead, FlushJob, ReplicaStore, StoreConfig
 from kera.backup.worker import Worker
@@ -48,6 +50,8 @@ class BackupServer(Server):
         super().__init__("backup", host, port)
         self.root = root
         self.store = ReplicaStore(store_config)
+        # Fencing and freeing the replicas of dead broker incarnations (failover).
+        self.incarnations = Incarnations(self.store)
         self.draining = False
         self._reads_in_flight = 0
         self._snapshot: dict = {}
@@ -55,7 +59,7 @@ class BackupServer(Server):
             self.store.load(record)
         if self.store.replicas:
             log.info("found %d replicas on disk under %s", len(self.store.replicas), root)
-        self.flusher = Worker("backup-flusher", lambda job: disk.flush(root, job),
+        self.flusher = Worker("backup-flusher", lambda job: disk.run(root, job),
                               self.store.config.flush_jobs_max)
         self.reader = Worker("backup-reader", lambda job: disk.read_chunks(root, job[0]),
                              READS_IN_FLIGHT_MAX)
@@ -64,6 +68,7 @@ class BackupServer(Server):
         self.on("replicate", self.handle_replicate)
         self.on("list_replicas", self.handle_list_replicas)
         self.on("read_replica", self.handle_read_replica)
+        self.on("drop_replica", self.handle_drop_replica)
         self.on("stats", lambda req: {"stats": self.stats()})
         self.after_batch.append(self.schedule_flushes)
         self.every(FLUSH_POLL_INTERVAL_S, self.schedule_flushes)
@@ -77,32 +82,54 @@ class BackupServer(Server):
         offset = f.int("offset")
         durability = f.str("durability", config.DEFAULT_DURABILITY, hi=16)
         close = f.bool("close", False)
+        reset = f.bool("reset", False)
         if self.draining:
             raise NotReady("backup is shutting down")
+        if self.incarnations.blocked(key):
+            raise NotReady(f"broker {key[0]} epoch {key[2] >> 32} was failed over: "
+                           f"its writes are refused")
         frames = [frame.buffer for frame in req.frames]
+        if reset:   # the broker restarts the replica from 0: what is stored of it goes first
+            for token, err in self.store.reset(key, offset, frames):
+                self.fail(token, err)
         length = self.store.replicate(key, offset, frames, durability, close, req, time.monotonic())
         if length is None:
             return DEFERRED
         return {"length": length}
 
+    def handle_drop_replica(self, req: Request):
+        """The broker references no chunk of the replica any more (retention, stream deleted):
+        free its memory and files. Idempotent: `dropped` is false for an unknown replica."""
+        f = req.fields
+        key = (f.int("broker_id"), f.int("vlog", hi=U32_MAX), f.int("vseg"))
+        known, replies = self.store.drop(key)
+        for token, err in replies:
+            self.fail(token, err)
+        self.schedule_flushes()
+        return {"dropped": known}
+
     def handle_list_replicas(self, req: Request):
-        return {"replicas": self.store.list_replicas(req.fields.int("broker_id"))}
+        broker_id = req.fields.int("broker_id")
+        # A recovery lists with `fence`: those incarnations may write no more.
+        self.incarnations.fence(broker_id, parse_fence(req.fields))
+        return {"replicas": self.store.list_replicas(broker_id)}
 
     def handle_read_replica(self, req: Request):
         f = req.fields
         key = (f.int("broker_id"), f.int("vlog", hi=U32_MAX), f.int("vseg"))
         offset = f.int("offset")
         max_bytes = f.int("max_bytes", lo=1, hi=READ_MAX_BYTES)
+        wanted = parse_filter(f)   # only these streamlets' chunks (a recovery's read)
         result = self.store.read(key, offset, max_bytes)
         replica = self.store.replicas[key]
         if isinstance(result, DiskRead):
             if self._reads_in_flight >= READS_IN_FLIGHT_MAX:
                 raise Throttled(f"{READS_IN_FLIGHT_MAX} disk reads already in flight")
             self._reads_in_flight += 1
-            self.reader.submit((result, req))
+            self.reader.submit((result, req, wanted))
             return DEFERRED
         end = offset + sum(map(len, result))
-        return {"length": replica.length, "closed": replica.closed, "end": end}, result
+        return {"length": replica.length, "closed": replica.closed, "end": end}, keep(result, wanted)
 
     # ------------------------------------------------------------------ background work
     def schedule_flushes(self) -> None:
@@ -117,9 +144,9 @@ class BackupServer(Server):
         now = time.monotonic()
         for job, _, error in self.flusher.completions():
             self._flushed(job, error, now)
-        for (read, req), chunks, error in self.reader.completions():
+        for (read, req, wanted), chunks, error in self.reader.completions():
             self._reads_in_flight -= 1
-            self._answer_read(read, req, chunks, error)
+            self._answer_read(read, req, chunks, error, wanted)
 
     def _flushed(self, job: FlushJob, error: Exception | None, now: float) -> None:
         if error is not None and not isinstance(error, OSError):
@@ -131,7 +158,8 @@ class BackupServer(Server):
                 self.reply(req, {"length": outcome})
         self.schedule_flushes()
 
-    def _answer_read(self, read: DiskRead, req: Request, chunks, error: Exception | None) -> None:
+    def _answer_read(self, read: DiskRead, req: Request, chunks, error: Exception | None,
+                     wanted: set | None = None) -> None:
         if error is not None:
             if isinstance(error, CorruptChunk):
                 log.error("replica %s on disk failed verification: %s", read.key, error)
@@ -147,9 +175,13 @@ class BackupServer(Server):
         size = sum(map(len, chunks))
         self.store.counters.add("read_bytes", size)
         self.store.counters.add("disk_read_bytes", size)
-        replica = self.store.replicas[read.key]
+        replica = self.store.replicas.get(read.key)
+        if replica is None:   # dropped while it was read
+            self.fail(req, BadRequest(f"replica {read.key} was dropped"))
+            return
+
         self.reply(req, {"length": replica.length, "closed": replica.closed, "end": read.offset + size},
-                   chunks)
+                   keep(chunks, wanted))
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict:
@@ -165,6 +197,18 @@ class BackupServer(Server):
         store = self.store
         return {"unflushed_bytes": store.unflushed_bytes, "memory_bytes": store.memory_bytes,
                 "replicas": len(store.replicas)}
+
+    def heartbeat_fields(self) -> dict:
+        """`held`: the broker incarnations this backup holds replicas of (see
+        kera.backup.incarnations); the coordinator answers with those it may free."""
+        return {"held": self.incarnations.held()}
+
+    def heartbeat_reply(self, header: dict) -> None:
+        free = header.get("free")
+        if free:
+            for token, err in self.incarnations.free(free):
+                self.fail(token, err)
+            self.schedule_flushes()
 
     def _refresh_snapshot(self) -> None:
         self._snapshot = self.stats()  # replaced whole: the metrics thread reads it lock-free
@@ -240,7 +284,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     server.registration = Registration(server, args.coordinator, "backup",
                                        args.advertise or server.address, args.node, args.id,
-                                       stats=server.heartbeat_stats)
+                                       stats=server.heartbeat_stats,
+                                       fields=server.heartbeat_fields,
+                                       on_heartbeat=server.heartbeat_reply)
     httpd = None
     if args.metrics_port:
         httpd = serve_metrics(args.metrics_port, "kera_backup", server.metrics_snapshot,

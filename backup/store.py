@@ -68,6 +68,11 @@ class FlushJob(NamedTuple):
         return self.meta.length - self.offset
 
 
+class DropJob(NamedTuple):
+    """Remove a dropped replica's files (metadata record first)."""
+    key: Key
+
+
 class DiskRead(NamedTuple):
     """Read whole chunks of a replica file from `offset`, not past `limit`, up to `max_bytes`
     (at least one chunk), verifying each."""
@@ -101,6 +106,13 @@ class ReplicaStore:
         self._dirty: dict[Key, None] = {}      # replicas needing a flush and not flushing (FIFO)
         self._resident: dict[Key, None] = {}   # replicas holding memory, least recently written first
         self._waiters: dict[Key, list[Waiter]] = {}
+        # drop_replica: replicas to remove once their flush in flight is done, and removals
+        # of files for the flusher thread (see `drop`).
+        self._drop_pending: set[Key] = set()
+        self._drop_jobs: list[DropJob] = []
+        # Replicas discarded (reset) while a flush of theirs was in flight: their files are
+        # removed once it is done, and the new content's flushes wait until then (see `reset`).
+        self._discarding: set[Key] = set()
 
     # ------------------------------------------------------------------ writes
     def replicate(self, key: Key, offset: int, frames, durability: str, close: bool,
@@ -206,13 +218,17 @@ class ReplicaStore:
 
     # ------------------------------------------------------------------ flushing
     def take_flush_jobs(self, now: float) -> list[FlushJob]:
-        """Flush jobs to hand to the flusher now (at most one per replica in flight)."""
-        jobs: list[FlushJob] = []
+        """Flush jobs to hand to the flusher now (at most one per replica in flight), and
+        removals of dropped replicas' files (DropJob) ahead of them."""
+        jobs: list = []
+        while self._drop_jobs and self.flush_jobs_out < self.config.flush_jobs_max:
+            jobs.append(self._drop_jobs.pop(0))
+            self.flush_jobs_out += 1
         for key in list(self._dirty):
             if self.flush_jobs_out >= self.config.flush_jobs_max:
                 break
             replica = self.replicas[key]
-            if replica.retry_at > now:
+            if replica.retry_at > now or key in self._discarding:
                 continue
             del self._dirty[key]
             jobs.append(self._flush_job(replica))
@@ -228,8 +244,28 @@ class ReplicaStore:
         return FlushJob(key, replica.flushed_length, tuple(buffers),
                         Meta(key[0], key[1], key[2], end, closed))
 
-    def flush_done(self, job: FlushJob, error: Exception | None, now: float) -> list[Reply]:
-        """Record a flush job's outcome; returns the deferred replies it settles."""
+    def flush_done(self, job, error: Exception | None, now: float) -> list[Reply]:
+        """Record a flush (or DropJob) outcome; returns the deferred replies it settles."""
+        if isinstance(job, DropJob):
+            self.flush_jobs_out -= 1
+            if error is not None:
+                self.counters.add("drop_errors")
+                log.error("removing the files of dropped %s failed: %s", describe(job.key), error)
+            return []
+        if job.key in self._discarding:
+            # A flush of content reset while it ran: now its files can go, ahead of any flush
+            # of the new content (DropJobs are handed out first, and the flusher keeps order).
+            self._discarding.discard(job.key)
+            self.flush_jobs_out -= 1
+            self._drop_jobs.append(DropJob(job.key))
+            return []
+        replies = self._flush_done(job, error, now)
+        if job.key in self._drop_pending:
+            self._drop_pending.discard(job.key)
+            replies += self._remove(self.replicas[job.key])
+        return replies
+
+    def _flush_done(self, job: FlushJob, error: Exception | None, now: float) -> list[Reply]:
         replica = self.replicas[job.key]
         assert replica.flushing and job.offset == replica.flushed_length
         replica.flushing = False
@@ -283,7 +319,7 @@ class ReplicaStore:
     def idle(self) -> bool:
         """Nothing waits for the disk and no flush is out (pending retries after a failure
         still count as work)."""
-        return not self._dirty and not self.flush_jobs_out
+        return not self._dirty and not self.flush_jobs_out and not self._drop_jobs
 
     def stuck(self) -> bool:
         """No flush is out and everything left to flush belongs to replicas whose disk fails:
@@ -296,7 +332,62 @@ class ReplicaStore:
         self._waiters.clear()
         return replies
 
+    # ------------------------------------------------------------------ dropping
+    def drop(self, key: Key) -> tuple[bool, list[Reply]]:
+        """`drop_replica`: the broker no longer references any chunk of the replica. Frees its
+        memory and queues the removal of its files (after a flush in flight, if any). Returns
+        (whether the replica was known, replies to fail: writes waiting for the disk)."""
+        replica = self.replicas.get(key)
+        if replica is None:
+            return False, []
+        if replica.flushing:
+            self._drop_pending.add(key)
+            return True, []
+        return True, self._remove(replica)
+
+    def _remove(self, replica: Replica, why: str = "dropped") -> list[Reply]:
+        key = replica.key
+        del self.replicas[key]
+        self.memory_bytes -= replica.memory_bytes
+        self.unflushed_bytes -= replica.unflushed_bytes
+        self._dirty.pop(key, None)
+        self._resident.pop(key, None)
+        self.replicas_open -= not replica.closed
+        self.replicas_on_disk -= replica.on_disk
+        self.replicas_failed -= bool(replica.failed)
+        if replica.flushing:
+            self._discarding.add(key)   # the files go once that flush is done (flush_done)
+        elif key not in self._discarding:
+            self._drop_jobs.append(DropJob(key))
+        self.counters.add(f"replicas_{why}")
+        err = BadRequest(f"{describe(key)} was {why}")
+        return [(w.token, err) for w in self._waiters.pop(key, [])]
+
+    # ------------------------------------------------------------------ resetting
+    def reset(self, key: Key, offset: int, frames) -> list[Reply]:
+        """`replicate` with `reset`: the broker, the replica's only writer, (re)starts it from
+        offset 0, so whatever is stored of it is discarded before the write (`replicate`, called
+        next) becomes its content. Memory goes at once; the files are removed by the flusher
+        (metadata record first) after a flush of the old content in flight, if any, and before
+        any flush of the new one, so a crash leaves the old replica, none, or a prefix of the
+        new one. The write's chunks are verified first: a corrupt write changes nothing.
+        Returns the replies to fail: writes of the discarded content waiting for the disk."""
+        if offset:
+            raise BadRequest(f"a reset write starts at offset 0, not {offset} ({describe(key)})")
+        replica = self.replicas.get(key)
+        if replica is None:
+            return []
+        try:
+            split_chunks(frames)
+        except KeraError:
+            self.counters.add("chunks_rejected", len(frames))
+            raise
+        self._drop_pending.discard(key)   # a drop asked for during a flush: this removal does it
+        log.info("%s reset by its broker: %d bytes discarded", describe(key), replica.length)
+        return self._remove(replica, "reset")
+
     # ------------------------------------------------------------------ reading back
+
     def read(self, key: Key, offset: int, max_bytes: int) -> list[memoryview] | DiskRead:
         """Whole chunks from `offset` (a chunk boundary) up to `max_bytes`, at least one when
         any is stored: the chunks themselves when in memory, else the DiskRead to run."""
@@ -335,7 +426,9 @@ class ReplicaStore:
                              "chunks_rejected", "flushes", "flush_bytes", "throttled",
                              "storage_errors", "repeated_chunks", "reads", "read_bytes"), 0)
         out.update(self.counters)
-        out["unflushed_bytes"] = self.unflushed_bytes
+        writes = out["replicate_writes"]
+        out["chunks_per_replicate_write"] = out["chunks_received"] / writes if writes else 0.0
+        out["unflushed_bytes"] = self.unflushed_bytes   # the backup's durable-head lag
         out["memory_bytes"] = self.memory_bytes
         out["flush_jobs_out"] = self.flush_jobs_out
         out["replicas"] = len(self.replicas)

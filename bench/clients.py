@@ -34,7 +34,7 @@ def stream_name(prefix: str, index: int) -> str:
 
 def kera_producer_settings(w: Workload) -> dict:
     return {"chunk_size_bytes": w.chunk_size_bytes, "linger_ms": w.linger_ms,
-            "buffer_bytes": max(w.buffer_bytes, w.chunk_size_bytes)}
+            "buffer_bytes": w.producer_buffer_bytes}
 
 
 class KeraProducerClient:
@@ -105,8 +105,8 @@ def kafka_producer_settings(w: Workload) -> dict:
         "linger.ms": w.linger_ms,
         "batch.size": w.chunk_size_bytes,
         "batch.num.messages": 1_000_000,                 # let batch.size decide
-        "queue.buffering.max.kbytes": max(1, w.buffer_bytes // 1024),
-        "queue.buffering.max.messages": max(1000, w.buffer_bytes // w.record_size_bytes),
+        "queue.buffering.max.kbytes": max(1, w.producer_buffer_bytes // 1024),
+        "queue.buffering.max.messages": max(1000, w.producer_buffer_bytes // w.record_size_bytes),
         "delivery.report.only.error": True,              # count acks without a callback each
         "max.in.flight.requests.per.connection": 5,      # the idempotence maximum
     }

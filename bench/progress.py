@@ -36,7 +36,7 @@ class RichProgress(PlainProgress):
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.console = Console(stderr=True)
+        self.console = Console(stderr=True, log_path=False)
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
                             TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                             console=self.console, transient=False)

@@ -15,6 +15,7 @@ from pathlib import Path
 from .runner import METRICS, TrialResult, median_of
 
 SYSTEMS = ("kera", "kafka")
+LOG_SCALE_SPAN = 30.0   # bar heights spanning more than this factor get a log axis
 PLOTS = {  # file: (title, metric, y label)
     "producer_throughput.png": ("Acknowledged producer throughput", "producer_records_per_s",
                                 "records/s"),
@@ -45,7 +46,28 @@ def summarize(config: dict) -> dict:
 
 def machine_info() -> dict:
     return {"cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "load_average": os.getloadavg()}
+            "python": platform.python_version(), "load_average": os.getloadavg(),
+            "versions": versions()}
+
+
+def versions() -> dict:
+    """kera's version and git commit (when run from a checkout), confluent-kafka's, Kafka's."""
+    import importlib.metadata
+    import subprocess
+
+    out = {"kafka": "4.1.2"}
+    for dist in ("kera", "confluent-kafka", "pyzmq"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    try:
+        out["kera_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+            capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        out["kera_commit"] = None
+    return out
 
 
 def write_json(out_dir: Path, results: dict) -> Path:
@@ -79,6 +101,11 @@ def markdown(results: dict) -> str:
              "windows (of all cores), `other` the CPU seconds used by processes outside the "
              "system and its clients. Numbers are medians over alternating trials "
              "(kera, Kafka, kera, Kafka, ...); ratios are kera / Kafka.", ""]
+    v = results["machine"].get("versions") or {}
+    if v:
+        lines += [f"kera {v.get('kera')} (commit {v.get('kera_commit') or '?'}), Apache Kafka "
+                  f"{v.get('kafka')}, confluent-kafka {v.get('confluent-kafka')}, pyzmq "
+                  f"{v.get('pyzmq')}, Python {results['machine']['python']}.", ""]
     ceil = results.get("ceiling") or {}
     if ceil:
         lines += ["Raw pyzmq ROUTER/DEALER ceiling (same bytes, no work; measured in this run): " +
@@ -124,7 +151,8 @@ def markdown(results: dict) -> str:
                      f"V={w['effective_virtual_logs'] or 'default'} chunk={w['chunk_size_bytes']} B "
                      f"({w['records_per_chunk']} records) linger={w['linger_ms']} ms "
                      f"record={w['record_size_bytes']} B warm-up={w['warmup_s']} s "
-                     f"window={w['duration_s']} s rate={w['rate_records_per_s'] or 'max'}")
+                     f"window={w['duration_s']} s rate={w['rate_records_per_s'] or 'max'} "
+                     f"buffer={w['producer_buffer_bytes'] // 1024} KiB")
     if results.get("errors"):
         lines += ["", "## Errors", ""] + [f"- {e['label']} {e['system']}: "
                                           f"{e['error'].strip().splitlines()[-1]}"
@@ -163,11 +191,18 @@ def write_plots(out_dir: Path, results: dict) -> list[Path]:
             if r is not None:
                 h = max(c["summary"]["medians"]["kera"][metric] or 0,
                         c["summary"]["medians"]["kafka"][metric] or 0)
-                ax.text(x, h + top * 0.02, f"{r:.2f}x", ha="center", va="bottom", fontsize=8)
+                ax.text(x, h * 1.02 if h else top * 0.02, f"{r:.2f}x", ha="center", va="bottom",
+                        fontsize=8)
         ax.set_xticks(list(xs))
         ax.set_xticklabels(labels, rotation=30 if len(configs) > 4 else 0, ha="right"
                            if len(configs) > 4 else "center", fontsize=8)
-        ax.set_ylim(0, top * 1.15)
+        positive = [v for v in kera + kafka if v > 0]
+        if positive and max(positive) / min(positive) > LOG_SCALE_SPAN:
+            ax.set_yscale("log")  # the two systems differ by orders of magnitude: show both
+            ax.set_ylim(min(positive) / 2, top * 3)
+            ylabel += " (log scale)"
+        else:
+            ax.set_ylim(0, top * 1.15)
         ax.set_ylabel(ylabel)
         ax.set_title(f"{title} — preset {results['preset']} (ratio kera/Kafka)", fontsize=10)
         ax.legend(fontsize=8)

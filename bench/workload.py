@@ -17,6 +17,10 @@ CHUNK_HEADER_BYTES = 64 + 4        # kera chunk header + the producer's reserve 
 RECORD_OVERHEAD_BYTES = 12         # kera: i64 timestamp + u32 value offset per record
 STAMP_BYTES = 8                    # send time (µs, little-endian i64) at the start of each value
 ONE_PER_SUB_PARTITION = 0          # virtual_logs value meaning "streams x streamlets x groups"
+# Default producer buffer: closed-loop producers keep it full, so it sets the queueing delay
+# (buffer / throughput) and how long the final flush takes; sized in chunks, capped.
+BUFFER_CHUNKS = 1024
+BUFFER_BYTES_MAX = 8 * MiB
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class Workload:
     record_size_bytes: int = 100        # value bytes (no keys)
     warmup_s: float = 2.0               # excluded from the measurement
     duration_s: float = 5.0             # measured window
-    buffer_bytes: int = 8 * MiB         # producer buffer: kera buffer_bytes = Kafka queue.buffering.max.kbytes
+    buffer_bytes: int | None = None     # producer buffer (kera buffer_bytes = Kafka queue.buffering.max.kbytes); None: BUFFER_CHUNKS chunks, at most BUFFER_BYTES_MAX
     rate_records_per_s: int = 0         # per producer; 0 = as fast as the system takes them
     durability: str = "memory"          # kera backups ack from memory; Kafka acks from page cache
     tags: dict = field(default_factory=dict, compare=False, hash=False)  # the swept values, for tables
@@ -57,6 +61,12 @@ class Workload:
     def records_per_chunk(self) -> int:
         """Records of one send unit: what fills one kera chunk (and one Kafka batch)."""
         return (self.chunk_size_bytes - CHUNK_HEADER_BYTES) // (self.record_size_bytes + RECORD_OVERHEAD_BYTES)
+
+    @property
+    def producer_buffer_bytes(self) -> int:
+        if self.buffer_bytes is not None:
+            return max(self.buffer_bytes, self.chunk_size_bytes)
+        return min(BUFFER_BYTES_MAX, BUFFER_CHUNKS * self.chunk_size_bytes)
 
     @property
     def sub_partitions(self) -> int:
@@ -88,6 +98,7 @@ class Workload:
         d = dataclasses.asdict(self)
         d["records_per_chunk"] = self.records_per_chunk
         d["sub_partitions"] = self.sub_partitions
+        d["producer_buffer_bytes"] = self.producer_buffer_bytes
         d["effective_virtual_logs"] = self.effective_virtual_logs
         d["label"] = self.label()
         return d

@@ -4,6 +4,10 @@ Each virtual segment gets its own R-1 distinct backups: never on the broker's ow
 another node has one, on distinct nodes when possible, least loaded first (load = replicas this
 broker has assigned and not yet finished), ties rotated so many segments spread evenly. A
 backup that just failed a write is *suspect* for a while: chosen only when nothing else is left.
+
+A backup that registers again was restarted (possibly within the coordinator's dead window, so
+never seen dead): its in-memory replicas are gone, and the pool reports it like one that died,
+so the broker re-replicates what it held (see `update`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class Backup:
     alive: bool = True
     load: int = 0               # replicas assigned by this broker, not yet finished
     suspect_until: float = 0.0  # clock value before which a failed backup is avoided
+    registered_version: int = 0  # the coordinator's version of its last `register` (0: unknown)
 
 
 class BackupPool:
@@ -34,9 +39,12 @@ class BackupPool:
         self._turn = 0
 
     def update(self, entries) -> list[int]:
-        """Apply the coordinator's backup list (`cluster` reply); returns ids of backups that
-        were alive and no longer are (dead or gone). Malformed entries are skipped."""
-        seen: dict[int, tuple[str, str, bool]] = {}
+        """Apply the coordinator's backup list (`cluster` reply); returns ids of backups whose
+        replicas are lost: alive before and no longer (dead or gone), or registered again (a
+        restarted process: a `registered_version` other than the one seen before, and not 0,
+        which only says the coordinator restarted and has not heard a `register` since).
+        Malformed entries are skipped."""
+        seen: dict[int, tuple[str, str, bool, int]] = {}
         for e in entries if isinstance(entries, list) else ():
             parsed = _parse(e)
             if parsed is None:
@@ -50,12 +58,16 @@ class BackupPool:
                 lost.append(bid)
             if bid not in seen:
                 b.alive = False
-        for bid, (address, node, alive) in seen.items():
+            elif seen[bid][3] not in (0, b.registered_version) and bid not in lost:
+                log.warning("backup %d registered again (version %d, was %d): it restarted, and "
+                            "its replicas are lost", bid, seen[bid][3], b.registered_version)
+                lost.append(bid)
+        for bid, (address, node, alive, registered) in seen.items():
             b = self.backups.get(bid)
             if b is None:
-                self.backups[bid] = Backup(bid, address, node, alive)
+                self.backups[bid] = Backup(bid, address, node, alive, registered_version=registered)
             else:
-                b.address, b.node, b.alive = address, node, alive
+                b.address, b.node, b.alive, b.registered_version = address, node, alive, registered
         # Forget dead backups nothing refers to any more, so the table stays bounded.
         for bid in [bid for bid, b in self.backups.items() if not b.alive and b.load <= 0 and bid not in seen]:
             del self.backups[bid]
@@ -101,14 +113,17 @@ class BackupPool:
             b.suspect_until = max(b.suspect_until, until)
 
 
-def _parse(e) -> tuple[int, str, str, bool] | None:
+def _parse(e) -> tuple[int, str, str, bool, int] | None:
     if not isinstance(e, dict):
         return None
     bid, address, node, alive = e.get("id"), e.get("address"), e.get("node", ""), e.get("alive", True)
+    registered = e.get("registered_version", 0)
+    if not isinstance(registered, int) or isinstance(registered, bool) or registered < 0:
+        return None
     if not isinstance(bid, int) or isinstance(bid, bool) or not 0 <= bid <= ID_MAX:
         return None
     if not isinstance(address, str) or not 0 < len(address) <= ADDRESS_CHARS_MAX or ":" not in address:
         return None
     if not isinstance(node, str) or not isinstance(alive, bool):
         return None
-    return bid, address, node, alive
+    return bid, address, node, alive, registered

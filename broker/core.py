@@ -17,7 +17,9 @@ from kera import config, wire
 from kera.broker.backups import BackupPool
 from kera.broker.group import Group
 from kera.broker.producers import APPEND, DUPLICATE, GAP, Entry, ProducerTable, classify
+from kera.broker.retention import ReplicaDrop, Retention
 from kera.broker.streamlet import Streamlet
+from kera.broker.tier import TierConfig, TierStore
 from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
 from kera.chunk import FLAG_KEYS, HEADER_SIZE, verify
@@ -53,6 +55,9 @@ class BrokerConfig:
     pending_produce_max: int = 20_000
     # Chunk headers scanned to find a producer forgotten by the bounded table.
     producer_scan_chunks_max: int = 65_536
+    # Memory budget and tiering to the broker's data dir (kera.broker.tier); defaults: no
+    # directory (nothing tiered), no limit.
+    tier: TierConfig | None = None
 
 
 class Pending:
@@ -97,10 +102,30 @@ class Broker:
         self.chunks_appended = 0
         self.bytes_appended = 0
         self.duplicates = 0
+        # Broker wall clock in ms, set by the caller (set_wall_clock): group ages for retention.
+        self.wall_ms = 0
+        self.tier = TierStore(self.cfg.tier, lambda: self.bytes_appended, self.counters,
+                              self.close_group)
+        self.retention = Retention(self)
+        self.reloaded = None     # kera.broker.reload.Loaded, until the first metadata claims it
+        # The data dir was left by an orderly stop: what was reloaded is every durable chunk.
+        self.clean_restart = False
+
+        # This incarnation's epoch (the coordinator's, see kera.broker.recovery): virtual
+        # segment numbers on the wire carry it in their high 32 bits. None until known.
+        self.epoch: int | None = None
+        # (stream id, streamlet) -> recovery job: owned here, being rebuilt from the replicas
+        # of a dead broker; answered not_ready until installed (kera.broker.recovery).
+        self.recovering: dict[tuple[int, int], object] = {}
 
     # ================================================================== metadata
     def set_identity(self, broker_id: int) -> None:
         self.broker_id = broker_id
+
+    def set_epoch(self, epoch: int) -> None:
+        """This incarnation's epoch; virtual logs opened from now on name their segments with
+        it (`epoch << 32 | n`)."""
+        self.epoch = epoch
 
     def apply_metadata(self, descriptors, version: int | None = None) -> None:
         """The full list of streams with a streamlet here: add new ones, update placement,
@@ -117,9 +142,12 @@ class Broker:
             seen.add(info.id)
             stream = self.streams.get(info.id)
             if stream is None:
-                self.streams[info.id] = Stream(info)
+                stream = self.streams[info.id] = Stream(info)
                 log.info("stream %s (id %d): %d streamlets, R=%d", info.name, info.id,
                          info.streamlets, info.replication)
+                if self.reloaded is not None:
+                    from kera.broker import reload
+                    reload.install(self, stream, self.reloaded)
             else:
                 old = stream.info
                 if (old.streamlets, old.replication, old.durability) != (
@@ -131,11 +159,21 @@ class Broker:
             self._drop_stream(sid)
         if version is not None:
             self.metadata_version = version
+        if self.reloaded is not None:
+            left = sorted(set(self.reloaded.segments) | set(self.reloaded.first_groups))
+            if left:
+                log.warning("segment files of %d streamlets (stream ids %s) are not this "
+                            "broker's by the coordinator's metadata: kept on disk, not loaded",
+                            len(left), sorted({k[0] for k in left}))
+            self.reloaded = None
 
     def _drop_stream(self, sid: int) -> None:
         stream = self.streams.pop(sid)
         log.info("stream %s (id %d) deleted", stream.info.name, sid)
         err = UnknownStream(f"stream {stream.info.name!r} was deleted", retriable=False)
+        self.tier.stream_deleted(stream.streamlets.values())
+        self.tier.delete_stream(sid)
+        self.retention.stream_deleted(sid)
         for streamlet in stream.streamlets.values():
             for waiter in streamlet.release():
                 self._fail(waiter, err)
@@ -152,9 +190,13 @@ class Broker:
 
     # ------------------------------------------------------------------ group listener
     def group_opened(self, group: Group) -> None:
+        group.created_ms = group.last_ms = self.wall_ms
         stream = self.streams[group.stream_id]
         if stream.info.replication > 1:
-            vlog = self._choose_vlog(stream)
+            # A new group takes the log of its slot's previous group while that one is not
+            # wholly durable: a producer's chunk is then never durable (nor acknowledged)
+            # before its earlier chunks, which recovery relies on (kera.broker.rebuild).
+            vlog = _slot_vlog(stream, group) or self._choose_vlog(stream)
             group.vlog = vlog
             vlog.active_groups += 1
         self.counters.add("groups_opened")
@@ -163,6 +205,13 @@ class Broker:
         if group.vlog is not None:
             group.vlog.active_groups -= 1
         self.counters.add("groups_closed")
+
+    def close_group(self, group: Group) -> None:
+        """Close an open group before it is full (by time for retention, or under memory
+        pressure): its slot's next chunk opens a new group."""
+        if not group.closed:
+            group.closed = True
+            self.group_closed(group)
 
     def _choose_vlog(self, stream: Stream) -> VirtualLog:
         """The least loaded of the stream's allowed logs: `replication_capacity` of them (0 = all)
@@ -188,7 +237,8 @@ class Broker:
             vlog = VirtualLog(len(self.vlog_list), info.replication, info.durability,
                               self.cfg.virtual_segment_bytes, self.pool,
                               in_flight_max=self.cfg.replication_in_flight_max,
-                              exclude_s=self.cfg.backup_exclude_s, counters=self.counters)
+                              exclude_s=self.cfg.backup_exclude_s, counters=self.counters,
+                              vseg_base=(self.epoch or 0) << 32)
             self.vlogs[key] = vlog
             self.vlog_list.append(vlog)
         return vlog
@@ -201,6 +251,11 @@ class Broker:
             raise NotReady("broker is not registered yet")
         if self._pending_count >= self.cfg.pending_produce_max:
             raise Throttled(f"{self._pending_count} produce requests await replication")
+        if not self.tier.admit(sum(map(len, frames))):
+            self.counters.add("produce_throttled_memory")
+            raise Throttled(f"broker memory is full ({self.tier.memory_bytes} of "
+                            f"{self.tier.cfg.memory_limit_bytes} bytes) and cannot go to disk "
+                            f"fast enough")
         self.counters.add("produce_requests")
         results: list = []
         waits: list = []
@@ -239,6 +294,8 @@ class Broker:
             raise BadRequest(f"stream {info.name!r} has no streamlet {sl}")
         if info.placement[sl] != self.broker_id:
             raise NotOwner(f"streamlet {sl} of {info.name!r} is on broker {info.placement[sl]}")
+        if self.recovering and (info.id, sl) in self.recovering:
+            raise NotReady(f"streamlet {sl} of {info.name!r} is being recovered")
         if size > info.segment_size_bytes:
             raise RecordTooLarge(f"chunk of {size} bytes exceeds the {info.segment_size_bytes}-byte segment")
         streamlet = stream.streamlets.get(sl)
@@ -259,7 +316,12 @@ class Broker:
             raise SequenceGap(f"producer {pid}: sequence {seq} after {last}")
         assert verdict == APPEND
         group, seg, idx = streamlet.append(buf, size, h.record_count, pid)
+        if idx == 0:
+            self.tier.opened(seg, size)
+
+        group.last_ms = self.wall_ms
         base = group.head - h.record_count
+
         self.producers.put(key, Entry(seq, group.id, seg.number, base, group.head))
         self.chunks_appended += 1
         self.bytes_appended += size
@@ -368,11 +430,18 @@ class Broker:
             raise BadRequest(f"stream {info.name!r} has no streamlet {sl}")
         if info.placement[sl] != self.broker_id:
             raise NotOwner(f"streamlet {sl} of {info.name!r} is on broker {info.placement[sl]}")
+        if self.recovering and (sid, sl) in self.recovering:
+            raise NotReady(f"streamlet {sl} of {info.name!r} is being recovered")
         return stream.streamlets.get(sl)
 
     def offsets(self, sid: int, sl: int) -> list:
         streamlet = self._streamlet_for_read(sid, sl)
         return [] if streamlet is None else streamlet.describe_groups()
+
+    def first_group(self, sid: int, sl: int) -> int:
+        """The streamlet's first retained group: every group below it was deleted (retention)."""
+        streamlet = self._streamlet_for_read(sid, sl)
+        return 0 if streamlet is None else streamlet.first_group
 
     def fetch(self, reads) -> tuple[list, list]:
         """(results, frames) for a `fetch` request's `reads` (see docs/PROTOCOL.md)."""
@@ -385,8 +454,8 @@ class Broker:
         for read in reads:
             before = len(frames)
             try:
-                sid, sl, low, offsets, max_bytes = _parse_read(read)
-                groups = self._read(sid, sl, low, offsets, max_bytes, frames, budget)
+                sid, sl, low, offsets, max_bytes, earliest = _parse_read(read)
+                groups = self._read(sid, sl, low, offsets, max_bytes, frames, budget, earliest)
             except KeraError as err:
                 del frames[before:]
                 results.append([[err.code, err.message, err.retriable], 0, []])
@@ -396,11 +465,21 @@ class Broker:
         self.counters.add("fetch_bytes", FETCH_REPLY_MAX_BYTES - budget[0])
         return results, frames
 
-    def _read(self, sid, sl, low, offsets, max_bytes, frames, budget) -> list:
+    def _read(self, sid, sl, low, offsets, max_bytes, frames, budget, earliest=False) -> list:
         streamlet = self._streamlet_for_read(sid, sl)
         if streamlet is None:
+            _check_cursor_end(sl, 0, low, offsets)
             return []
-        groups = streamlet.groups[low:low + FETCH_GROUPS_MAX]
+        first = streamlet.first_group
+        _check_cursor_end(sl, first + len(streamlet.groups), low, offsets)
+        if low < first:
+            if not earliest and self.retention.gone(sid, streamlet, low, offsets):
+                self.counters.add("fetch_out_of_range")
+                raise OffsetOutOfRange(
+                    f"position no longer available: group {low} of streamlet {sl} was deleted "
+                    f"by retention (the oldest group kept is {first})")
+            low = first
+        groups = streamlet.groups[low - first:low - first + FETCH_GROUPS_MAX]
         # For each slot, only its lowest unfinished group is served: one producer's records
         # (one slot) are then read in order.
         candidates = []
@@ -435,6 +514,29 @@ class Broker:
             budget[0] -= nbytes
         return [g.describe() for g in groups]
 
+    # ================================================================== tiering, retention
+    def set_wall_clock(self, wall_ms: int) -> None:
+        """The broker's wall clock (ms since the epoch): group ages for retention."""
+        self.wall_ms = wall_ms
+
+    def take_tier_jobs(self, now: float) -> list:
+        """Jobs for the tier thread (kera.broker.tier_files.run): segment writes while memory
+        is above the budget's threshold, and deletions."""
+        return self.tier.take_jobs(now)
+
+    def tier_job_done(self, job, error: Exception | None, now: float) -> None:
+        self.tier.job_done(job, error, now)
+
+    def enforce_retention(self, wall_ms: int | None = None) -> int:
+        """Delete expired groups (see kera.broker.retention); returns how many."""
+        if wall_ms is not None:
+            self.wall_ms = wall_ms
+        return self.retention.enforce(self.wall_ms)
+
+    def take_replica_drops(self) -> list[ReplicaDrop]:
+        """`drop_replica` requests to send: virtual segments nothing references any more."""
+        return self.retention.take_drops()
+
     # ================================================================== stats
     def stats(self) -> dict:
         c = self.counters
@@ -457,10 +559,47 @@ class Broker:
             producer_entries=len(self.producers),
             metadata_version=self.metadata_version,
         )
+        s.update(self.tier.stats())
         return s
 
 
+
 _U32 = struct.Struct("<I")
+
+# Groups looked back over to find a slot's previous group (a few per active group suffice).
+SLOT_LOOKBACK_GROUPS = 64
+
+
+def _slot_vlog(stream: Stream, group: Group) -> VirtualLog | None:
+    """The log of the previous group of `group`'s slot while that group is not wholly durable
+    (None: any log will do)."""
+    streamlet = stream.streamlets.get(group.streamlet)
+    if streamlet is None:
+        return None
+    groups = streamlet.groups
+    i = group.id - streamlet.first_group - 1
+    stop = max(-1, i - SLOT_LOOKBACK_GROUPS)
+    while i > stop:
+        other = groups[i]
+        if other.slot == group.slot and other is not group:
+            if other.finished:
+                return None   # nothing of it left to replicate: no order to keep
+            vlog = other.vlog
+            info = stream.info
+            if vlog is not None and vlog.copies == info.replication - 1 \
+                    and vlog.durability == info.durability:
+                return vlog
+            return None
+        i -= 1
+    return None
+
+
+def _check_cursor_end(sl: int, end_group: int, low: int, offsets: dict) -> None:
+    """A cursor past the streamlet's last group saw data that is gone (lost beyond what the
+    replicas held): readers must hear of it (failOnDataLoss), not skip what comes next."""
+    if low > end_group or any(g >= end_group and off > 0 for g, off in offsets.items()):
+        raise OffsetOutOfRange(f"position past the end of streamlet {sl} (it has groups below "
+                               f"{end_group}): the data it read was lost")
 
 
 def _check_columns(buf, n: int, flags: int, body_len: int) -> None:
@@ -480,7 +619,7 @@ def _check_columns(buf, n: int, flags: int, body_len: int) -> None:
         raise CorruptChunk("chunk columns do not add up to its body length")
 
 
-def _parse_read(read) -> tuple[int, int, int, dict, int]:
+def _parse_read(read) -> tuple[int, int, int, dict, int, bool]:
     if not isinstance(read, list) or len(read) != 4:
         raise BadRequest("a read is [sid, sl, cursor, max_bytes]")
     sid, sl, cursor, max_bytes = read
@@ -501,7 +640,10 @@ def _parse_read(read) -> tuple[int, int, int, dict, int]:
         _check_int(g, "cursor group", 2**32 - 1)
         _check_int(off, "cursor offset", 2**64 - 1)
         offsets[g] = off
-    return sid, sl, low, offsets, min(max(max_bytes, 1), FETCH_READ_MAX_BYTES)
+    earliest = cursor.get("earliest", False)
+    if not isinstance(earliest, bool):
+        raise BadRequest("cursor 'earliest' must be a boolean")
+    return sid, sl, low, offsets, min(max(max_bytes, 1), FETCH_READ_MAX_BYTES), earliest
 
 
 def _check_int(value, name: str, hi: int) -> None:

@@ -19,7 +19,8 @@ _tiebreak = itertools.count()  # orders waiters with equal offsets without compa
 
 class Group:
     __slots__ = ("id", "slot", "max_segments", "segment_size_bytes", "segments", "seg_bases",
-                 "head", "durable", "closed", "vlog", "waiters", "stream_id", "streamlet")
+                 "head", "durable", "closed", "vlog", "waiters", "stream_id", "streamlet",
+                 "created_ms", "last_ms")
 
     def __init__(self, group_id: int, slot: int, max_segments: int, segment_size_bytes: int,
                  stream_id: int = 0, streamlet: int = 0):
@@ -37,6 +38,11 @@ class Group:
         self.vlog = None              # the VirtualLog replicating this group (None: R=1)
         # (end_offset, tiebreak, waiter): produce requests waiting for records to be durable.
         self.waiters: list = []
+        # Broker wall clock (ms) at the group's first and latest append: retention and the
+        # time-based close of idle active groups use them (kera.broker.retention).
+        self.created_ms = 0
+        self.last_ms = 0
+
 
     # ------------------------------------------------------------------ append
     def append(self, chunk, size: int, count: int) -> tuple[Segment, int] | None:

@@ -14,11 +14,18 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 import zmq
 
+
 from kera import config
+from kera.broker import replica_report
 from kera.broker.core import Broker, BrokerConfig
+from kera.broker.memory import default_memory_limit_bytes, parse_size
+from kera.broker.recovery_service import RecoveryService
+from kera.broker.tier import TierConfig
+from kera.broker.tier_service import TierService
 from kera.broker.virtual_log import ReplicationWrite
 from kera.errors import KeraError
 from kera.metrics import serve_metrics
@@ -28,6 +35,10 @@ log = logging.getLogger(__name__)
 
 # Coordinator requests are small; this bounds how long one may stay unanswered.
 COORDINATOR_TIMEOUT_S = 2.0
+# A heartbeat is given up after this many heartbeat intervals (not COORDINATOR_TIMEOUT_S, which
+# equals the coordinator's default dead window of 20 x 100 ms): after one lost heartbeat the
+# next ones must still reach the coordinator in time (found by tests/sim).
+HEARTBEAT_TIMEOUT_INTERVALS = 3
 # Heartbeat intervals accepted from the coordinator, and the timer that checks them.
 HEARTBEAT_MS_MIN = 5
 HEARTBEAT_MS_MAX = 60_000
@@ -79,6 +90,10 @@ class BrokerDaemon:
         self.heartbeat_interval_s = heartbeat_interval_s
         self._last_beat = 0.0
         self.server.every(TIMER_S, self._timer)
+        # Data dir: reload of segment files, tiering thread, retention (kera.broker.tier_service).
+        self.tiering = TierService(self.core, self.server)
+        # Incarnation epochs and recovery of dead brokers' streamlets (kera.broker.recovery).
+        self.recovery = RecoveryService(self)
         self._register()
 
     @property
@@ -104,16 +119,19 @@ class BrokerDaemon:
 
     def _on_offsets(self, req: Request):
         f = req.fields
-        return {"groups": self.core.offsets(f.int("sid", hi=SID_MAX), f.int("sl", hi=SL_MAX))}
+        sid, sl = f.int("sid", hi=SID_MAX), f.int("sl", hi=SL_MAX)
+        return {"groups": self.core.offsets(sid, sl), "first_group": self.core.first_group(sid, sl)}
 
     def _on_stats(self, req: Request):
-        return {"stats": self.core.stats()}
+        return {"stats": {**self.core.stats(), **self.recovery.stats()}}
 
     # ------------------------------------------------------------------ replication
     def pump(self) -> None:
         """Expire, send the replication writes due, answer produce requests now durable."""
         now = time.monotonic()
         core = self.core
+        self.tiering.pump()
+        self.recovery.pump()
         core.tick(now)
         for w in core.sync(now):
             self._send_write(w)
@@ -124,8 +142,10 @@ class BrokerDaemon:
                 self.server.reply(token, {"results": result})
 
     def _send_write(self, w: ReplicationWrite) -> None:
+        core = self.core   # a write of a previous incarnation is accounted by that core
+
         def done(header, frames, error, w=w):
-            self.core.write_done(w, header, error, time.monotonic())
+            core.write_done(w, header, error, time.monotonic())
 
         # The core times writes out itself (tick); the peer's deadline, the same, also drops a
         # write still waiting for its connection, so no stale write reaches a replaced backup.
@@ -149,7 +169,10 @@ class BrokerDaemon:
             except KeraError as err:
                 log.warning("bad %s reply from the coordinator: %s", op, err)
 
-        self.coordinator.request(op, fields, [], COORDINATOR_TIMEOUT_S, done)
+        timeout_s = COORDINATOR_TIMEOUT_S
+        if op == "heartbeat":
+            timeout_s = min(timeout_s, HEARTBEAT_TIMEOUT_INTERVALS * self.heartbeat_interval_s)
+        self.coordinator.request(op, fields, [], timeout_s, done)
 
     def _coordinator_error(self, op: str, error: KeraError) -> None:
         if op == "heartbeat" and error.code == "not_ready":
@@ -178,6 +201,8 @@ class BrokerDaemon:
             log.warning("registered as broker %d (was %d)", bid, self.core.broker_id)
         self.wanted_id = bid
         self.core.set_identity(bid)
+        # The coordinator forgets a broker's replica map when it registers: report it all again.
+        replica_report.report_all(self.core.vlog_list)
         log.info("registered with %s as broker %d (%s)", self.coordinator_address, bid, self.advertise)
         self._refresh_streams()
         self._refresh_cluster()
@@ -190,18 +215,23 @@ class BrokerDaemon:
             self._heartbeat()
 
     def _heartbeat(self) -> None:
-        self.snapshot = self.core.stats()
+        self.snapshot = {**self.core.stats(), **self.recovery.stats()}
         if self.core.broker_id is None:
             self._register()
             return
         self._beats += 1
-        self._call("heartbeat", {"kind": "broker", "daemon_id": self.core.broker_id,
-                                 "metadata_version": self.core.metadata_version,
-                                 "stats": self.snapshot}, self._heartbeat_reply)
+        fields = {"kind": "broker", "daemon_id": self.core.broker_id,
+                  "metadata_version": self.core.metadata_version, "stats": self.snapshot}
+        fields.update(self.recovery.heartbeat_fields())   # `epoch`: which incarnation beats
+        report = replica_report.pending(self.core.vlog_list)
+        if report:
+            fields["vsegs"] = report   # where new virtual segments are replicated
+        self._call("heartbeat", fields, lambda header: self._heartbeat_reply(header, report))
         if self._beats % CLUSTER_EVERY_HEARTBEATS == 0:
             self._refresh_cluster()
 
-    def _heartbeat_reply(self, header: dict) -> None:
+    def _heartbeat_reply(self, header: dict, report: list = ()) -> None:
+        replica_report.acknowledged(self.core.vlog_list, report)
         version = header.get("metadata_version")
         if isinstance(version, int) and not isinstance(version, bool) and version > self.core.metadata_version:
             self._refresh_streams()
@@ -216,20 +246,25 @@ class BrokerDaemon:
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             log.warning("broker_streams reply without a metadata_version")
             return
-        self.core.apply_metadata(header.get("streams"), version)
+        self.recovery.streams_reply(
+            header, lambda: self.core.apply_metadata(header.get("streams"), version))
 
     def _refresh_cluster(self) -> None:
         self._call("cluster", {}, self._cluster_reply)
 
     def _cluster_reply(self, header: dict) -> None:
         self.core.set_backups(header.get("backups"), time.monotonic())
+        self.recovery.cluster_reply(header)
         for b in self.core.pool.backups.values():
             if b.alive:
                 self.server.peer(b.address)   # connect before the first write
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
-        self.server.run()
+        try:
+            self.server.run()
+        finally:
+            self.tiering.shutdown()
 
     def stop(self) -> None:
         self.server.stop()
@@ -250,6 +285,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="shared virtual logs (replication capacity) per replication factor")
     parser.add_argument("--virtual-segment-bytes", type=int, default=config.DEFAULT_VIRTUAL_SEGMENT_BYTES,
                         help="chunk bytes referenced by one virtual segment")
+    parser.add_argument("--replication-in-flight", type=int,
+                        default=config.REPLICATION_IN_FLIGHT_MAX,
+                        help="replication writes in flight to each backup of a virtual segment "
+                             "(default: %(default)s)")
+    parser.add_argument("--dir", default=None, type=Path,
+                        help="data directory: segments beyond the memory limit are written "
+                             "here, and a restart with the same --id reloads them (default: "
+                             "none, everything stays in memory)")
+    parser.add_argument("--memory-limit", default=None, metavar="BYTES",
+                        help="chunk bytes held in memory, e.g. 512MiB (default: 25%% of RAM); "
+                             "beyond it segments go to --dir, or producers are throttled")
+    parser.add_argument("--disk-limit", default="0", metavar="BYTES",
+                        help="segment bytes kept in --dir, e.g. 100GiB (default 0: what the "
+                             "disk holds)")
     parser.add_argument("--metrics-port", type=int, default=0,
                         help="serve Prometheus metrics on this port (default: off)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
@@ -258,10 +307,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    if args.virtual_logs < 1 or args.virtual_segment_bytes < 1:
-        log.error("--virtual-logs and --virtual-segment-bytes must be positive")
+    if args.virtual_logs < 1 or args.virtual_segment_bytes < 1 or args.replication_in_flight < 1:
+        log.error("--virtual-logs, --virtual-segment-bytes and --replication-in-flight must be "
+                  "positive")
         return 2
-    cfg = BrokerConfig(virtual_logs=args.virtual_logs, virtual_segment_bytes=args.virtual_segment_bytes)
+    try:
+        memory_limit = (parse_size(args.memory_limit) if args.memory_limit is not None
+                        else default_memory_limit_bytes())
+        tier = TierConfig(root=args.dir, memory_limit_bytes=memory_limit,
+                          disk_limit_bytes=parse_size(args.disk_limit))
+        tier.check()
+    except ValueError as exc:
+        log.error("bad --memory-limit / --disk-limit: %s", exc)
+        return 2
+    if args.dir is None:
+        log.warning("no --dir: segments stay in memory; producers are throttled once %d bytes "
+                    "are held", memory_limit)
+    cfg = BrokerConfig(virtual_logs=args.virtual_logs, virtual_segment_bytes=args.virtual_segment_bytes,
+                       replication_in_flight_max=args.replication_in_flight, tier=tier)
+
     try:
         daemon = BrokerDaemon(args.coordinator, host=args.host, port=args.port, node=args.node,
                               broker_id=args.id, cfg=cfg, advertise=args.advertise)

@@ -23,7 +23,7 @@ class GroupListener(Protocol):
 
 class Streamlet:
     __slots__ = ("stream_id", "index", "active_groups", "group_segments", "segment_size_bytes",
-                 "groups", "slots", "listener")
+                 "groups", "slots", "listener", "first_group")
 
     def __init__(self, stream_id: int, index: int, active_groups: int, group_segments: int,
                  segment_size_bytes: int, listener: GroupListener | None = None):
@@ -32,7 +32,9 @@ class Streamlet:
         self.active_groups = active_groups
         self.group_segments = group_segments
         self.segment_size_bytes = segment_size_bytes
-        self.groups: list[Group] = []
+        self.groups: list[Group] = []   # groups first_group, first_group + 1, ...
+        # Groups below this id were deleted by retention (kera.broker.retention).
+        self.first_group = 0
         self.slots: list[Group | None] = [None] * active_groups
         self.listener = listener
 
@@ -40,7 +42,7 @@ class Streamlet:
         """Store a verified chunk in its producer's slot; returns (group, segment, index)."""
         slot = producer_id % self.active_groups
         group = self.slots[slot]
-        if group is None:
+        if group is None or group.closed:   # closed by time (retention) while idle
             group = self._open_group(slot)
         loc = group.append(chunk, size, count)
         if loc is None:  # the group was full and is now closed
@@ -52,8 +54,8 @@ class Streamlet:
         return group, loc[0], loc[1]
 
     def _open_group(self, slot: int) -> Group:
-        group = Group(len(self.groups), slot, self.group_segments, self.segment_size_bytes,
-                      self.stream_id, self.index)
+        group = Group(self.first_group + len(self.groups), slot, self.group_segments,
+                      self.segment_size_bytes, self.stream_id, self.index)
         self.groups.append(group)
         self.slots[slot] = group
         if self.listener is not None:
@@ -61,7 +63,8 @@ class Streamlet:
         return group
 
     def group(self, group_id: int) -> Group | None:
-        return self.groups[group_id] if 0 <= group_id < len(self.groups) else None
+        i = group_id - self.first_group
+        return self.groups[i] if 0 <= i < len(self.groups) else None
 
     def find_chunk(self, producer_id: int, sequence: int | None, max_chunks: int):
         """Newest chunk of `producer_id` (with `sequence`, if given) in its slot, scanning chunk
@@ -88,7 +91,9 @@ class Streamlet:
         return None
 
     def describe_groups(self, low: int = 0, limit: int | None = None) -> list[list]:
+        low = max(0, low - self.first_group)
         groups = self.groups[low:] if limit is None else self.groups[low:low + limit]
+
         return [g.describe() for g in groups]
 
     def release(self) -> list:

@@ -31,6 +31,10 @@ class StreamInfo:
     replication_capacity: int
     placement: list
     version: int
+    # Retention (0: unlimited): whole groups whose last append is older than retention_ms, or
+    # beyond retention_bytes per streamlet, are deleted (broker/retention.py).
+    retention_ms: int = 0
+    retention_bytes: int = 0
 
     @classmethod
     def from_descriptor(cls, d) -> "StreamInfo":
@@ -48,6 +52,8 @@ class StreamInfo:
             replication_capacity=_int(d, "replication_capacity", 0, U64_MAX, default=0),
             placement=d.get("placement"),
             version=_int(d, "version", 0, U64_MAX, default=0),
+            retention_ms=_int(d, "retention_ms", 0, U64_MAX, default=0),
+            retention_bytes=_int(d, "retention_bytes", 0, U64_MAX, default=0),
         )
         if info.durability not in DURABILITIES:
             raise BadRequest(f"stream {info.name!r}: unknown durability {info.durability!r}")

@@ -12,7 +12,11 @@ durable head (each group is served by exactly one virtual log) only moves forwar
 chunks. A replica whose backup times out or fails is replaced by another backup that starts
 empty: everything the virtual segment holds is sent again from offset 0, and the durable walk
 waits for the new replica, so nothing is acknowledged on fewer than R copies. With no other
-backup free, the same one is retried after a pause (see _replica_failed).
+backup free, the same one is retried after a pause (see _replica_failed). Every write at offset
+0 carries `reset`: the broker is the only writer of its virtual segments, so a backup discards
+whatever it still holds of the replica (in memory or on disk; chunks deleted since may shift
+offsets) and takes the write as its new content, rather than comparing it with a copy it may
+no longer have in memory.
 
 Choice (documented in broker/README): one virtual log carries one replication factor and one
 durability mode; the broker keeps V logs per (R, durability) pair that occurs. A log's writes
@@ -129,13 +133,15 @@ def _frames(segs: list, idxs, start: int, end: int) -> tuple[list, int, int]:
     Python-level send, while one large frame goes zero-copy. Returns (frames, bytes, chunks)."""
     frames: list = []
     nbytes = chunks = 0
-    run_seg = None
+    run_seg = run_mv = None
     run_start = run_end = 0
     for k in range(start, end):
         seg = segs[k]
         mv = seg.mv
         if mv is None:
-            continue   # the stream was deleted: its chunks need no more copies
+            mv = seg.mapped()   # tiered to the broker's disk (kera.broker.tier): map it
+            if mv is None:
+                continue   # deleted (stream deleted, retention): no more copies needed
         i = idxs[k]
         pos = seg.positions[i]
         size = seg.sizes[i]
@@ -145,19 +151,23 @@ def _frames(segs: list, idxs, start: int, end: int) -> tuple[list, int, int]:
             run_end += size
             continue
         if run_seg is not None:
-            frames.append(run_seg.mv[run_start:run_end])
-        run_seg, run_start, run_end = seg, pos, pos + size
+            frames.append(run_mv[run_start:run_end])
+        run_seg, run_mv, run_start, run_end = seg, mv, pos, pos + size
     if run_seg is not None:
-        frames.append(run_seg.mv[run_start:run_end])
+        frames.append(run_mv[run_start:run_end])
     return frames, nbytes, chunks
+
 
 
 class VirtualLog:
     def __init__(self, log_id: int, replication: int, durability: str, segment_bytes: int,
                  pool, *, in_flight_max: int = 1, exclude_s: float = 10.0,
-                 counters: Counters | None = None):
+                 counters: Counters | None = None, vseg_base: int = 0):
         assert replication >= 2, "R=1 streams are durable at append and need no virtual log"
         self.id = log_id
+        # Added to segment numbers on the wire: the broker's epoch << 32, so the replicas of
+        # each incarnation of a broker id have names of their own (kera.broker.recovery).
+        self.vseg_base = vseg_base
         self.copies = replication - 1
         self.durability = durability
         self.segment_bytes = segment_bytes
@@ -172,6 +182,9 @@ class VirtualLog:
         self.walk_idx = 0                # ... and reference index inside it
         self.lag_bytes = 0               # referenced bytes not yet durable
         self.active_groups = 0           # open groups this log serves (for spreading groups)
+        # Virtual segments whose backup set changed since the coordinator last heard of it
+        # (number -> segment, in change order; see kera.broker.replica_report).
+        self.placement_changed: dict[int, VirtualSegment] = {}
 
     # ------------------------------------------------------------------ append
     def add(self, seg, index: int, size: int) -> None:
@@ -230,8 +243,10 @@ class VirtualLog:
             return None
         close = vs.closed and end == n
         frames, nbytes, chunks = _frames(vs.segs, vs.idxs, start, end)
-        fields = {"broker_id": broker_id, "vlog": self.id, "vseg": vs.number,
+        fields = {"broker_id": broker_id, "vlog": self.id, "vseg": self.vseg_base + vs.number,
                   "offset": r.sent_bytes, "durability": self.durability, "close": close}
+        if not r.sent_bytes:
+            fields["reset"] = True   # (re)starting the replica: the backup drops what it holds
         r.sent_idx = end
         r.sent_bytes += nbytes
         r.in_flight += 1
@@ -249,19 +264,28 @@ class VirtualLog:
         """Fill empty replica slots with live backups (distinct, spread, see BackupPool)."""
         if all(r is not None for r in vs.replicas):
             return
-        exclude = {r.backup_id for r in vs.replicas if r is not None}
-        exclude.update(bid for bid, until in vs.excluded.items() if until > now)
+        holders = {r.backup_id for r in vs.replicas if r is not None}
+        exclude = holders | {bid for bid, until in vs.excluded.items() if until > now}
         used_nodes = {r.node for r in vs.replicas if r is not None}
         for slot, r in enumerate(vs.replicas):
             if r is not None:
                 continue
             b = self.pool.choose(exclude, used_nodes, now)
             if b is None:
+                # Only backups that recently failed this segment are left (e.g. one declared
+                # dead that came back): take one of them again rather than leave the segment
+                # short of copies, and every produce request on it waiting, until the
+                # exclusion ends. It starts over from offset 0 with `reset`, which makes it
+                # discard what it still holds of the segment.
+                b = self.pool.choose(holders, used_nodes, now)
+            if b is None:
                 return
             self.pool.assign(b.id)
             vs.replicas[slot] = Replica(b.id, b.address, b.node)
             exclude.add(b.id)
+            holders.add(b.id)
             used_nodes.add(b.node)
+            self.placement_changed[vs.number] = vs
             log.debug("vlog %d vseg %d: replica on backup %d (%s)", self.id, vs.number, b.id, b.address)
 
     # ------------------------------------------------------------------ acknowledgements
@@ -307,7 +331,7 @@ class VirtualLog:
             # No other backup to move to: keep this one. After a timeout or a storage error
             # resend from what it acknowledged (the protocol makes a repeated write
             # idempotent); after anything else (its replica is not what we think) restart it
-            # from offset 0 (the same chunks in the same order).
+            # from offset 0 (with `reset`: it discards what it holds).
             from_zero = error.code not in ("timeout", "storage_error")
             log.warning("vlog %d vseg %d: backup %d (%s) failed (%s: %s) and no other is free; "
                         "retrying it%s", self.id, vs.number, r.backup_id, r.address, error.code,
@@ -337,6 +361,7 @@ class VirtualLog:
         vs.replicas[slot] = None
         r.gen += 1
         vs.excluded[r.backup_id] = now + self.exclude_s
+        self.placement_changed[vs.number] = vs
         if vs.finished:
             # Wholly replicated once: its remaining replicas count as load again until the
             # replacement has caught up.

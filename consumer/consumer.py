@@ -54,8 +54,10 @@ class Consumer:
             self._meta.close()
             raise
         self._consumed = {sl: ConsumedCursor(sl, low, offsets) for sl, (low, offsets) in starts.items()}
+        # A streamlet starting from its beginning starts from its first retained group.
         self._fetch = FetchState(stream, info.id,
-                                 {sl: FetchCursor(sl, low, offsets) for sl, (low, offsets) in starts.items()},
+                                 {sl: FetchCursor(sl, low, offsets, earliest=(low, offsets) == (0, {}))
+                                  for sl, (low, offsets) in starts.items()},
                                  fetch_max_bytes=fetch_max_bytes, request_timeout_s=request_timeout_s,
                                  idle_wait_s=fetch_wait_ms / 1000)
         self._lock = threading.Lock()
@@ -102,7 +104,11 @@ class Consumer:
                 try:
                     header, _ = rpc.call(address, "offsets", {"sid": self.info.id, "sl": sl},
                                          timeout_s=max(0.1, deadline - time.monotonic()))
-                    cursor = FetchCursor.at_end(sl, parse_groups(header.get("groups")))
+                    first = header.get("first_group", 0)
+                    if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+                        raise KeraError(f"bad first_group {first!r} from {address}", retriable=True)
+                    cursor = FetchCursor.at_end(sl, parse_groups(header.get("groups")), first)
+
                     return cursor.low, cursor.offsets
                 except KeraError as e:
                     if not e.retriable:

@@ -44,14 +44,20 @@ def parse_groups(groups) -> list[GroupInfo]:
 
 
 class FetchCursor:
-    __slots__ = ("streamlet", "low", "offsets")
+    __slots__ = ("streamlet", "low", "offsets", "earliest")
 
-    def __init__(self, streamlet: int, low: int = 0, offsets: dict[int, int] | None = None):
+    def __init__(self, streamlet: int, low: int = 0, offsets: dict[int, int] | None = None,
+                 earliest: bool = False):
         self.streamlet = streamlet
         self.low = low
         self.offsets = {g: o for g, o in (offsets or {}).items() if g >= low}
+        # start="earliest": until the broker's first group table, ask it to begin at its first
+        # retained group (groups below were deleted by retention) instead of refusing `low`.
+        self.earliest = earliest
 
     def wire(self) -> dict:
+        if self.earliest:
+            return {"low": self.low, "offsets": dict(self.offsets), "earliest": True}
         return {"low": self.low, "offsets": dict(self.offsets)}
 
     def on_chunk(self, header: ChunkHeader) -> int | None:
@@ -72,6 +78,10 @@ class FetchCursor:
         move up, else None. A group is finished when it is closed and read to its end."""
         table = {gi.group: gi for gi in groups}
         low = self.low
+        if self.earliest and table:
+            # The broker began at its first retained group: the groups below it are gone.
+            self.earliest = False
+            low = max(low, min(table))
         while True:
             gi = table.get(low)
             if gi is None or not gi.closed or self.offsets.get(low, 0) < gi.durable_end:
@@ -84,9 +94,11 @@ class FetchCursor:
         return low
 
     @classmethod
-    def at_end(cls, streamlet: int, groups: list[GroupInfo]) -> "FetchCursor":
-        """A cursor at the durable end of every group (start="latest")."""
-        low = 0
+    def at_end(cls, streamlet: int, groups: list[GroupInfo], first_group: int = 0) -> "FetchCursor":
+        """A cursor at the durable end of every group (start="latest"); `first_group`: the
+        broker's first retained group (the `offsets` reply's)."""
+        low = first_group
+
         for gi in sorted(groups):
             if gi.closed and gi.group == low:
                 low += 1

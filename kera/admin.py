@@ -47,18 +47,41 @@ class Admin:
                       group_segments: int = config.DEFAULT_GROUP_SEGMENTS,
                       segment_size_bytes: int = config.DEFAULT_SEGMENT_SIZE_BYTES,
                       durability: str = config.DEFAULT_DURABILITY,
-                      replication_capacity: int = 0, wait_ready: bool = True) -> dict:
+                      replication_capacity: int = 0, wait_ready: bool = True,
+                      retention_ms: int = 0, retention_bytes: int = 0) -> dict:
         """Create a stream and return its descriptor; with `wait_ready`, once every owning
-        broker has picked it up (raises Timeout after `timeout_s`)."""
+        broker has picked it up (raises Timeout after `timeout_s`). `retention_ms` /
+        `retention_bytes` (per streamlet): whole groups beyond them are deleted (0: keep)."""
         deadline = time.monotonic() + self.timeout_s
-        stream = self._call("create_stream", {
+        fields = {
             "name": name, "streamlets": streamlets, "active_groups": active_groups,
             "replication": replication, "group_segments": group_segments,
             "segment_size_bytes": segment_size_bytes, "durability": durability,
-            "replication_capacity": replication_capacity})["stream"]
+            "replication_capacity": replication_capacity}
+        if retention_ms:
+            fields["retention_ms"] = retention_ms
+        if retention_bytes:
+            fields["retention_bytes"] = retention_bytes
+        stream = self._call("create_stream", fields)["stream"]
         if wait_ready:
             stream = self.wait_ready(name, deadline - time.monotonic(), stream)
         return stream
+
+    def alter_stream(self, name: str, retention_ms: int | None = None,
+                     retention_bytes: int | None = None, wait_ready: bool = True) -> dict:
+        """Change a stream's retention (None: leave as is, 0: no limit); returns the descriptor,
+        with `wait_ready` once every owning broker applies it."""
+        deadline = time.monotonic() + self.timeout_s
+        fields: dict = {"name": name}
+        if retention_ms is not None:
+            fields["retention_ms"] = retention_ms
+        if retention_bytes is not None:
+            fields["retention_bytes"] = retention_bytes
+        stream = self._call("alter_stream", fields)["stream"]
+        if wait_ready:
+            stream = self.wait_ready(name, deadline - time.monotonic(), stream)
+        return stream
+
 
     def wait_ready(self, name: str, timeout_s: float | None = None, stream: dict | None = None) -> dict:
         """Poll until the stream's descriptor says `ready`; returns it, or raises Timeout."""
@@ -90,6 +113,14 @@ class Admin:
         {"id", "address", "node", "alive"}."""
         header = self._call("cluster")
         return {k: header[k] for k in ("brokers", "backups", "metadata_version")}
+
+    def replicas(self, broker_id: int | None = None, backup_id: int | None = None) -> list[list]:
+        """Which backups hold which virtual segments, as the brokers reported them:
+        `[[broker_id, vlog, vseg, [backup ids]], ...]`, sorted; optionally only one broker's,
+        or only the virtual segments one backup holds."""
+        fields = {k: v for k, v in (("broker_id", broker_id), ("backup_id", backup_id))
+                  if v is not None}
+        return self._call("replicas", fields)["replicas"]
 
     def stats(self) -> dict:
         """Counters of every live daemon: {"brokers": {id: stats}, "backups": {id: stats},

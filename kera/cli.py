@@ -90,13 +90,13 @@ def _first_positional(argv: list[str]) -> str | None:
 def _add_daemon(sub, name: str, module: str, summary: str, load: bool) -> None:
     # A daemon's module is imported only when its command runs, so `kera stream list` does not
     # pay for (or break on) broker code.
-    p = sub.add_parser(name, help=summary, description=summary.capitalize() + ".")
+    p = sub.add_parser(name, help=summary, description=summary[:1].upper() + summary[1:] + ".")
     if not load:
         return
     try:
         mod = importlib.import_module(module)
     except ImportError as exc:
-        p.description = f"{summary.capitalize()}. Not available here: {exc}"
+        p.description = f"{summary[:1].upper() + summary[1:]}. Not available here: {exc}"
         p.set_defaults(func=lambda args, exc=exc: _unavailable(name, exc), unavailable=True)
         return
     mod.add_arguments(p)
@@ -152,9 +152,19 @@ def _add_stream(sub) -> None:
                    help="segment capacity (default: %(default)s)")
     c.add_argument("--replication-capacity", type=int, default=0,
                    help="virtual logs the stream may use, 0 = all (default: %(default)s)")
+    _retention_arguments(c, default=0)
     c.add_argument("--no-wait", action="store_true",
                    help="return once created, without waiting for the brokers")
     c.set_defaults(func=cmd_stream_create)
+
+    a = ssub.add_parser("alter", parents=opts, help="change a stream's retention",
+                        description="Change a stream's retention and wait until its brokers "
+                                    "apply it.")
+    a.add_argument("name", help="stream name")
+    _retention_arguments(a, default=None)
+    a.add_argument("--no-wait", action="store_true",
+                   help="return once changed, without waiting for the brokers")
+    a.set_defaults(func=cmd_stream_alter)
 
     d = ssub.add_parser("describe", parents=opts, help="show a stream's descriptor")
     d.add_argument("name", help="stream name")
@@ -173,6 +183,8 @@ def _add_cluster(sub) -> None:
                        help="list brokers and backups known to the coordinator",
                        description="Show every registered broker and backup and whether it "
                                    "is alive.")
+    p.add_argument("--replicas", action="store_true",
+                   help="also list which backups hold each broker's virtual segments")
     p.set_defaults(func=cmd_cluster)
 
 
@@ -225,6 +237,16 @@ def _admin(args):
     return Admin(args.bootstrap, timeout_s=args.timeout_s)
 
 
+def _retention_arguments(p, default) -> None:
+    from kera.broker.memory import parse_size
+    p.add_argument("--retention-ms", type=int, default=default,
+                   help="delete whole groups whose last record is older than this, 0 = keep "
+                        "forever" + (" (default: %(default)s)" if default is not None else ""))
+    p.add_argument("--retention-bytes", type=parse_size, default=default,
+                   help="per streamlet, delete the oldest groups beyond this size (e.g. 1GiB), "
+                        "0 = no limit" + (" (default: %(default)s)" if default is not None else ""))
+
+
 def _print_json(obj) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, default=str))
 
@@ -235,7 +257,8 @@ def cmd_stream_create(args) -> int:
             args.name, streamlets=args.streamlets, active_groups=args.active_groups,
             replication=args.replication, group_segments=args.group_segments,
             segment_size_bytes=args.segment_size_bytes, durability=args.durability,
-            replication_capacity=args.replication_capacity, wait_ready=not args.no_wait)
+            replication_capacity=args.replication_capacity, retention_ms=args.retention_ms,
+            retention_bytes=args.retention_bytes, wait_ready=not args.no_wait)
     if args.json:
         _print_json(stream)
     else:
@@ -272,7 +295,22 @@ def cmd_stream_list(args) -> int:
     return 0
 
 
+def cmd_stream_alter(args) -> int:
+    with _admin(args) as admin:
+        stream = admin.alter_stream(args.name, retention_ms=args.retention_ms,
+                                    retention_bytes=args.retention_bytes,
+                                    wait_ready=not args.no_wait)
+    if args.json:
+        _print_json(stream)
+    else:
+        print(f"altered stream '{stream['name']}': retention_ms {stream.get('retention_ms', 0)}, "
+              f"retention_bytes {stream.get('retention_bytes', 0)}, "
+              f"{'ready' if stream['ready'] else 'not ready yet'}")
+    return 0
+
+
 def cmd_stream_delete(args) -> int:
+
     with _admin(args) as admin:
         admin.delete_stream(args.name)
     if not args.json:
@@ -283,6 +321,8 @@ def cmd_stream_delete(args) -> int:
 def cmd_cluster(args) -> int:
     with _admin(args) as admin:
         cluster = admin.cluster()
+        if args.replicas:
+            cluster["replicas"] = admin.replicas()
     if args.json:
         _print_json(cluster)
         return 0
@@ -290,6 +330,11 @@ def cmd_cluster(args) -> int:
             for kind in ("brokers", "backups") for m in cluster[kind]]
     print(_table(["KIND", "ID", "ADDRESS", "NODE", "ALIVE"], rows))
     print(f"metadata version {cluster['metadata_version']}")
+    if args.replicas:
+        rows = [[b, vlog, vseg, ",".join(map(str, backups)) or "-"]
+                for b, vlog, vseg, backups in cluster["replicas"]]
+        print()
+        print(_table(["BROKER", "VLOG", "VSEG", "BACKUPS"], rows))
     return 0
 
 

@@ -181,7 +181,9 @@ class LocalCluster:
         for i in range(brokers):
             p = pick()
             args = ["broker", "--coordinator", self.bootstrap, "--host", HOST, "--port", str(p),
-                    "--node", f"local-broker-{i}", "--id", str(i), *level]
+                    "--node", f"local-broker-{i}", "--id", str(i),
+                    "--dir", str(self.data_dir / f"broker-{i}"), *level]
+
             if virtual_logs is not None:
                 args += ["--virtual-logs", str(virtual_logs)]
             self.brokers.append(Daemon("broker", i, p, args + list(extra_broker_args),

@@ -15,10 +15,11 @@ broker owning one of its streamlets reports (by heartbeat) having applied at lea
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kera import config
 from kera.coordinator import validate
+from kera.coordinator.recovery import Failover, parse_streamlets
 from kera.coordinator.validate import KINDS, StreamSpec
 from kera.errors import BadRequest, NotReady, StreamExists, UnknownStream
 from kera.wire import Fields
@@ -30,6 +31,9 @@ FIRST_STREAM_ID = 1  # 0 is never a stream id, so a zeroed field is never mistak
 # A heartbeat may move the version ahead (see `heartbeat`) but not beyond this: a bogus report
 # must not push it toward the u64 limit of the wire.
 VERSION_JUMP_MAX = 2**62
+# Virtual segments whose backups the coordinator remembers per broker (oldest forgotten first):
+# 512 GiB of a broker's data at the default 8 MiB virtual segment.
+REPLICA_ENTRIES_PER_BROKER_MAX = 65_536
 
 
 @dataclass(slots=True)
@@ -77,6 +81,14 @@ class Coordinator:
         self.next_stream_id = FIRST_STREAM_ID
         self.rotation = 0  # where the next stream's placement starts, mod the live brokers
         self.started_s = now
+        # Broker incarnations, failover of dead brokers' streamlets, recovery markers
+        # (kera.coordinator.recovery).
+        self.failover = Failover()
+        # Which backups hold each virtual segment of each broker, as the brokers report them
+        # (heartbeat `vsegs`): broker id -> {(vlog, vseg): [backup ids]}. Persisted; changes
+        # count in `replica_changes` (not in `version`: daemons need not refetch metadata).
+        self.replicas: dict[int, dict[tuple[int, int], list[int]]] = {}
+        self.replica_changes = 0
         if state is not None:
             self._load(state)
             # The restart itself is a change: liveness is unknown until daemons heartbeat, and
@@ -90,11 +102,16 @@ class Coordinator:
             "describe_stream": self._op_describe_stream,
             "list_streams": self._op_list_streams,
             "delete_stream": self._op_delete_stream,
+            "alter_stream": self._op_alter_stream,
             "broker_streams": self._op_broker_streams,
+            "replicas": self._op_replicas,
+            "recovered": self._op_recovered,
+            "recovery_status": self._op_recovery_status,
         }
 
     OPS = ("register", "heartbeat", "cluster", "create_stream", "describe_stream",
-           "list_streams", "delete_stream", "broker_streams")
+           "list_streams", "delete_stream", "alter_stream", "broker_streams", "replicas", "recovered",
+           "recovery_status")
 
     # ------------------------------------------------------------------ request entry point
     def handle(self, op: str, header: dict | Fields, now: float) -> dict:
@@ -115,11 +132,28 @@ class Coordinator:
         kind = validate.kind(f)
         member_id = f.int("daemon_id", hi=validate.ID_MAX)
         applied = f.int("metadata_version", hi=validate.VERSION_MAX)
-        self.heartbeat(now, kind, member_id, applied, validate.stats(f))
-        return {"metadata_version": self.version}
+        stats = validate.stats(f)
+        report = validate.vsegs(f)
+        if report is not None and kind != "broker":
+            raise BadRequest("only brokers report 'vsegs'")
+        if member_id in self.members[kind]:
+            self.failover.check_heartbeat(self, kind, member_id, f, now)
+        self.heartbeat(now, kind, member_id, applied, stats)
+        if report:
+            self.report_replicas(member_id, report)
+        reply = {"metadata_version": self.version}
+        if kind == "backup":
+            free = self.failover.backup_heartbeat(self, member_id, f)
+            if free:
+                reply["free"] = free   # incarnations whose replicas are no longer needed
+        return reply
 
     def _op_cluster(self, f: Fields, now: float) -> dict:
-        return self.cluster()
+        reply = self.cluster()
+        # Every live daemon has had time to heartbeat since this coordinator started, so one
+        # not alive is dead, not merely unheard of yet (recovery waits for this).
+        reply["settled"] = now - self.started_s > self.dead_after_s
+        return reply
 
     def _op_create_stream(self, f: Fields, now: float) -> dict:
         return {"stream": self.create_stream(StreamSpec.from_fields(f))}
@@ -134,8 +168,27 @@ class Coordinator:
         self.delete_stream(f.str("name", hi=validate.NAME_CHARS_MAX))
         return {}
 
+    def _op_alter_stream(self, f: Fields, now: float) -> dict:
+        name = f.str("name", hi=validate.NAME_CHARS_MAX)
+        return {"stream": self.alter_stream(name, **validate.alterations(f))}
+
     def _op_broker_streams(self, f: Fields, now: float) -> dict:
         return self.broker_streams(f.int("broker_id", hi=validate.ID_MAX))
+
+    def _op_recovered(self, f: Fields, now: float) -> dict:
+        cleared = self.failover.recovered(self, f.int("broker_id", hi=validate.ID_MAX),
+                                          f.int("epoch", hi=validate.VERSION_MAX),
+                                          parse_streamlets(f))
+        if cleared:
+            self._bump()
+        return {"cleared": cleared}
+
+    def _op_recovery_status(self, f: Fields, now: float) -> dict:
+        return self.failover.status()
+
+    def _op_replicas(self, f: Fields, now: float) -> dict:
+        return {"replicas": self.replica_entries(f.int("broker_id", None, hi=validate.ID_MAX),
+                                                 f.int("backup_id", None, hi=validate.ID_MAX))}
 
     # ------------------------------------------------------------------ membership
     def register(self, now: float, kind: str, address: str, node: str,
@@ -159,8 +212,11 @@ class Coordinator:
         member.alive = True
         member.last_heartbeat_s = now
         member.applied_version = 0  # a (re)started daemon has applied nothing yet
+        if kind == "broker" and self.replicas.pop(member_id, None):
+            self.replica_changes += 1  # it reports its virtual segments again after registering
         self._bump()
         member.registered_version = self.version
+        self.failover.registered(self, member, now)
         return member
 
     def heartbeat(self, now: float, kind: str, member_id: int, applied_version: int,
@@ -196,7 +252,38 @@ class Coordinator:
                     dead.append(member)
         if dead:
             self._bump()
+        # Dead brokers' streamlets move to live ones (a bump of their own when they do).
+        self.failover.daemons_dead(self, dead, now)
+        self.failover.tick(self, now)
         return dead
+
+    # ------------------------------------------------------------------ replica map
+    def report_replicas(self, broker_id: int, entries) -> None:
+        """A broker's report: virtual segment (vlog, vseg) is now replicated on these backups."""
+        table = self.replicas.setdefault(broker_id, {})
+        for vlog, vseg, backups in entries:
+            table.pop((vlog, vseg), None)   # re-inserted last: eviction forgets the oldest
+            table[(vlog, vseg)] = list(backups)
+        excess = len(table) - REPLICA_ENTRIES_PER_BROKER_MAX
+        if excess > 0:
+            log.warning("broker %d: forgetting the backups of its %d oldest virtual segments "
+                        "(at most %d kept)", broker_id, excess, REPLICA_ENTRIES_PER_BROKER_MAX)
+            for key in list(table)[:excess]:
+                del table[key]
+        self.replica_changes += 1
+
+    def replica_entries(self, broker_id: int | None = None,
+                        backup_id: int | None = None) -> list[list]:
+        """`[[broker_id, vlog, vseg, [backup ids]], ...]`, sorted, optionally only one broker's
+        or only the virtual segments one backup holds."""
+        out = []
+        for bid, table in sorted(self.replicas.items()):
+            if broker_id is not None and bid != broker_id:
+                continue
+            for (vlog, vseg), backups in sorted(table.items()):
+                if backup_id is None or backup_id in backups:
+                    out.append([bid, vlog, vseg, list(backups)])
+        return out
 
     def live(self, kind: str) -> list[Member]:
         return [m for _, m in sorted(self.members[kind].items()) if m.alive]
@@ -243,31 +330,58 @@ class Coordinator:
     def list_streams(self) -> list[dict]:
         return [self.descriptor(s) for _, s in sorted(self.streams.items())]
 
+    def alter_stream(self, name: str, **changes) -> dict:
+        """Change what may change after creation (retention_ms, retention_bytes): validated
+        as at creation; the descriptor's `version` moves, so it is `ready` again once every
+        owning broker has applied the change."""
+        stream = self._stream(name)
+        unknown = set(changes) - set(validate.ALTERABLE)
+        if unknown:
+            raise BadRequest(f"cannot alter {sorted(unknown)} of a stream (only "
+                             f"{', '.join(validate.ALTERABLE)})")
+        spec = replace(stream.spec, **changes)   # __post_init__ validates
+        if spec != stream.spec:
+            stream.spec = spec
+            self._bump()
+            stream.version = self.version
+            log.info("stream '%s' (id %d) altered: %s", name, stream.id, changes)
+        return self.descriptor(stream)
+
     def delete_stream(self, name: str) -> None:
         stream = self._stream(name)
         del self.streams[name]
+        self.failover.stream_deleted(stream.id)
         self._bump()
         log.info("stream '%s' (id %d) deleted", name, stream.id)
 
     def broker_streams(self, broker_id: int) -> dict:
-        return {"metadata_version": self.version,
-                "streams": [self.descriptor(s) for _, s in sorted(self.streams.items())
-                            if broker_id in s.placement]}
+        reply = {"metadata_version": self.version,
+                 "streams": [self.descriptor(s) for _, s in sorted(self.streams.items())
+                             if broker_id in s.placement]}
+        epoch = self.failover.epochs.get(broker_id)
+        if epoch is not None:
+            reply["epoch"] = epoch   # the broker's incarnation (names its replicas)
+        return reply
 
     def descriptor(self, stream: Stream) -> dict:
         spec = stream.spec
         owners = sorted(set(stream.placement))
         brokers = self.members["broker"]
-        return {
+        d = {
             "name": spec.name, "id": stream.id, "streamlets": spec.streamlets,
             "active_groups": spec.active_groups, "replication": spec.replication,
             "group_segments": spec.group_segments, "segment_size_bytes": spec.segment_size_bytes,
             "durability": spec.durability, "replication_capacity": spec.replication_capacity,
+            "retention_ms": spec.retention_ms, "retention_bytes": spec.retention_bytes,
             "placement": list(stream.placement),
             "brokers": {str(b): brokers[b].address for b in owners},
             "version": stream.version,
             "ready": all(brokers[b].applied_version >= stream.version for b in owners),
         }
+        recovering = self.failover.descriptor_field(stream.id)
+        if recovering:
+            d["recovering"] = recovering   # [[streamlet, [[broker, epoch], ...]], ...]
+        return d
 
     def _stream(self, name: str) -> Stream:
         stream = self.streams.get(name)
@@ -296,8 +410,14 @@ class Coordinator:
                          "group_segments": s.spec.group_segments,
                          "segment_size_bytes": s.spec.segment_size_bytes,
                          "durability": s.spec.durability,
-                         "replication_capacity": s.spec.replication_capacity}
+                         "replication_capacity": s.spec.replication_capacity,
+                         "retention_ms": s.spec.retention_ms,
+                         "retention_bytes": s.spec.retention_bytes}
                         for _, s in sorted(self.streams.items())],
+            "replicas": {str(bid): [[vlog, vseg, backups]
+                                    for (vlog, vseg), backups in table.items()]
+                         for bid, table in sorted(self.replicas.items()) if table},
+            "recovery": self.failover.to_state(),
         }
 
     def _load(self, state: dict) -> None:
@@ -318,7 +438,9 @@ class Coordinator:
                     self.members[kind][member_id] = Member(kind, member_id, str(m["address"]),
                                                            str(m["node"]))
             for s in state["streams"]:
-                spec = StreamSpec(**{k: s[k] for k in StreamSpec.__slots__})
+                # Fields added later (retention) may be missing from an older file: defaults.
+                spec = StreamSpec(**{k: s[k] for k in StreamSpec.__slots__ if k in s})
+
                 stream = Stream(spec, _nonneg(s["id"]), list(s["placement"]),
                                 _nonneg(s["version"]))
                 if stream.id >= self.next_stream_id or spec.name in self.streams:
@@ -329,6 +451,16 @@ class Coordinator:
                 if stream.version > self.version:
                     raise ValueError(f"stream '{spec.name}' is newer than the metadata version")
                 self.streams[spec.name] = stream
+            # Absent in files written before broker failover existed.
+            self.failover.load(state.get("recovery"))
+            # Absent in files written before the replica map existed.
+            for bid, entries in state.get("replicas", {}).items():
+                broker_id = _nonneg(int(bid))
+                if broker_id not in self.members["broker"]:
+                    raise ValueError(f"replicas of unknown broker {broker_id}")
+                table = self.replicas[broker_id] = {}
+                for vlog, vseg, backups in entries:
+                    table[(_nonneg(vlog), _nonneg(vseg))] = [_nonneg(b) for b in backups]
         except (KeyError, TypeError, AttributeError, BadRequest) as exc:
             raise ValueError(f"malformed coordinator state: {exc.__class__.__name__}: {exc}") from None
 

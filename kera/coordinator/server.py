@@ -41,7 +41,7 @@ class CoordinatorServer:
             log.info("loaded %d streams, %d brokers, %d backups from %s", len(self.core.streams),
                      len(self.core.members["broker"]), len(self.core.members["backup"]), data_dir)
         self.counters = Counters()
-        self._saved_version: int | None = None
+        self._saved_mark: tuple[int, int] | None = None   # (version, replica_changes) on disk
         self._persist()
         self.server = Server("coordinator", host, port)
         for op in Coordinator.OPS:
@@ -76,7 +76,8 @@ class CoordinatorServer:
         self._refresh_snapshot()
 
     def _persist(self) -> None:
-        if self.core.version == self._saved_version:
+        mark = (self.core.version, self.core.replica_changes)
+        if mark == self._saved_mark:
             return
         started = time.monotonic()
         try:
@@ -87,7 +88,7 @@ class CoordinatorServer:
             if hasattr(self, "server"):
                 self.server.stop()
             raise StorageError(f"coordinator cannot persist its metadata: {exc}") from None
-        self._saved_version = self.core.version
+        self._saved_mark = mark
         self.counters.add("persists")
         self.counters.add("persist_ms_total", round((time.monotonic() - started) * 1000, 3))
 
@@ -98,7 +99,10 @@ class CoordinatorServer:
                     brokers=len(self.core.members["broker"]),
                     brokers_alive=len(self.core.live("broker")),
                     backups=len(self.core.members["backup"]),
-                    backups_alive=len(self.core.live("backup")))
+                    backups_alive=len(self.core.live("backup")),
+                    replica_entries=sum(map(len, self.core.replicas.values())),
+                    failovers=self.core.failover.failovers,
+                    streamlets_recovering=sum(map(len, self.core.failover.recovering.values())))
         self.snapshot = snap
 
     def run(self) -> None:

@@ -27,6 +27,9 @@ GROUP_SEGMENTS_MAX = 65536
 SEGMENT_SIZE_BYTES_MIN = 1 * config.KiB
 SEGMENT_SIZE_BYTES_MAX = 1024 * config.MiB
 REPLICATION_CAPACITY_MAX = 4096
+RETENTION_MS_MAX = 2**63 - 1
+RETENTION_BYTES_MAX = 2**63 - 1
+
 DURABILITIES = (config.DURABILITY_MEMORY, config.DURABILITY_DISK)
 # A heartbeat's `stats` map is kept in memory per daemon: bound it.
 STATS_ENTRIES_MAX = 1000
@@ -54,6 +57,8 @@ class StreamSpec:
     segment_size_bytes: int = config.DEFAULT_SEGMENT_SIZE_BYTES
     durability: str = config.DEFAULT_DURABILITY
     replication_capacity: int = 0
+    retention_ms: int = 0        # 0: keep forever (see kera.broker.retention)
+    retention_bytes: int = 0     # per streamlet; 0: no size limit
 
     def __post_init__(self):
         stream_name(self.name)
@@ -64,6 +69,8 @@ class StreamSpec:
         _bounded("segment_size_bytes", self.segment_size_bytes, SEGMENT_SIZE_BYTES_MIN,
                  SEGMENT_SIZE_BYTES_MAX)
         _bounded("replication_capacity", self.replication_capacity, 0, REPLICATION_CAPACITY_MAX)
+        _bounded("retention_ms", self.retention_ms, 0, RETENTION_MS_MAX)
+        _bounded("retention_bytes", self.retention_bytes, 0, RETENTION_BYTES_MAX)
         if self.durability not in DURABILITIES:
             raise BadRequest(f"durability must be one of {', '.join(DURABILITIES)}, "
                              f"not {self.durability!r}")
@@ -80,7 +87,22 @@ class StreamSpec:
             segment_size_bytes=f.int("segment_size_bytes", config.DEFAULT_SEGMENT_SIZE_BYTES),
             durability=f.str("durability", config.DEFAULT_DURABILITY, hi=16),
             replication_capacity=f.int("replication_capacity", 0),
+            retention_ms=f.int("retention_ms", 0),
+            retention_bytes=f.int("retention_bytes", 0),
         )
+
+
+# What `alter_stream` may change after creation.
+ALTERABLE = ("retention_ms", "retention_bytes")
+
+
+def alterations(f: Fields) -> dict:
+    """The `alter_stream` fields present (types checked; ranges by StreamSpec)."""
+    out = {name: f.int(name, None) for name in ALTERABLE}
+    out = {k: v for k, v in out.items() if v is not None}
+    if not out:
+        raise BadRequest(f"alter_stream needs at least one of {', '.join(ALTERABLE)}")
+    return out
 
 
 def _bounded(name: str, value, lo: int, hi: int) -> int:
@@ -127,3 +149,31 @@ def stats(f: Fields) -> dict | None:
     if value is not None and len(value) > STATS_ENTRIES_MAX:
         raise BadRequest(f"field 'stats' has {len(value)} entries, more than {STATS_ENTRIES_MAX}")
     return value
+
+
+# A broker's report of where its virtual segments are replicated (heartbeat field `vsegs`).
+VSEG_REPORT_ENTRIES_MAX = 4096   # entries in one heartbeat
+VSEG_BACKUPS_MAX = REPLICATION_MAX - 1
+VLOG_MAX = 2**32 - 1
+VSEG_MAX = 2**64 - 1
+
+
+def vsegs(f: Fields) -> list[tuple[int, int, list[int]]] | None:
+    """`[[vlog, vseg, [backup ids]], ...]` or None when absent; BadRequest on anything off."""
+    value = f.list("vsegs", None, max_len=VSEG_REPORT_ENTRIES_MAX)
+    if value is None:
+        return None
+    out = []
+    for entry in value:
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise BadRequest("field 'vsegs' holds an entry that is not [vlog, vseg, [backup ids]]")
+        vlog, vseg, backups = entry
+        _bounded("vsegs vlog", vlog, 0, VLOG_MAX)
+        _bounded("vsegs vseg", vseg, 0, VSEG_MAX)
+        if not isinstance(backups, list) or len(backups) > VSEG_BACKUPS_MAX:
+            raise BadRequest(f"field 'vsegs' holds a backup list that is not a list of at most "
+                             f"{VSEG_BACKUPS_MAX} ids")
+        for b in backups:
+            _bounded("vsegs backup id", b, 0, ID_MAX)
+        out.append((vlog, vseg, list(backups)))
+    return out

@@ -5,11 +5,10 @@
 
 Each line is rows/s for the same rows (a 100-byte value each) with Spark `local[2]`:
 
-- write ceiling: generate the rows and drop them (`noop` sink)
+- spark ceiling: generate the rows and drop them (`noop` sink), all in the JVM
 - python sink ceiling: generate the rows and hand them to a Python Arrow sink that drops
   them: the cost of Spark's Python Data Source write path, which the kera sink also pays
 - kera write:    generate the rows and write them to a kera stream (`df.write.format("kera")`)
-- read ceiling:  generate the rows and drop them again, the cost of a batch scan into Spark
 - python source ceiling: a Python source yielding ready-made Arrow batches of such rows
 - kera read:     `spark.read.format("kera")` of those rows into the `noop` sink
 - stream ceiling / kera stream read: Trigger.AvailableNow over the `rate-micro-batch` source
@@ -106,7 +105,7 @@ def run(spark, bootstrap: str, rows: int, repeat: int = 2, streamlets: int = 2) 
 
     out: dict[str, float] = {}
     data = generated(rows)
-    out["write ceiling (range -> noop)"] = rows / _best(
+    out["spark ceiling (range -> noop)"] = rows / _best(
         lambda: data.write.format("noop").mode("overwrite").save(), repeat)
     out["python sink ceiling (range -> null python sink)"] = rows / _best(
         lambda: data.write.format("kera_bench_ceiling").mode("append").save(), repeat)
@@ -119,8 +118,6 @@ def run(spark, bootstrap: str, rows: int, repeat: int = 2, streamlets: int = 2) 
     out["kera write (range -> kera)"] = rows / _best(write_kera, repeat)
     kera_opts = targets[-1]
 
-    out["read ceiling (range -> noop)"] = rows / _best(
-        lambda: data.write.format("noop").mode("overwrite").save(), repeat)
     out["python source ceiling (python source -> noop)"] = rows / _best(
         lambda: spark.read.format("kera_bench_ceiling").option("rows", rows).load()
         .write.format("noop").mode("overwrite").save(), repeat)

@@ -18,7 +18,7 @@ from pyspark.sql.datasource import InputPartition
 
 from kera import wire
 from kera.chunk import Chunk
-from kera.errors import KeraError, Timeout, from_reply
+from kera.errors import KeraError, OffsetOutOfRange, Timeout, from_reply
 from kera.spark.columns import chunk_rows, concat
 from kera.spark.metadata import Metadata
 from kera.spark.offsets import DataLoss
@@ -93,8 +93,14 @@ class GroupReader:
             if base + n <= self.position:
                 continue
             if base > self.position:
-                raise DataLoss(f"{p.stream}/{p.streamlet} group {p.group}: records "
-                               f"[{self.position}, {base}) missing from the broker's reply")
+                lost = (f"{p.stream}/{p.streamlet} group {p.group}: records "
+                        f"[{self.position}, {base}) missing from the broker's reply")
+                if p.fail_on_data_loss:
+                    raise DataLoss(lost)
+                log.warning("skipping lost records: %s", lost)
+                self.position = min(base, p.end)
+                if self.done:
+                    break
             hi = min(p.end, base + n)
             batches.append(chunk_rows(c, self.position - base, hi - base, p.stream, p.streamlet,
                                       p.group, base))
@@ -136,9 +142,10 @@ def read_group(part: GroupRange) -> Iterator[pa.RecordBatch]:
                 header, frames = _reply(conn, req, part.timeout_s)
                 wire.raise_for_reply(header)
                 rows = reader.on_reply(header, frames)
-            except DataLoss as exc:
+            except (DataLoss, OffsetOutOfRange) as exc:   # the latter: deleted by retention
                 if part.fail_on_data_loss:
                     raise
+
                 log.warning("skipping the rest of %s/%d group %d: %s", part.stream,
                             part.streamlet, part.group, exc)
                 return

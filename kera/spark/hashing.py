@@ -1,4 +1,5 @@
-"""Key -> streamlet, the same stable rule as the producer client: crc32c(key) mod streamlets.
+"""Key -> streamlet, the same stable rule as the producer client (kera.partitioner):
+crc32c(key) mod streamlets, for a whole Arrow column at once.
 
 Hashing a column of keys costs O(longest key) numpy calls (one table-driven CRC step per byte
 position, over every key that long), not a Python call per key. Keys longer than

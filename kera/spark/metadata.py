@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kera import rpc, wire
 from kera.errors import KeraError, NotReady, Timeout, UnknownStream
-from kera.spark.offsets import GroupInfo, group_infos
+from kera.spark.offsets import GroupInfo, Groups, group_infos
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,11 @@ class Metadata:
             address = info.owner(streamlet)
             try:
                 reply, _ = self.conn(address).call("offsets", {"sid": info.id, "sl": streamlet})
-                return info, group_infos(wire.Fields(reply).list("groups", max_len=1 << 20))
+                fields = wire.Fields(reply)
+                infos = Groups(group_infos(fields.list("groups", max_len=1 << 20)))
+                infos.first_group = fields.int("first_group", 0, hi=2**32 - 1)  # retention
+                return info, infos
+
             except KeraError as exc:
                 if not exc.retriable:
                     raise

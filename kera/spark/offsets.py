@@ -56,6 +56,16 @@ class GroupInfo(NamedTuple):
         return self.durable_end if self.closed else None
 
 
+class Groups(list):
+    """A streamlet's groups (GroupInfo, sorted) and `first_group`, the broker's first retained
+    group: every group below it was deleted by retention (the `offsets` reply's field)."""
+    first_group = 0
+
+
+def first_group(infos) -> int:
+    return getattr(infos, "first_group", 0)
+
+
 def group_infos(raw: Iterable) -> list[GroupInfo]:
     """Validate a broker's groups list and sort it by group id."""
     out = []
@@ -143,13 +153,14 @@ def _non_negative(value, what: str) -> int:
 
 def earliest(infos: list[GroupInfo]) -> Cursor:
     """Every record still stored."""
-    return Cursor(0, {i.g: i.start for i in infos if i.start > 0})
+    return Cursor(first_group(infos), {i.g: i.start for i in infos if i.start > 0})
 
 
 def latest(infos: list[GroupInfo]) -> Cursor:
     """Past every durable record: groups that exist are listed at their durable end (a finished
     group stays listed: harmless, and it is dropped by the first batch)."""
-    return Cursor(infos[-1].g + 1 if infos else 0, {i.g: i.durable_end for i in infos})
+    return Cursor(infos[-1].g + 1 if infos else first_group(infos),
+                  {i.g: i.durable_end for i in infos})
 
 
 def parse_boundary(spec: str, streams: list[str], default: int) -> dict[str, dict[int, object]]:
@@ -204,6 +215,9 @@ def check_loss(start: Cursor, infos: list[GroupInfo], where: str) -> list[str]:
     """Problems that mean records `start` still has to read are gone."""
     problems = []
     known = {i.g: i for i in infos}
+    first = first_group(infos)
+    if start.next < first:
+        problems.append(f"{where} groups [{start.next}, {first}) were deleted by retention")
     for g, off in start.groups.items():
         info = known.get(g)
         if info is None:
@@ -237,7 +251,8 @@ def advance(start: Cursor, infos: list[GroupInfo], cap: Cursor | None = None,
         if info.closed and s >= info.durable_end and s == e:
             continue
         groups[info.g] = e
-    nxt = max(start.next, infos[-1].g + 1 if infos else 0)
+    nxt = max(start.next, infos[-1].g + 1 if infos else 0, first_group(infos))
+
     return Cursor(nxt, groups)
 
 
@@ -339,11 +354,12 @@ def plan(start: Cursor, end: Cursor, infos: list[GroupInfo] | None = None) -> li
             continue
         e = end.position(g)
         if e is None:
-            e = final.get(g)
-            if e is None:
-                if infos is not None:
-                    raise ValueError(f"the end offset has group {g} finished but it is still open")
+            if infos is None or g not in final:  # nothing left, or the group is gone
                 e = s
+            elif final[g] is None:
+                raise ValueError(f"the end offset has group {g} finished but it is still open")
+            else:
+                e = final[g]
         if e < s:
             raise ValueError(f"group {g} would be read backwards: from {s} to {e}")
         if e > s:

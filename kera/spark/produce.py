@@ -65,6 +65,7 @@ class ProduceQueue:
         self.stale: set[int] = set()   # stream ids whose placement must be refreshed
         self._tokens = itertools.count()
         self._next_seq: dict[Key, int] = {}
+        self.acked = 0                 # chunks acknowledged so far (progress, for deadlines)
 
     @property
     def done(self) -> bool:
@@ -145,6 +146,7 @@ class ProduceQueue:
             elif seq in s.unacked:
                 self.pending_bytes -= len(s.unacked.pop(seq))
                 s.attempts.pop(seq, None)
+                self.acked += 1
 
     def on_failure(self, token: int, error: KeraError, now: float) -> None:
         """The whole request failed: an error reply or no reply in time."""
@@ -175,7 +177,10 @@ class ProduceQueue:
 
 
 class Sender:
-    """Sockets around a ProduceQueue: one connection per broker, bounded unacknowledged bytes."""
+    """Sockets around a ProduceQueue: one connection per broker, bounded unacknowledged bytes.
+    Fails (Timeout) when no chunk is acknowledged for STALL_TIMEOUTS request timeouts."""
+
+    STALL_TIMEOUTS = 3
 
     def __init__(self, meta: Metadata, in_flight_per_broker: int, request_size_bytes: int,
                  buffer_bytes: int, timeout_s: float):
@@ -183,6 +188,7 @@ class Sender:
         self.queue = ProduceQueue(in_flight_per_broker, request_size_bytes)
         self.buffer_bytes = buffer_bytes
         self.timeout_s = timeout_s
+        self._progress = (0, time.monotonic())  # (acked chunks, when that count last moved)
         self.streams: dict[int, StreamInfo] = {}
         self._sent: dict[tuple[str, int], tuple[int, float]] = {}  # (address, req id) -> (token, deadline)
         self.poller = zmq.Poller()
@@ -197,6 +203,8 @@ class Sender:
         return info
 
     def send(self, producer_id: int, info: StreamInfo, streamlet: int, seq: int, chunk: bytes) -> None:
+        if self.queue.done:  # idle until now (waiting for rows is not a stall)
+            self._progress = (self.queue.acked, time.monotonic())
         self.queue.add((producer_id, info.id, streamlet), seq, chunk, info.owner(streamlet))
         self.pump(0.0)
         while self.queue.pending_bytes > self.buffer_bytes:
@@ -209,6 +217,7 @@ class Sender:
     def pump(self, wait_s: float) -> None:
         """Send what may be sent, then handle replies (waiting up to wait_s for the first)."""
         now = time.monotonic()
+        self._check_progress(now)
         self._refresh()
         for req in self.queue.next_requests(now):
             conn = self.meta.conn(req.address)
@@ -243,6 +252,14 @@ class Sender:
                 except KeraError as exc:
                     self.queue.on_failure(token, exc, time.monotonic())
         self._expire(time.monotonic())
+
+    def _check_progress(self, now: float) -> None:
+        acked, since = self._progress
+        if self.queue.acked != acked or self.queue.done:
+            self._progress = (self.queue.acked, now)
+        elif now - since > self.STALL_TIMEOUTS * self.timeout_s:
+            raise Timeout(f"no chunk acknowledged for {now - since:.0f} s "
+                          f"({self.queue.pending_bytes} bytes waiting)")
 
     def _first_deadline(self) -> float:
         return min(deadline for _, deadline in self._sent.values())

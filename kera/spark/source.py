@@ -196,8 +196,9 @@ class KeraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._target[stream] = {sl: ko.latest(infos) for sl, infos in groups.items()}
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
-        if start is None:  # pyspark < 4.2
-            start, max_records = self._last, self.opts.max_offsets_per_trigger
+        if start is None:  # pyspark < 4.2 calls latestOffset() without arguments
+            start = self._last if self._last is not None else {}  # {}: every record from 0
+            max_records = self.opts.max_offsets_per_trigger if self._last is not None else None
         else:
             max_records = getattr(limit, "max_rows", None)
         begin = ko.from_json(start)

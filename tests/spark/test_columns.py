@@ -140,3 +140,7 @@ def test_group_reader_reports_errors_and_gaps():
     kchunk.stamp(buf, 0, 0, 2)  # starts at 2, reader is at 0
     with pytest.raises(DataLoss):
         reader.on_reply(*_reply([bytes(buf)]))
+    # failOnDataLoss=false: skip the lost records, keep the rest
+    part.fail_on_data_loss = False
+    rows = GroupReader(part).on_reply(*_reply([bytes(buf)]))
+    assert rows.column("offset").to_pylist() == [2]

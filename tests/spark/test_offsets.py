@@ -135,6 +135,9 @@ def test_plan_user_end_with_finished_group_reads_to_its_final_offset():
     assert records(start, end, infos) == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1)]
     with pytest.raises(ValueError):
         ko.plan(start, Cursor(2, {0: 1}), [G(0, 0, 4, closed=True), G(1, 1, 9)])  # 1 still open
+    # a group the broker no longer has (failOnDataLoss=false): nothing to read
+    assert ko.plan(Cursor(2, {0: 1, 1: 3}), ko.advance(Cursor(2, {0: 1, 1: 3}), [G(1, 1, 9)]),
+                   [G(1, 1, 9)]) == [(1, 3, 9)]
 
 
 def test_parse_boundary():

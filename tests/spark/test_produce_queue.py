@@ -126,3 +126,20 @@ def test_producer_id_is_stable_and_distinct():
     assert a == producer_id("q", "7", 1)
     assert len({a, producer_id("q", "7", 2), producer_id("q", "8", 1), producer_id("r", "7", 1)}) == 4
     assert 0 < a < 2 ** 64
+
+
+def test_sender_gives_up_on_an_unreachable_broker():
+    import time
+
+    from kera.local import free_port
+    from kera.spark.metadata import Metadata, StreamInfo
+    from kera.spark.produce import Sender
+
+    sender = Sender(Metadata(f"127.0.0.1:{free_port()}", timeout_s=0.2), 1, 1 << 20, 1 << 20, timeout_s=0.2)
+    info = StreamInfo("s", 1, 1, 1, (0,), {"0": f"127.0.0.1:{free_port()}"})
+    started = time.monotonic()
+    with pytest.raises(Timeout):
+        sender.send(5, info, 0, 0, b"chunk")
+        sender.flush()
+    assert time.monotonic() - started < 10
+    sender.close()

@@ -5,7 +5,6 @@ and re-run batch, maxOffsetsPerTrigger, and the example pipeline."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections import Counter
@@ -129,20 +128,20 @@ def wait_for(predicate, timeout_s=120.0, what="condition"):
 
 def test_streaming_read_resumes_from_checkpoint_exactly_once(spark, cluster, tmp_path):
     create(cluster, "events", streamlets=2, active_groups=2)
-    n1 = 3000
+    n1 = 1200
     values = [b"e%05d" % i for i in range(n1)]
     keys = [b"k%d" % (i % 13) for i in range(n1)]
     produce(cluster, "events", values, keys)
     out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
 
-    def start(trigger):
+    def start(trigger, **limit):
         df = spark.readStream.format("kera").options(**opts(
-            cluster, "events", startingOffsets="earliest", maxOffsetsPerTrigger="200")).load()
+            cluster, "events", startingOffsets="earliest", **limit)).load()
         w = (df.selectExpr("cast(value as string) as value", "streamlet", "group", "offset")
              .writeStream.format("parquet").option("path", out).option("checkpointLocation", ck))
         return w.trigger(**trigger).start()
 
-    q = start({"processingTime": "200 milliseconds"})
+    q = start({"processingTime": "200 milliseconds"}, maxOffsetsPerTrigger="100")
     try:
         wait_for(lambda: q.lastProgress is not None and q.lastProgress["batchId"] >= 2,
                  what="three micro-batches")
@@ -153,10 +152,10 @@ def test_streaming_read_resumes_from_checkpoint_exactly_once(spark, cluster, tmp
     assert 0 < first_run < n1  # stopped mid-stream
 
     # more records (a second producer, and more of the first) while the query is down
-    n2 = 1000
+    n2 = 400
     values2 = [b"f%05d" % i for i in range(n2)]
     produce(cluster, "events", values2, [b"k%d" % (i % 5) for i in range(n2)], producer_id=100)
-    q = start({"availableNow": True})
+    q = start({"availableNow": True})  # the rest in one batch (the limit may change on restart)
     assert q.awaitTermination(180)
     assert q.exception() is None
     rows = spark.read.parquet(out).collect()
@@ -165,17 +164,20 @@ def test_streaming_read_resumes_from_checkpoint_exactly_once(spark, cluster, tmp
     assert len({(r.streamlet, r.group, r.offset) for r in rows}) == len(rows)
 
 
-def test_max_offsets_per_trigger_bounds_batches(spark, cluster, tmp_path):
-    create(cluster, "bounded", streamlets=3, active_groups=2)
+def test_max_offsets_per_trigger_bounds_batches_and_keeps_producer_order(spark, cluster, tmp_path):
+    # Small segments, one per group: groups close every few chunks, so micro-batches cross
+    # group boundaries; each streamlet is written by one producer (one slot).
+    create(cluster, "bounded", streamlets=3, active_groups=2, group_segments=1, segment_size_bytes=8192)
     n = 2000
-    produce(cluster, "bounded", [b"b%d" % i for i in range(n)], [b"k%d" % (i % 11) for i in range(n)])
+    produce(cluster, "bounded", [b"b%05d" % i for i in range(n)], [b"k%d" % (i % 11) for i in range(n)],
+            per_chunk=40)
     sizes: list[int] = []
     seen: list = []
 
     def each(batch_df, batch_id):
-        rows = batch_df.select("value").collect()
+        rows = batch_df.select("value", "streamlet", "group", "offset").collect()
         sizes.append(len(rows))
-        seen.extend(r.value for r in rows)
+        seen.extend((batch_id, r.streamlet, r.group, r.offset, r.value) for r in rows)
 
     q = (spark.readStream.format("kera")
          .options(**opts(cluster, "bounded", startingOffsets="earliest", maxOffsetsPerTrigger="300"))
@@ -187,7 +189,12 @@ def test_max_offsets_per_trigger_bounds_batches(spark, cluster, tmp_path):
     nonempty = [s for s in sizes if s]
     assert all(s <= 300 for s in sizes), sizes
     assert sum(sizes) == n and len(nonempty) >= n // 300
-    assert Counter(seen) == Counter(b"b%d" % i for i in range(n))
+    assert Counter(r[-1] for r in seen) == Counter(b"b%05d" % i for i in range(n))
+    assert len({r[1] for r in seen}) == 3 and len({(r[1], r[2]) for r in seen}) > 6  # groups closed
+    # Per streamlet (one producer), batches deliver records in the order they were sent.
+    for sl in range(3):
+        mine = sorted((r for r in seen if r[1] == sl), key=lambda r: r[:4])
+        assert [r[-1] for r in mine] == sorted(r[-1] for r in mine)
 
 
 def test_streaming_read_starting_latest_skips_existing_records(spark, cluster, tmp_path):
@@ -218,13 +225,13 @@ def test_streaming_write_stores_every_row_once_through_a_failed_batch(spark, clu
 
     create(cluster, "src", streamlets=2, active_groups=2)
     create(cluster, "dst", streamlets=2, active_groups=2)
-    n = 4000
+    n = 2000
     # Large enough values that the failing UDF cannot run far ahead of the sink: the sink has
     # sent chunks of the task before the failure.
     values = [b"r%05d-" % i + b"." * 2000 for i in range(n)]
     produce(cluster, "src", values, [b"u%d" % (i % 9) for i in range(n)], per_chunk=20)
     marker = tmp_path / "failed-once"
-    poison = "r03000-"
+    poison = "r01500-"
 
     def fail_once(v):
         if v.startswith(poison) and not marker.exists():

@@ -126,7 +126,7 @@ def test_frames_are_views_of_the_segments_not_copies():
     assert [len(split(f)) for f in w.frames] == [2, 1, 1] and w.chunks == 4
     assert [chunk.read_header(c).sequence for c in chunks_of(w)] == [0, 0, 0, 1]
     assert w.fields == {"broker_id": ME, "vlog": 0, "vseg": 0, "offset": 0,
-                        "durability": "memory", "close": False}
+                        "durability": "memory", "close": False, "reset": True}
 
 
 def test_chunks_accumulate_while_a_write_is_in_flight():

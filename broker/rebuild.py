@@ -1,0 +1,331 @@
+"""Rebuilding a dead broker's streamlet from the chunks its replicas hold. Sans-IO.
+
+Chunks arrive in any order (several virtual logs, backups and source incarnations), each stamped
+with where the dead broker put it (group, base offset). `StreamletRebuild.add` places every
+group's chunks at exactly their recorded offsets, in order: a chunk ahead of the group's head
+waits (bounded by the reader's window) until the ones before it arrive, and one at an offset
+already placed is another copy of the same chunk and is dropped. `finish` then decides what the
+streamlet holds and `install` hands it to the broker: every group closed (appends go to new
+groups, numbered after the last), the recovered chunks referenced by the broker's own virtual
+logs (re-replicated under its incarnation), and the duplicate-detection table rebuilt from the
+chunk headers, so a producer retrying an unacknowledged chunk is not stored twice.
+
+What is kept is a consistent prefix of each slot's history, never invented data:
+
+* A hole inside a group (a chunk whose successors survive but which no replica holds) cuts the
+  group there and drops the slot's later groups.
+* A hole in a producer's sequences (chunk k missing, k+1 present, or a first chunk that is not
+  sequence 0 when the streamlet starts at group 0) cuts the slot at k+1.
+
+Both are safe for acknowledged data. On the dead broker a slot's new group took the virtual
+log of the slot's previous group unless that one was wholly durable already
+(kera.broker.core._slot_vlog), and durability walks a log in order, so whatever follows a
+missing chunk in its slot was never durable: never acknowledged, never read. The producer
+retries it, and the rebuilt table then classifies its chunks right (kept ones are duplicates,
+dropped ones are appended again, in order). Dropped chunks are counted and logged.
+
+A chunk is readable at once when the replicas still hold it on R-1 backups (with this broker's
+copy: R copies); otherwise once the broker's own replication of it is acknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from array import array
+
+from kera.broker.group import Group
+from kera.broker.producers import Entry
+from kera.broker.streamlet import Streamlet
+from kera.chunk import HEADER_SIZE, UNSET_U32, UNSET_U64, ChunkHeader
+
+log = logging.getLogger(__name__)
+
+_I64 = struct.Struct("<q")
+
+
+class _GroupBuild:
+    __slots__ = ("group", "pending", "pids", "seqs", "durable_end", "durable_open",
+                 "first_ms", "last_ms")
+
+    def __init__(self, group: Group):
+        self.group = group
+        self.pending: dict[int, tuple] = {}    # base offset -> (chunk, header, durable)
+        self.pids = array("Q")                 # producer of each placed chunk, in order
+        self.seqs = array("Q")                 # its sequence
+        self.durable_end = 0                   # end of the leading run of readable chunks
+        self.durable_open = True               # the run has not been broken yet
+        self.first_ms = 0
+        self.last_ms = 0
+
+
+class StreamletRebuild:
+    def __init__(self, stream_id: int, streamlet: int, active_groups: int, group_segments: int,
+                 segment_size_bytes: int):
+        self.stream_id = stream_id
+        self.streamlet = streamlet
+        self.active_groups = active_groups
+        self.group_segments = group_segments
+        self.segment_size_bytes = segment_size_bytes
+        self.groups: dict[int, _GroupBuild] = {}
+        self.pending_bytes = 0
+        self.chunks = 0            # placed
+        self.bytes = 0
+        self.duplicates = 0        # copies of chunks already placed
+        self.rejected = 0          # unstamped or oversized chunks
+        self.dropped = 0           # placed or waiting chunks left out by the cut rules
+        self.finished = False
+
+    # ------------------------------------------------------------------ placing
+    def add(self, chunk, h: ChunkHeader, durable: bool) -> None:
+        """A verified chunk of this streamlet (`durable`: held on enough live replicas)."""
+        assert (h.stream_id, h.streamlet) == (self.stream_id, self.streamlet)
+        size = len(chunk)
+        if h.group == UNSET_U32 or h.base_offset == UNSET_U64 or h.record_count == 0 \
+                or size > self.segment_size_bytes:
+            self.rejected += 1
+            return
+        gb = self.groups.get(h.group)
+        if gb is None:
+            gb = self.groups[h.group] = _GroupBuild(Group(
+                h.group, h.producer_id % self.active_groups, self.group_segments,
+                self.segment_size_bytes, self.stream_id, self.streamlet))
+        head = gb.group.head
+        base = h.base_offset
+        if base < head or base in gb.pending:
+            self.duplicates += 1
+            return
+        if base > head:
+            gb.pending[base] = (chunk, h, durable)
+            self.pending_bytes += size
+            return
+        self._place(gb, chunk, h, durable)
+        pending = gb.pending
+        while pending:
+            nxt = pending.pop(gb.group.head, None)
+            if nxt is None:
+                break
+            self.pending_bytes -= len(nxt[0])
+            self._place(gb, *nxt)
+
+    def _place(self, gb: _GroupBuild, chunk, h: ChunkHeader, durable: bool) -> None:
+        group = gb.group
+        size = len(chunk)
+        loc = group.append(chunk, size, h.record_count)
+        if loc is None:
+            # Full by this broker's arithmetic though the dead one found room: keep every chunk
+            # at its recorded offset anyway (segment boundaries are not part of a position).
+            group.closed = False
+            group.max_segments = len(group.segments) + 1
+            loc = group.append(chunk, size, h.record_count)
+        gb.pids.append(h.producer_id)
+        gb.seqs.append(h.sequence)
+        if durable and gb.durable_open:
+            gb.durable_end = group.head
+        else:
+            gb.durable_open = False
+        n = h.record_count
+        first_ms = _I64.unpack_from(chunk, HEADER_SIZE)[0] // 1000
+        last_ms = _I64.unpack_from(chunk, HEADER_SIZE + 8 * (n - 1))[0] // 1000
+        gb.first_ms = min(gb.first_ms, first_ms) if gb.first_ms else first_ms
+        gb.last_ms = max(gb.last_ms, last_ms, first_ms)
+        self.chunks += 1
+        self.bytes += size
+
+    # ------------------------------------------------------------------ deciding
+    def finish(self) -> list[Group]:
+        """Apply the cut rules; returns the groups, dense from the first one found (empty
+        placeholders where a group holds nothing), all closed."""
+        assert not self.finished
+        self.finished = True
+        ids = sorted(self.groups)
+        if not ids:
+            return []
+        cuts: dict[int, tuple[int, int]] = {}   # slot -> (group, chunks kept in it)
+
+        def cut(slot: int, gid: int, keep: int, why: str) -> None:
+            if slot not in cuts or (gid, keep) < cuts[slot]:
+                cuts[slot] = (gid, keep)
+                log.warning("stream %d streamlet %d: %s in group %d: slot %d keeps its first "
+                            "%d chunks there and drops its later groups", self.stream_id,
+                            self.streamlet, why, gid, slot, keep)
+
+        for gid in ids:
+            gb = self.groups[gid]
+            if gb.pending:
+                cut(gb.group.slot, gid, len(gb.pids), f"{len(gb.pending)} chunks after a gap")
+        starts_at_zero = ids[0] == 0
+        last_seq: dict[int, int] = {}
+        for gid in ids:
+            gb = self.groups[gid]
+            for k, (pid, seq) in enumerate(zip(gb.pids, gb.seqs)):
+                prev = last_seq.get(pid)
+                if (prev is not None and seq != prev + 1) or (
+                        prev is None and seq != 0 and starts_at_zero):
+                    cut(gb.group.slot, gid, k, f"producer {pid:#x} sequence {seq} after "
+                        f"{'none' if prev is None else prev}")
+                last_seq[pid] = seq
+        for gid in ids:
+            gb = self.groups[gid]
+            c = cuts.get(gb.group.slot)
+            self.dropped += len(gb.pending)
+            self.pending_bytes -= sum(len(v[0]) for v in gb.pending.values())
+            gb.pending.clear()
+            if c is None or gid < c[0]:
+                continue
+            keep = c[1] if gid == c[0] else 0
+            self.dropped += len(gb.pids) - keep
+            _truncate(gb, keep)
+        # Trailing groups left empty are forgotten; inner ones stay as empty placeholders so
+        # that group numbers keep their meaning.
+        while ids and self.groups[ids[-1]].group.head == 0:
+            del self.groups[ids.pop()]
+        if not ids:
+            return []
+        out = []
+        for gid in range(ids[0], ids[-1] + 1):
+            gb = self.groups.get(gid)
+            if gb is None:
+                gb = self.groups[gid] = _GroupBuild(Group(
+                    gid, gid % self.active_groups, self.group_segments, self.segment_size_bytes,
+                    self.stream_id, self.streamlet))
+            gb.group.closed = True
+            out.append(gb.group)
+        return out
+
+    def newest_entries(self) -> dict[int, Entry]:
+        """Per producer, its newest kept chunk (for the duplicate-detection table)."""
+        newest: dict[int, Entry] = {}
+        for gid in sorted(self.groups):
+            gb = self.groups[gid]
+            k = 0
+            for seg in gb.group.segments:
+                for i in range(len(seg)):
+                    pid = gb.pids[k]
+                    newest[pid] = Entry(gb.seqs[k], gid, seg.number, seg.bases[i],
+                                        seg.end_offset(i))
+                    k += 1
+        return newest
+
+    def release(self) -> None:
+        """Drop everything (the stream was deleted, or the job abandoned)."""
+        for gb in self.groups.values():
+            gb.group.release()
+            gb.pending.clear()
+        self.groups.clear()
+        self.pending_bytes = 0
+
+
+def _truncate(gb: _GroupBuild, keep: int) -> None:
+    """Keep only the first `keep` chunks of a group under construction."""
+    group = gb.group
+    if keep >= len(gb.pids):
+        return
+    del gb.pids[keep:]
+    del gb.seqs[keep:]
+    left = keep
+    for si, seg in enumerate(group.segments):
+        n = len(seg)
+        if left >= n:
+            left -= n
+            continue
+        if left == 0:
+            drop = group.segments[si:]
+            del group.segments[si:]
+            del group.seg_bases[si:]
+        else:
+            seg.used_bytes = seg.positions[left]
+            for arr in (seg.positions, seg.sizes, seg.bases, seg.counts):
+                del arr[left:]
+            drop = group.segments[si + 1:]
+            del group.segments[si + 1:]
+            del group.seg_bases[si + 1:]
+        for s in drop:
+            s.release()
+        break
+    if group.segments:
+        last = group.segments[-1]
+        group.head = last.end_offset(len(last) - 1)
+    else:
+        group.head = 0
+    gb.durable_end = min(gb.durable_end, group.head)
+
+
+# ---------------------------------------------------------------------- installing
+
+class Installed:
+    """What `install` did: where the re-replication must reach (per virtual log, the
+    position just after the last recovered reference) and figures for the stats."""
+    __slots__ = ("targets", "groups", "chunks", "bytes", "readable_records")
+
+    def __init__(self):
+        self.targets: dict[object, tuple[int, int]] = {}
+        self.groups = 0
+        self.chunks = 0
+        self.bytes = 0
+        self.readable_records = 0
+
+    def replicated(self) -> bool:
+        return all((vlog.walk_seg, vlog.walk_idx) >= pos for vlog, pos in self.targets.items())
+
+
+def install(core, rebuild: StreamletRebuild) -> Installed | None:
+    """Make the rebuilt streamlet the broker's (None when its stream is gone)."""
+    groups = rebuild.finish()
+    stream = core.streams.get(rebuild.stream_id)
+    if stream is None:
+        rebuild.release()
+        return None
+    info = stream.info
+    sl = rebuild.streamlet
+    old = stream.streamlets.get(sl)
+    if old is not None:
+        # Something appeared there before recovery finished (a reload from the broker's own
+        # disk): the replicas are the complete copy, so they win.
+        log.warning("stream %s streamlet %d: replacing what was loaded with the data "
+                    "recovered from the backups", info.name, sl)
+        for waiter in old.release():
+            core._fail(waiter, _not_ready())
+    streamlet = Streamlet(info.id, sl, info.active_groups, info.group_segments,
+                          info.segment_size_bytes, core)
+    first = groups[0].id if groups else 0
+    if first:
+        streamlet.first_group = first
+    streamlet.groups = groups
+    stream.streamlets[sl] = streamlet   # before group_opened: it looks at the slot's history
+    done = Installed()
+    tier = getattr(core, "tier", None)
+    for group in groups:
+        gb = rebuild.groups[group.id]
+        if group.head == 0:
+            continue   # a placeholder: nothing to replicate or read
+        group.closed = False
+        core.group_opened(group)
+        if gb.first_ms:
+            group.created_ms, group.last_ms = gb.first_ms, gb.last_ms
+        vlog = group.vlog
+        for seg in group.segments:
+            if tier is not None:
+                tier.opened(seg)
+            if vlog is not None:
+                for i in range(len(seg)):
+                    vlog.add(seg, i, seg.sizes[i])
+        if vlog is not None:
+            done.targets[vlog] = (len(vlog.vsegs) - 1, len(vlog.vsegs[-1]))
+            group.durable = gb.durable_end
+        else:
+            group.durable = group.head
+        group.closed = True
+        core.group_closed(group)
+        done.groups += 1
+        done.chunks += len(gb.pids)
+        done.bytes += sum(s.used_bytes for s in group.segments)
+        done.readable_records += group.durable
+    for pid, entry in rebuild.newest_entries().items():
+        core.producers.put((pid, info.id, sl), entry)
+    return done
+
+
+def _not_ready():
+    from kera.errors import NotReady
+    return NotReady("the streamlet was replaced by its recovered copy; retry")

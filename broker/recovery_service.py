@@ -1,0 +1,97 @@
+"""The broker daemon's side of failover: incarnations and recovery jobs on the server loop.
+
+Thin I/O around kera.broker.recovery: applies the epoch the coordinator gives this broker
+(`broker_streams` reply; a new epoch means a new, empty incarnation), starts recovery jobs when
+the metadata marks streamlets recovering here, sends their `list_replicas` / `read_replica`
+requests through Peers (each with a deadline) and the `recovered` reports to the coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from kera.broker.recovery import Recovery, Request, reset_incarnation
+
+log = logging.getLogger(__name__)
+
+REPORT_INTERVAL_S = 0.2   # between `recovered` reports (a refused one is sent again)
+
+
+class RecoveryService:
+    def __init__(self, daemon):
+        self.daemon = daemon
+        self.recovery = Recovery(daemon.core)
+        self._report_at = 0.0
+        # Loop time spent replaying (verifying and placing recovered chunks, installing): the
+        # rest of a recovery's reading phase is waiting for the backups.
+        self.replay_s = 0.0
+        self.replay_cpu_s = 0.0   # the same, CPU time of the loop thread (a loaded machine)
+
+    @property
+    def core(self):
+        return self.daemon.core
+
+    # ------------------------------------------------------------------ coordinator replies
+    def streams_reply(self, header: dict, apply) -> None:
+        """A `broker_streams` reply: take the epoch, then `apply()` the metadata, then start
+        recovering what it marks."""
+        core = self.core
+        epoch = header.get("epoch")
+        if isinstance(epoch, int) and not isinstance(epoch, bool) and 0 <= epoch < 2**32:
+            if core.epoch is not None and epoch < core.epoch:
+                log.info("ignoring a broker_streams reply of an older incarnation")
+                return
+            if core.epoch is not None and epoch != core.epoch:
+                # Answers already due go out first: they are about chunks this broker still
+                # holds (durable before the failover fenced its replicas).
+                self.daemon.pump()
+                reset_incarnation(core)
+                self.recovery = Recovery(core)
+            if core.epoch != epoch:
+                core.set_epoch(epoch)
+                log.info("broker %s incarnation epoch %d", core.broker_id, epoch)
+        apply()
+        if self.recovery.apply(header.get("streams"), time.monotonic()):
+            self.daemon._refresh_cluster()   # recover from a fresh list of backups
+
+    def cluster_reply(self, header: dict) -> None:
+        self.recovery.set_backups(header.get("backups"), time.monotonic(),
+                                  header.get("settled", True) is not False)
+
+    def heartbeat_fields(self) -> dict:
+        epoch = self.core.epoch
+        return {} if epoch is None else {"epoch": epoch}
+
+    # ------------------------------------------------------------------ loop
+    def pump(self) -> None:
+        recovery = self.recovery
+        if not recovery.active:
+            return
+        now = time.monotonic()
+        started, cpu = time.perf_counter(), time.thread_time()
+        requests = recovery.take_requests(now)   # installs a job whose reads are all done
+        self.replay_s += time.perf_counter() - started
+        self.replay_cpu_s += time.thread_time() - cpu
+        for req in requests:
+            self._send(recovery, req)
+        due = recovery.reports_due()
+        if due and self.core.epoch is not None and now >= self._report_at:
+            self._report_at = now + REPORT_INTERVAL_S
+            fields = {"broker_id": self.core.broker_id, "epoch": self.core.epoch,
+                      "streamlets": due}
+            self.daemon._call("recovered",
+                              fields, lambda header: recovery.reported(due, time.monotonic()))
+
+    def _send(self, recovery: Recovery, req: Request) -> None:
+        def done(header, frames, error):
+            started, cpu = time.perf_counter(), time.thread_time()
+            recovery.on_reply(req, header, frames, error, time.monotonic())
+            self.replay_s += time.perf_counter() - started
+            self.replay_cpu_s += time.thread_time() - cpu
+
+        self.daemon.server.peer(req.address).request(req.op, req.fields, [], req.timeout_s, done)
+
+    def stats(self) -> dict:
+        return {**self.recovery.stats(), "recovery_replay_s": round(self.replay_s, 6),
+                "recovery_replay_cpu_s": round(self.replay_cpu_s, 6)}

@@ -1,0 +1,187 @@
+"""Retention: deleting whole groups of streams that keep data for a time or up to a size, and
+freeing the backup replicas nothing references any more.
+
+Rules (per streamlet, stream descriptor fields `retention_ms` / `retention_bytes`, 0 = no
+limit):
+
+- Only *finished* groups (closed, every record durable) are deleted, and only from the oldest
+  one up: the retained groups of a streamlet always are `first_group, first_group + 1, ...`,
+  so a reader's position is either retained or before `first_group` (refused with
+  `offset_out_of_range`).
+- By time: a group whose last append (broker wall clock) is more than `retention_ms` ago.
+  So that an open group cannot keep data forever, an active group whose first append is more
+  than `retention_ms` ago is closed (its slot's next chunk opens a new group): data lives at
+  most about twice `retention_ms`.
+- By size: the oldest groups while the streamlet still holds at least `retention_bytes`
+  without them (as Kafka's retention.bytes: a streamlet may exceed it by up to one group).
+
+A deleted group's segments leave memory or disk (kera.broker.tier). A virtual segment whose
+every referenced chunk is gone (retention, or its stream deleted) is of no use on its backups:
+each of them is sent `drop_replica`, and the broker forgets the segment's references.
+"""
+
+from __future__ import annotations
+
+import logging
+from array import array
+from collections import OrderedDict, deque
+from typing import NamedTuple
+
+log = logging.getLogger(__name__)
+
+DELETED_ENDS_MAX = 256   # per streamlet: ends of the latest deleted groups (see `gone`)
+
+
+class ReplicaDrop(NamedTuple):
+    """A `drop_replica` request to send to one backup."""
+    backup_id: int
+    address: str
+    fields: dict
+
+
+def group_bytes(group) -> int:
+    return sum(seg.used_bytes for seg in group.segments)
+
+
+class Retention:
+    def __init__(self, broker):
+        self.broker = broker
+        # (sid, sl) -> {group id: its end offset}, for the latest deleted groups only.
+        self.deleted_ends: dict[tuple[int, int], OrderedDict] = {}
+        self._vseg_segs: dict = {}       # VirtualSegment -> distinct segments it references
+        self._drop_from: dict = {}       # VirtualLog -> vsegs below this are all dropped
+        self.scan_vsegs = False          # something was deleted: look for replicas to drop
+        self.drops: deque[ReplicaDrop] = deque()
+
+    # ------------------------------------------------------------------ enforcement
+    def enforce(self, wall_ms: int) -> int:
+        """One pass over every stream with a limit; returns how many groups were deleted."""
+        deleted = 0
+        for stream in list(self.broker.streams.values()):
+            info = stream.info
+            if not info.retention_ms and not info.retention_bytes:
+                continue
+            for streamlet in stream.streamlets.values():
+                if info.retention_ms:
+                    self._close_old(streamlet, info.retention_ms, wall_ms)
+                n = self._trim(streamlet, info, wall_ms)
+                if n:
+                    deleted += n
+                    self.broker.tier.record_first_group(streamlet.stream_id, streamlet.index,
+                                                        streamlet.first_group)
+        if deleted:
+            self.broker.counters.add("groups_deleted", deleted)
+            self.scan_vsegs = True
+        if self.scan_vsegs:
+            self.scan_vsegs = False
+            self._drop_replicas()
+        return deleted
+
+    def _close_old(self, streamlet, retention_ms: int, wall_ms: int) -> None:
+        for group in streamlet.slots:
+            if group is not None and not group.closed and group.head and \
+                    group.created_ms + retention_ms <= wall_ms:
+                self.broker.counters.add("groups_closed_by_time")
+                self.broker.close_group(group)
+
+    def _trim(self, streamlet, info, wall_ms: int) -> int:
+        groups = streamlet.groups
+        total = sum(group_bytes(g) for g in groups) if info.retention_bytes else 0
+        n = 0
+        while groups and groups[0].finished:
+            g = groups[0]
+            size = group_bytes(g) if info.retention_bytes else 0
+            expired = info.retention_ms and g.last_ms + info.retention_ms <= wall_ms
+            over = info.retention_bytes and total - size >= info.retention_bytes
+            if not (expired or over):
+                break
+            total -= size
+            self._delete(streamlet, g)
+            n += 1
+        return n
+
+    def _delete(self, streamlet, group) -> None:
+        assert streamlet.groups[0] is group and group.finished
+        tier = self.broker.tier
+        for seg in group.segments:
+            tier.segment_deleted(seg)
+        streamlet.groups.pop(0)
+        streamlet.first_group = group.id + 1
+        ends = self.deleted_ends.setdefault((streamlet.stream_id, streamlet.index), OrderedDict())
+        ends[group.id] = group.head
+        while len(ends) > DELETED_ENDS_MAX:
+            ends.popitem(last=False)
+        log.debug("stream %d streamlet %d: group %d deleted (%d records)", streamlet.stream_id,
+                  streamlet.index, group.id, group.head)
+
+    def stream_deleted(self, stream_id: int) -> None:
+        for key in [k for k in self.deleted_ends if k[0] == stream_id]:
+            del self.deleted_ends[key]
+        self.scan_vsegs = True
+
+    # ------------------------------------------------------------------ readers
+    def gone(self, sid: int, streamlet, low: int, offsets: dict) -> bool:
+        """Does a cursor with `low` below the streamlet's first retained group miss records?
+        Not when it had read every deleted group in [low, first_group) to its end (known for
+        the latest DELETED_ENDS_MAX deleted groups only: older ones count as missed)."""
+        first = streamlet.first_group
+        if first - low > len(offsets):
+            return True
+        ends = self.deleted_ends.get((sid, streamlet.index), {})
+        for g in range(low, first):
+            end = ends.get(g)
+            if end is None or offsets.get(g, 0) < end:
+                return True
+        return False
+
+    # ------------------------------------------------------------------ replicas
+    def _drop_replicas(self) -> None:
+        broker = self.broker
+        for vlog in broker.vlog_list:
+            vsegs = vlog.vsegs
+            start = self._drop_from.get(vlog, 0)
+            for k in range(start, len(vsegs)):
+                vs = vsegs[k]
+                if vs.replicas == []:                      # [] marks a dropped one
+                    continue
+                if not vs.finished:
+                    # The open one, once everything it references is gone (an idle stream
+                    # whose data expired): close it, so that it finishes and can be dropped.
+                    if vs is vlog.open and vs.segs and all(s.released for s in vs.segs):
+                        vlog.close_open()
+                        self.scan_vsegs = True
+                    elif vs.closed and vs.segs and all(s.released for s in vs.segs):
+                        self.scan_vsegs = True             # finishing: look again next pass
+                    continue
+                segs = self._vseg_segs.get(vs)
+                if segs is None:
+                    segs = self._vseg_segs[vs] = tuple({id(s): s for s in vs.segs}.values())
+                if all(s.released for s in segs):
+                    self._drop(vlog, vs)
+
+            while start < len(vsegs) and vsegs[start].replicas == []:
+                start += 1
+            self._drop_from[vlog] = start
+
+
+    def _drop(self, vlog, vs) -> None:
+        # The wire number (kera.broker.virtual_log: the incarnation's epoch in the high bits).
+        fields = {"broker_id": self.broker.broker_id, "vlog": vlog.id,
+                  "vseg": getattr(vlog, "vseg_base", 0) + vs.number}
+
+
+        for r in vs.replicas:
+            if r is not None:
+                self.drops.append(ReplicaDrop(r.backup_id, r.address, dict(fields)))
+        # Nothing references the chunks any more: forget the references and the replicas
+        # (an empty replica list marks the virtual segment dropped).
+        vs.replicas = []
+        vs.segs = []
+        vs.idxs = array("I")
+        self._vseg_segs.pop(vs, None)
+        self.broker.counters.add("replicas_dropped")
+
+    def take_drops(self) -> list[ReplicaDrop]:
+        drops = list(self.drops)
+        self.drops.clear()
+        return drops

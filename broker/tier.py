@@ -1,0 +1,329 @@
+"""Tiering: keeping the chunk bytes a broker holds in memory under its budget.
+
+Segments are registered as they open (`opened`). When the bytes in memory pass `tier_at`
+(a share of `memory_limit_bytes`), the oldest *sealed, durable* segments — no more appends
+(a later segment of its group exists, or the group closed) and every chunk acknowledged by
+every copy the stream asks for — are handed out as WriteJobs (kera.broker.tier_files: the tier
+thread writes the file and its checksummed record). Once a write is done the segment drops its
+memory and keeps a TierFile: reads (consumers, re-replication) then map the file, read-only,
+through a bounded set of maps (`maps_max`, least recently mapped unmapped first), so the
+broker's readers never see the difference.
+
+Sans-IO but for `map` (an mmap of a file, done in the loop: cheap, pages fault in as they are
+read). Backpressure: `admit` refuses bytes that would take memory past the limit; producers
+are then answered `throttled` (retriable). If memory is full of open segments nothing could
+ever tier, so under that pressure the group of the largest durable open segment is closed
+(its next chunk opens a new group), which makes the segment sealed.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from kera.broker import tier_files
+from kera.broker.tier_files import (DeleteJob, DeleteStreamJob, FirstGroupJob, SegmentRecord,
+                                    WriteJob)
+from kera.metrics import Counters
+
+log = logging.getLogger(__name__)
+
+SCAN_BACKOFF_S = 0.02   # after a scan found nothing to tier, wait this long before the next
+
+
+@dataclass(slots=True)
+class TierConfig:
+    root: Path | None = None          # the broker's data dir; None: nothing is tiered
+    memory_limit_bytes: int = 0       # chunk bytes in memory; 0: unlimited
+    disk_limit_bytes: int = 0         # tiered bytes on disk; 0: as much as the disk holds
+    tier_at_fraction: float = 0.85    # tiering starts above this share of the memory limit
+    jobs_max: int = 4                 # tier jobs out on the tier thread at once
+    maps_max: int = 256               # tiered segments mapped at once (each holds a file descriptor)
+    retry_s: float = 1.0              # pause after a failed write before tiering again
+
+    def check(self) -> None:
+        if self.memory_limit_bytes < 0 or self.disk_limit_bytes < 0:
+            raise ValueError("memory and disk limits must not be negative")
+        if not 0 < self.tier_at_fraction <= 1 or self.jobs_max < 1 or self.maps_max < 1:
+            raise ValueError("tier_at_fraction must be in (0, 1], jobs_max and maps_max >= 1")
+
+
+class TierFile:
+    """What a tiered segment keeps of its file."""
+    __slots__ = ("store", "key", "length")
+
+    def __init__(self, store: "TierStore", key: tuple, length: int):
+        self.store = store
+        self.key = key          # (stream id, streamlet, group, segment)
+        self.length = length
+
+    def map(self, seg):
+        return self.store.map(seg)
+
+
+def segment_key(seg) -> tuple[int, int, int, int]:
+    g = seg.group
+    return g.stream_id, g.streamlet, g.id, seg.number
+
+
+def durable_chunks(seg) -> int:
+    """How many leading chunks of `seg` are durable (durability moves over whole chunks)."""
+    return bisect_left(seg.bases, seg.group.durable)
+
+
+def sealed(seg) -> bool:
+    g = seg.group
+    return g.closed or g.segments[-1] is not seg
+
+
+class TierStore:
+    def __init__(self, cfg: TierConfig | None = None, appended: Callable[[], int] = lambda: 0,
+                 counters: Counters | None = None,
+                 close_group: Callable[[object], None] | None = None):
+        self.cfg = cfg or TierConfig()
+        self.cfg.check()
+        self.root = Path(self.cfg.root) if self.cfg.root is not None else None
+        self._appended = appended             # chunk bytes ever appended (the broker's counter)
+        self.close_group = close_group        # closes a group (memory pressure, see module doc)
+        self.counters = counters if counters is not None else Counters()
+        self.resident: dict = {}              # segments holding memory, oldest opened first
+        self.writing: dict = {}               # segment -> WriteJob out on the tier thread
+        self.maps: OrderedDict = OrderedDict()  # tiered segments mapped now
+        self.left_bytes = 0                   # appended bytes that left memory (tiered, deleted)
+        self.adopted_bytes = 0                # bytes of segments filled other than by appends
+
+        self.disk_bytes = 0                   # bytes of segment files on disk
+        self.jobs_out = 0
+        self._queue: deque = deque()          # deletions waiting for room on the tier thread
+        self._retry_at = 0.0
+        self._scan_at = 0.0
+        lim = self.cfg.memory_limit_bytes
+        self.tier_at_bytes = int(lim * self.cfg.tier_at_fraction) if lim else 0
+
+    # ------------------------------------------------------------------ accounting
+    @property
+    def enabled(self) -> bool:
+        return self.root is not None
+
+    @property
+    def memory_bytes(self) -> int:
+        return self._appended() + self.adopted_bytes - self.left_bytes
+
+    def admit(self, nbytes: int) -> bool:
+        """May `nbytes` more chunk bytes come into memory?"""
+        limit = self.cfg.memory_limit_bytes
+        return not limit or self.memory_bytes + nbytes <= limit
+
+    def opened(self, seg, counted: int = 0) -> None:
+        """A segment now holds memory; `counted` of its bytes are in the broker's appended
+        counter already (the first chunk of a segment opened by an append). The rest (a
+        segment filled another way: a recovery rebuild) is accounted here."""
+        self.resident[seg] = None
+        self.adopted_bytes += seg.used_bytes - counted
+
+    # ------------------------------------------------------------------ planning
+    def take_jobs(self, now: float) -> list:
+        """Jobs for the tier thread: queued deletions, then writes while memory is above
+        `tier_at` (oldest sealed durable segments first)."""
+        jobs: list = []
+        jobs_max = self.cfg.jobs_max
+        while self._queue and self.jobs_out < jobs_max:
+            jobs.append(self._queue.popleft())
+            self.jobs_out += 1
+        if self.root is None or not self.tier_at_bytes or self.jobs_out >= jobs_max:
+            return jobs
+        in_flight = sum(j.nbytes for j in self.writing.values())
+        excess = self.memory_bytes - in_flight - self.tier_at_bytes
+        if excess <= 0 or now < self._retry_at or now < self._scan_at:
+            return jobs
+        found = False
+        disk_limit = self.cfg.disk_limit_bytes
+        stale = []
+        for seg in self.resident:
+            if excess <= 0 or self.jobs_out >= jobs_max:
+                break
+            if seg.released:     # released by a path that did not tell us (e.g. a rebuild)
+                stale.append(seg)
+                continue
+            if seg in self.writing or not len(seg) or not sealed(seg):
+                continue
+            n = len(seg)
+            if durable_chunks(seg) < n:
+                continue
+            found = True
+            if disk_limit and self.disk_bytes + in_flight + seg.used_bytes > disk_limit:
+                self.counters.add("tier_disk_full")
+                break
+            job = self._write_job(seg, n)
+            self.writing[seg] = job
+            jobs.append(job)
+            self.jobs_out += 1
+            in_flight += job.nbytes
+            excess -= job.nbytes
+        for seg in stale:
+            del self.resident[seg]
+            self.left_bytes += seg.used_bytes
+
+        if not found:
+            self._scan_at = now + SCAN_BACKOFF_S
+            # Half way from tier_at to the limit with nothing to tier and no write to wait
+            # for: producers are about to be throttled with no way out but a group closing.
+            pressure = (self.tier_at_bytes + self.cfg.memory_limit_bytes) // 2
+            if not self.writing and self.memory_bytes >= pressure and self._relieve():
+                jobs += self.take_jobs(now)   # the segment just sealed goes now
+        return jobs
+
+    def _relieve(self) -> bool:
+        """Memory is full and nothing is sealed and durable: close the group of the largest
+        durable open segment, so that it becomes sealed (see the module docstring)."""
+        best = None
+        for seg in self.resident:
+            if seg in self.writing or sealed(seg) or not len(seg):
+                continue
+            if durable_chunks(seg) == len(seg) and (best is None or seg.used_bytes > best.used_bytes):
+                best = seg
+        if best is None or self.close_group is None:
+            return False
+        self.counters.add("groups_closed_for_memory")
+        self.close_group(best.group)
+        self._scan_at = 0.0
+        return True
+
+
+    def _write_job(self, seg, n: int) -> WriteJob:
+        g = seg.group
+        length = seg.positions[n - 1] + seg.sizes[n - 1]
+        record = SegmentRecord(
+            stream_id=g.stream_id, streamlet=g.streamlet, group=g.id, segment=seg.number,
+            slot=g.slot, length=length, chunks=n, base_offset=seg.bases[0],
+            end_offset=seg.bases[n - 1] + seg.counts[n - 1], created_ms=g.created_ms,
+            last_ms=g.last_ms, capacity_bytes=seg.capacity_bytes,
+            chunks_crc=tier_files.chunks_crc(seg.mv, seg.positions, n), group_closed=g.closed)
+        return WriteJob(seg, record, seg.mv[:length])
+
+    # ------------------------------------------------------------------ outcomes
+    def job_done(self, job, error: Exception | None, now: float) -> None:
+        self.jobs_out -= 1
+        if not isinstance(job, WriteJob):
+            if error is not None:
+                self.counters.add("tier_delete_errors")
+                log.error("deleting segment files failed (%r): %s", job, error)
+            else:
+                self.counters.add("tier_deletes")
+            return
+        seg = job.segment
+        self.writing.pop(seg, None)
+        if error is not None:
+            self.counters.add("tier_write_errors")
+            self._retry_at = now + self.cfg.retry_s
+            log.error("writing segment %s to %s failed (retry in %.1f s): %s", job.record.key,
+                      self.root, self.cfg.retry_s, error)
+            return
+        if seg.released:     # deleted (retention, stream deleted) while it was written
+            self._delete_files(job.record.key, 0)
+            return
+        self.counters.add("tier_writes")
+        self.counters.add("tier_write_bytes", job.nbytes)
+        self._tiered(seg, job.record.key, job.nbytes)
+
+    def _tiered(self, seg, key, length: int) -> None:
+        """The segment's bytes are on disk: let its memory go (once the last view is gone)."""
+        self.resident.pop(seg, None)
+        self.left_bytes += seg.used_bytes
+        self.disk_bytes += length
+        seg.tier = TierFile(self, key, length)
+        seg.mv = None
+        seg.buf = None
+
+    def adopt(self, seg, key, length: int) -> None:
+        """A segment reloaded from disk at startup (kera.broker.reload)."""
+        self.disk_bytes += length
+        seg.tier = TierFile(self, key, length)
+
+    # ------------------------------------------------------------------ deletion
+    def segment_deleted(self, seg) -> None:
+        """Retention deleted the segment's group: free its memory or its files."""
+        if seg in self.resident:
+            del self.resident[seg]
+            self.left_bytes += seg.used_bytes
+        elif seg.tier is not None:
+            self.maps.pop(seg, None)
+            self._delete_files(seg.tier.key, seg.tier.length)
+        seg.release()
+
+    def stream_deleted(self, streamlets) -> None:
+        """A deleted stream's segments: forget them (the caller releases them and queues the
+        removal of the stream's directory with `delete_stream`)."""
+        for streamlet in streamlets:
+            for group in streamlet.groups:
+                for seg in group.segments:
+                    if seg in self.resident:
+                        del self.resident[seg]
+                        self.left_bytes += seg.used_bytes
+                    elif seg.tier is not None:
+                        self.maps.pop(seg, None)
+                        self.disk_bytes -= seg.tier.length
+
+    def delete_stream(self, stream_id: int) -> None:
+        if self.root is not None:
+            self._queue.append(DeleteStreamJob(stream_id))
+
+    def record_first_group(self, stream_id: int, streamlet: int, first_group: int) -> None:
+        if self.root is not None:
+            self._queue.append(FirstGroupJob(stream_id, streamlet, first_group))
+
+
+    def _delete_files(self, key, length: int) -> None:
+        self.disk_bytes -= length
+        if self.root is not None:
+            self._queue.append(DeleteJob(key, length))
+
+    # ------------------------------------------------------------------ reading
+    def map(self, seg):
+        """Map a tiered segment's file (read-only) and make it the segment's buffer."""
+        tf = seg.tier
+        try:
+            mm, mv = tier_files.map_file(self.root, tf.key, tf.length)
+        except (OSError, ValueError) as err:
+            self.counters.add("tier_map_errors")
+            log.error("cannot map segment file %s: %s", tf.key, err)
+            return None
+        seg.buf, seg.mv = mm, mv
+        self.maps[seg] = None
+        self.counters.add("tier_maps")
+        while len(self.maps) > self.cfg.maps_max:
+            old, _ = self.maps.popitem(last=False)
+            # Views handed out (frames being sent) keep the map alive until they are gone.
+            old.mv = None
+            old.buf = None
+        return mv
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown_jobs(self) -> list[WriteJob]:
+        """At an orderly stop: a write of the durable part of every segment still in memory
+        (open ones included), so a restart from this directory finds every durable chunk."""
+        jobs = []
+        if self.root is None:
+            return jobs
+        for seg in self.resident:
+            if seg in self.writing or seg.released:
+                continue
+            n = durable_chunks(seg) if len(seg) else 0
+            if n:
+                jobs.append(self._write_job(seg, n))
+        return jobs
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> dict:
+        return {
+            "memory_bytes": self.memory_bytes,
+            "memory_limit_bytes": self.cfg.memory_limit_bytes,
+            "tiered_bytes": self.disk_bytes,
+            "tier_jobs_out": self.jobs_out,
+            "segments_resident": len(self.resident),
+            "segments_mapped": len(self.maps),
+        }

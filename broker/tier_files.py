@@ -1,0 +1,394 @@
+"""The broker's segment files: the blocking file I/O of tiering, run on the tier thread and at
+startup, never on the server loop (mapping a file for reading is the one exception: it is a
+cheap syscall, and the pages then fault in as readers touch them).
+
+Layout under the broker's data dir (zero-padded names, so `ls` lists them in order)::
+
+    DIR/segments/<stream_id:020d>-<streamlet:06d>/<group:010d>-<segment:06d>.seg
+    DIR/segments/<...>/<group:010d>-<segment:06d>.meta
+
+A `.seg` file holds the segment's chunks back to back, exactly the bytes the segment holds in
+memory (stamped, checksummed). The `.meta` file is its commit record (below): the `.seg` counts
+only once its record exists, and only its `length` bytes. Write order: chunk bytes, fdatasync,
+record to a temporary name, fsync, rename, fsync the directory; a crash at any point leaves
+either no record (the `.seg` is an orphan, removed at the next start) or a whole one. Deletion
+removes the record first.
+
+Record layout (little-endian, 88 bytes)::
+
+     0  4s  magic b"KBSG"     4  u16 version      6  u16 flags (bit 0: group closed)
+     8  u64 stream_id        16  u32 streamlet   20  u32 group   24  u32 segment   28 u32 slot
+    32  u64 length           40  u32 chunks      44  u64 base_offset (group offset of 1st record)
+    52  u64 end_offset       60  u64 created_ms  68  u64 last_ms  (group's first/latest append)
+    76  u32 capacity_bytes   80  u32 chunks_crc  (CRC32C chained over the chunks' header CRCs)
+    84  u32 crc32c of bytes 0..84
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import shutil
+import struct
+from array import array
+from pathlib import Path
+from typing import NamedTuple
+
+from kera import chunk
+from kera.errors import CorruptChunk, StorageError
+
+log = logging.getLogger(__name__)
+
+SEGMENTS_DIR = "segments"
+MAGIC = b"KBSG"
+VERSION = 1
+FLAG_GROUP_CLOSED = 0x01
+_BODY = struct.Struct("<4sHHQIIIIQIQQQQII")
+_CRC = struct.Struct("<I")
+RECORD_SIZE = _BODY.size + _CRC.size
+assert RECORD_SIZE == 88
+
+
+
+class CorruptSegment(StorageError):
+    """A segment file or its record failed a checksum or layout check."""
+    retriable = False
+
+
+class SegmentRecord(NamedTuple):
+    stream_id: int
+    streamlet: int
+    group: int
+    segment: int
+    slot: int
+    length: int
+    chunks: int
+    base_offset: int
+    end_offset: int
+    created_ms: int
+    last_ms: int
+    capacity_bytes: int
+    chunks_crc: int
+    group_closed: bool
+
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        return self.stream_id, self.streamlet, self.group, self.segment
+
+
+def encode_record(r: SegmentRecord) -> bytes:
+    body = _BODY.pack(MAGIC, VERSION, FLAG_GROUP_CLOSED if r.group_closed else 0, r.stream_id,
+                      r.streamlet, r.group, r.segment, r.slot, r.length, r.chunks, r.base_offset,
+                      r.end_offset, r.created_ms, r.last_ms, r.capacity_bytes, r.chunks_crc)
+    return body + _CRC.pack(chunk.crc32c(body))
+
+
+def decode_record(buf: bytes) -> SegmentRecord:
+    if len(buf) != RECORD_SIZE:
+        raise CorruptSegment(f"segment record of {len(buf)} bytes is not {RECORD_SIZE}")
+    (crc,) = _CRC.unpack_from(buf, _BODY.size)
+    if chunk.crc32c(buf[:_BODY.size]) != crc:
+        raise CorruptSegment("segment record checksum mismatch")
+    (magic, version, flags, sid, sl, g, seg, slot, length, chunks, base, end, created, last,
+     capacity, chunks_crc) = _BODY.unpack_from(buf, 0)
+    if magic != MAGIC or version != VERSION or flags & ~FLAG_GROUP_CLOSED:
+        raise CorruptSegment(f"bad segment record header {magic!r} v{version} flags {flags:#x}")
+    if end < base or length > capacity or (chunks == 0) != (length == 0):
+        raise CorruptSegment("segment record fields are inconsistent")
+    return SegmentRecord(sid, sl, g, seg, slot, length, chunks, base, end, created, last,
+                         capacity, chunks_crc, bool(flags & FLAG_GROUP_CLOSED))
+
+
+# --------------------------------------------------------------------------- names
+
+def streamlet_dir(root: Path, stream_id: int, streamlet: int) -> Path:
+    return root / SEGMENTS_DIR / f"{stream_id:020d}-{streamlet:06d}"
+
+
+def segment_base(group: int, segment: int) -> str:
+    return f"{group:010d}-{segment:06d}"
+
+
+def seg_path(root: Path, key) -> Path:
+    return streamlet_dir(root, key[0], key[1]) / f"{segment_base(key[2], key[3])}.seg"
+
+
+def meta_path(root: Path, key) -> Path:
+    return streamlet_dir(root, key[0], key[1]) / f"{segment_base(key[2], key[3])}.meta"
+
+
+# --------------------------------------------------------------------------- jobs
+
+class WriteJob(NamedTuple):
+    """Write a sealed segment's bytes (`data`, a view of its memory) and commit its record."""
+    segment: object          # the broker's Segment (only the loop looks at it)
+    record: SegmentRecord
+    data: memoryview
+
+    @property
+    def nbytes(self) -> int:
+        return self.record.length
+
+
+class FirstGroupJob(NamedTuple):
+    """Record a streamlet's first retained group (groups below were deleted by retention), so a
+    restart numbers new groups after the deleted ones even when no file of it is left."""
+    stream_id: int
+    streamlet: int
+    first_group: int
+
+
+class DeleteJob(NamedTuple):
+    """Remove one segment's record and file."""
+    key: tuple[int, int, int, int]
+    nbytes: int
+
+
+class DeleteStreamJob(NamedTuple):
+    """Remove every segment file of a deleted stream."""
+    stream_id: int
+
+
+def run(root: Path, job) -> None:
+    """Run one tier job (on the tier thread); raises OSError to the caller."""
+    if isinstance(job, WriteJob):
+        write_segment(root, job.record, job.data)
+    elif isinstance(job, DeleteJob):
+        delete_segment(root, job.key)
+    elif isinstance(job, DeleteStreamJob):
+        delete_stream(root, job.stream_id)
+    elif isinstance(job, FirstGroupJob):
+        write_first_group(root, job.stream_id, job.streamlet, job.first_group)
+    else:
+        raise TypeError(f"unknown tier job {job!r}")
+
+
+def write_segment(root: Path, record: SegmentRecord, data) -> None:
+    key = record.key
+    directory = streamlet_dir(root, key[0], key[1])
+    if not directory.is_dir():
+        directory.mkdir(parents=True, exist_ok=True)
+        _fsync_dir(directory.parent)
+    fd = os.open(seg_path(root, key), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)[:record.length]
+        at = 0
+        while at < len(view):
+            at += os.pwrite(fd, view[at:], at)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    final = meta_path(root, key)
+    temp = final.with_suffix(".meta.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        raw = encode_record(record)
+        if os.write(fd, raw) != len(raw):
+            raise OSError(f"short write of {temp}")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temp, final)
+    _fsync_dir(directory)
+
+
+FIRST_GROUP_FILE = "first_group"
+
+
+def write_first_group(root: Path, stream_id: int, streamlet: int, first_group: int) -> None:
+    directory = streamlet_dir(root, stream_id, streamlet)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / FIRST_GROUP_FILE
+    temp = directory / (FIRST_GROUP_FILE + ".tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        raw = f"{first_group}\n".encode()
+        if os.write(fd, raw) != len(raw):
+            raise OSError(f"short write of {temp}")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temp, final)
+    _fsync_dir(directory)
+
+
+def read_first_groups(root: Path) -> dict[tuple[int, int], int]:
+    """{(stream id, streamlet): first retained group} as recorded by retention."""
+    out: dict[tuple[int, int], int] = {}
+    base = root / SEGMENTS_DIR
+    if not base.is_dir():
+        return out
+    for directory in base.iterdir():
+        sid, _, sl = directory.name.partition("-")
+        path = directory / FIRST_GROUP_FILE
+        if not (sid.isdigit() and sl.isdigit()) or not path.is_file():
+            continue
+        try:
+            text = path.read_text().strip()
+            if text.isdigit() and len(text) <= 10:
+                out[(int(sid), int(sl))] = int(text)
+        except OSError as err:
+            log.error("cannot read %s: %s", path, err)
+    return out
+
+
+def delete_segment(root: Path, key) -> None:
+
+    for path in (meta_path(root, key), seg_path(root, key)):  # the commit record first
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def delete_stream(root: Path, stream_id: int) -> None:
+    base = root / SEGMENTS_DIR
+    if not base.is_dir():
+        return
+    prefix = f"{stream_id:020d}-"
+    for directory in base.iterdir():
+        if directory.name.startswith(prefix):
+            for path in directory.glob("*.meta"):  # records first: a crash leaves orphans only
+                path.unlink(missing_ok=True)
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def write_marker(path: Path) -> None:
+    """An empty file, durably created."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- reading
+
+def map_file(root: Path, key, length: int) -> tuple[mmap.mmap, memoryview]:
+    """A read-only map of a segment file's first `length` bytes; raises OSError."""
+    with open(seg_path(root, key), "rb") as f:
+        mm = mmap.mmap(f.fileno(), length, prot=mmap.PROT_READ)
+    return mm, memoryview(mm)
+
+
+class LoadedSegment(NamedTuple):
+    """A segment file checked at startup, with its per-chunk index rebuilt from the chunks."""
+    record: SegmentRecord
+    positions: array
+    sizes: array
+    bases: array
+    counts: array
+    producers: dict          # producer id -> (sequence, chunk index) of its newest chunk here
+
+
+def scan(root: Path) -> list[SegmentRecord]:
+    """Every segment whose record checks out, sorted by key. Orphan files (a `.seg` without a
+    record, a leftover temporary record) are removed; a damaged record is logged and skipped
+    (never deleted: an operator may want to look at it)."""
+    found: list[SegmentRecord] = []
+    base = root / SEGMENTS_DIR
+    if not base.is_dir():
+        return found
+    for directory in sorted(base.iterdir()):
+        if not directory.is_dir():
+            continue
+        for path in sorted(directory.iterdir()):
+            if path.name.endswith(".meta.tmp"):
+                path.unlink(missing_ok=True)
+            elif path.suffix == ".seg" and not path.with_suffix(".meta").exists():
+                log.warning("removing %s: no commit record (a write cut short)", path)
+                path.unlink(missing_ok=True)
+            elif path.suffix == ".meta":
+                try:
+                    with open(path, "rb") as f:
+                        record = decode_record(f.read(RECORD_SIZE + 1))
+                    if meta_path(root, record.key) != path:
+                        raise CorruptSegment(f"record names {record.key}, not this file")
+                    size = seg_path(root, record.key).stat().st_size
+                    if size < record.length:
+                        raise CorruptSegment(f"file holds {size} of {record.length} bytes")
+                except (OSError, CorruptSegment) as err:
+                    log.error("skipping segment record %s: %s", path, err)
+                    continue
+                found.append(record)
+    found.sort(key=lambda r: r.key)
+    return found
+
+
+def load(root: Path, record: SegmentRecord) -> LoadedSegment:
+    """Map a segment file and verify every chunk (both checksums, the broker's stamps, dense
+    offsets, the chained checksum of the record); raises CorruptSegment or OSError."""
+    key = record.key
+    mm, mv = map_file(root, key, record.length)
+    try:
+        return _index(record, mv)
+    finally:
+        try:
+            mv.release()
+            mm.close()
+        except BufferError:
+            pass   # a view is still held (by an exception's traceback): the GC unmaps it
+
+
+
+def _index(record: SegmentRecord, mv: memoryview) -> LoadedSegment:
+    positions, sizes, bases, counts = array("I"), array("I"), array("Q"), array("I")
+    producers: dict[int, tuple[int, int]] = {}
+    at = 0
+    expect = record.base_offset
+    crc = 0
+    name = f"{segment_base(record.group, record.segment)} of stream {record.stream_id}/{record.streamlet}"
+    while at < record.length:
+        if record.length - at < chunk.HEADER_SIZE:
+            raise CorruptSegment(f"{name}: {record.length - at} stray bytes at {at}")
+        size = chunk.chunk_size(mv, at)
+        if at + size > record.length:
+            raise CorruptSegment(f"{name}: the chunk at {at} runs past {record.length} bytes")
+        try:
+            h = chunk.verify(mv[at:at + size])
+        except CorruptChunk as err:
+            raise CorruptSegment(f"{name}: chunk at byte {at}: {err.message}") from None
+        if (h.stream_id, h.streamlet, h.group, h.segment) != key_of(record) or h.base_offset != expect:
+            raise CorruptSegment(f"{name}: chunk at byte {at} is stamped {h.stream_id}/{h.streamlet} "
+                                 f"group {h.group} segment {h.segment} offset {h.base_offset}")
+        crc = chunk.crc32c(mv[at + 4:at + 8], crc)
+        positions.append(at)
+        sizes.append(size)
+        bases.append(expect)
+        counts.append(h.record_count)
+        producers[h.producer_id] = (h.sequence, len(positions) - 1)
+        expect += h.record_count
+        at += size
+    if len(positions) != record.chunks or expect != record.end_offset or crc != record.chunks_crc:
+        raise CorruptSegment(f"{name}: {len(positions)} chunks up to offset {expect} do not match "
+                             f"the record ({record.chunks} chunks up to {record.end_offset})")
+    return LoadedSegment(record, positions, sizes, bases, counts, producers)
+
+
+def key_of(record: SegmentRecord) -> tuple[int, int, int, int]:
+    return record.stream_id, record.streamlet, record.group, record.segment
+
+
+def chunks_crc(seg_mv, positions, n: int) -> int:
+    """CRC32C chained over the header CRCs of the first n chunks (what a record stores)."""
+    crc = 0
+    for i in range(n):
+        p = positions[i]
+        crc = chunk.crc32c(seg_mv[p + 4:p + 8], crc)
+    return crc
+
+
+def statvfs_free_bytes(root: Path) -> int:
+    st = os.statvfs(root)
+    return st.f_bavail * st.f_frsize

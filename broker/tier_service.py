@@ -1,0 +1,132 @@
+"""The broker daemon's side of tiering, retention and restart from disk (the I/O around the
+sans-IO core's kera.broker.tier / retention / reload):
+
+- at start: the segment files found in the data dir, verified (kera.broker.reload);
+- every loop turn: the wall clock into the core, tier jobs to the tier thread, their outcomes
+  back;
+- every RETENTION_INTERVAL_S: retention, and `drop_replica` requests to backups (retried a few
+  times: a backup that never hears of a drop keeps a useless replica, nothing worse);
+- at an orderly stop: the tier thread drained, then every durable segment still in memory
+  written, so a restart from this directory has every durable chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import zmq
+
+from kera.backup.worker import Worker
+from kera.broker import reload, tier_files
+from kera.broker.retention import ReplicaDrop
+
+
+log = logging.getLogger(__name__)
+
+RETENTION_INTERVAL_S = 0.5
+DROP_TIMEOUT_S = 2.0
+DROP_ATTEMPTS_MAX = 5
+DROP_RETRY_S = 1.0
+SHUTDOWN_DRAIN_TIMEOUT_S = 30.0
+CLEAN_SHUTDOWN_FILE = "clean_shutdown"
+
+
+
+class TierService:
+    def __init__(self, core, server):
+        self.core = core
+        self.server = server
+        self.root: Path | None = core.tier.root
+        self.worker: Worker | None = None
+        self._drops: list[tuple[float, int, ReplicaDrop]] = []   # (due, attempt, drop)
+        # An orderly stop wrote every durable segment and left this marker: the reload is then
+        # complete (kept for whoever decides between the reload and recovery from backups).
+        self.clean_restart = False
+        if self.root is not None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            marker = self.root / CLEAN_SHUTDOWN_FILE
+            self.clean_restart = marker.exists()
+            marker.unlink(missing_ok=True)
+            core.clean_restart = self.clean_restart
+            loaded = reload.load_dir(self.root)
+            if not loaded.empty:
+                core.reloaded = loaded
+            if loaded.corrupt:
+                core.counters.add("reload_corrupt_segments", loaded.corrupt)
+            root = self.root
+            self.worker = Worker("broker-tier", lambda job: tier_files.run(root, job),
+                                 core.tier.cfg.jobs_max)
+            server.poller.register(self.worker.wake_fd, zmq.POLLIN)
+            log.info("data dir %s, memory limit %d bytes", root, core.tier.cfg.memory_limit_bytes)
+        server.every(RETENTION_INTERVAL_S, self.retention)
+
+    # ------------------------------------------------------------------ every turn
+    def pump(self) -> None:
+        core = self.core
+        core.set_wall_clock(int(time.time() * 1000))
+        if self.worker is None:
+            return
+        now = time.monotonic()
+        for job, _, error in self.worker.completions():
+            core.tier_job_done(job, error, now)
+        for job in core.take_tier_jobs(now):
+            self.worker.submit(job)
+
+    # ------------------------------------------------------------------ retention
+    def retention(self) -> None:
+        core = self.core
+        core.enforce_retention(int(time.time() * 1000))
+        now = time.monotonic()
+        for drop in core.take_replica_drops():
+            self._drops.append((now, 1, drop))
+        due = [d for d in self._drops if d[0] <= now]
+        if due:
+            self._drops = [d for d in self._drops if d[0] > now]
+            for _, attempt, drop in due:
+                self._send_drop(drop, attempt)
+
+    def _send_drop(self, drop: ReplicaDrop, attempt: int) -> None:
+        if not self.core.pool.alive(drop.backup_id):
+            return   # a dead backup's replicas are the coordinator's and its restart's business
+
+        def done(header, frames, error, drop=drop, attempt=attempt):
+            if error is None:
+                self.core.counters.add("replica_drops_sent")
+                return
+            if attempt >= DROP_ATTEMPTS_MAX:
+                log.warning("backup %d (%s) did not drop replica %s: %s: %s", drop.backup_id,
+                            drop.address, drop.fields, error.code, error.message)
+                return
+            self._drops.append((time.monotonic() + DROP_RETRY_S, attempt + 1, drop))
+
+        self.server.peer(drop.address).request("drop_replica", drop.fields, [], DROP_TIMEOUT_S, done)
+
+    # ------------------------------------------------------------------ stop
+    def shutdown(self) -> None:
+        """Drain the tier thread, then write every durable segment still in memory."""
+        if self.worker is None:
+            return
+        core = self.core
+        deadline = time.monotonic() + SHUTDOWN_DRAIN_TIMEOUT_S
+        while core.tier.jobs_out and time.monotonic() < deadline:
+            for job, _, error in self.worker.completions():
+                core.tier_job_done(job, error, time.monotonic())
+            if core.tier.jobs_out:
+                time.sleep(0.005)
+        self.worker.close()
+        written = 0
+        failed = bool(core.tier.jobs_out)
+        started = time.monotonic()
+        for job in core.tier.shutdown_jobs():
+            try:
+                tier_files.run(self.root, job)
+                written += job.nbytes
+            except OSError as err:
+                failed = True
+                log.error("could not write segment %s at shutdown: %s", job.record.key, err)
+        log.info("wrote %d bytes of segments to %s at shutdown in %.2f s", written, self.root,
+                 time.monotonic() - started)
+        if not failed:
+            tier_files.write_marker(self.root / CLEAN_SHUTDOWN_FILE)

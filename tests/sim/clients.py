@@ -1,0 +1,310 @@
+"""Clients on the simulated network: producers, consumers and the admin that creates streams.
+
+Producers drive kera.producer.pipeline.Pipeline and consumers kera.consumer.fetching.FetchState
+the way their request threads do (kera/producer/sender.py, kera/consumer/fetcher.py): expire,
+build, send, apply replies, sleep until the next deadline. Metadata comes from the coordinator
+(`describe_stream`, parsed by kera.metadata.parse_stream), asked again when the bookkeeping says
+so. Producers append records numbered per (producer, stream, streamlet), so the checker can
+follow every record through retries, re-identification and reads.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from kera import chunk, config
+from kera.consumer.cursor import ChunkItem, ErrorItem, FetchCursor
+from kera.consumer.fetching import FetchState
+from kera.errors import BadRequest
+from kera.metadata import StreamInfo, parse_stream
+from kera.producer.pipeline import ACKED, Pipeline
+
+from tests.sim.checker import Checker, InvariantBroken, record_value
+from tests.sim.network import Network
+from tests.sim.shell import SimHost, SimServer
+
+METADATA_REFRESH_INTERVAL_S_MIN = 0.05   # as in the producer's and consumer's request threads
+COORDINATOR_REQUEST_TIMEOUT_S = 1.0
+
+
+class ClientMetadata:
+    """kera.metadata.Metadata without the blocking call: a describe_stream in flight per name."""
+
+    def __init__(self, node: SimServer, coordinator: str, on_update=None):
+        self.node = node
+        self.coordinator = coordinator
+        self.on_update = on_update
+        self.by_name: dict[str, StreamInfo] = {}
+        self.by_id: dict[int, StreamInfo] = {}
+        self._fetched_at: dict[str, float] = {}
+        self._asked: dict[int, tuple[str, float]] = {}   # req id -> (name, deadline)
+
+    def address_of(self, stream_id: int, streamlet: int) -> str | None:
+        info = self.by_id.get(stream_id)
+        return None if info is None else info.address_of(streamlet)
+
+    def refresh(self, name: str, interval_s_min: float = 0.0) -> None:
+        now = self.node.sched.now
+        for req_id in [r for r, (_, deadline) in self._asked.items() if deadline <= now]:
+            del self._asked[req_id]   # lost: asked again below
+        if any(n == name and deadline > now for n, deadline in self._asked.values()):
+            return
+        if name in self.by_name and now - self._fetched_at.get(name, -1e9) < interval_s_min:
+            return
+        req_id = self.node.send_request(self.coordinator, "describe_stream", {"name": name})
+        self._asked[req_id] = (name, now + COORDINATOR_REQUEST_TIMEOUT_S)
+
+    def on_reply(self, header: dict) -> bool:
+        """Apply a coordinator reply; False if it was not one of ours (or came too late)."""
+        asked = self._asked.pop(header.get("id"), None)
+        if asked is None:
+            return False
+        name = asked[0]
+        if header.get("ok") is not True:
+            if header.get("code") == "unknown_stream" and name in self.by_name:
+                raise InvariantBroken(f"{self.node.name}: the coordinator forgot stream '{name}'")
+            return True   # retried on the next refresh (or not created yet: the admin retries)
+        try:
+            info = parse_stream(header.get("stream"))
+        except BadRequest as err:
+            raise InvariantBroken(f"{self.node.name}: bad descriptor of '{name}': {err}") from None
+        self.by_name[name] = info
+        self.by_id[info.id] = info
+        self._fetched_at[name] = self.node.sched.now
+        if self.on_update is not None:
+            self.on_update(info)
+        return True
+
+
+class Client(SimServer):
+    """A client process: replies come to on_client_reply; `loop` runs after every event."""
+
+    def __init__(self, net: Network, address: str, name: str, rng: random.Random,
+                 checker: Checker, coordinator: str):
+        host, port = address.split(":")
+        super().__init__(name, SimHost(net, rng, host), int(port))
+        self.name = name
+        self.checker = checker
+        self.coordinator = coordinator
+        self._wake_at = math.inf
+        self.meta = ClientMetadata(self, self.coordinator, self.on_metadata)
+
+    def boot(self) -> None:
+        pass
+
+    def on_metadata(self, info: StreamInfo) -> None:
+        pass
+
+    def wake_at(self, t: float | None) -> None:
+        """Make sure the loop runs at `t` (the request thread's poll timeout)."""
+        if t is None:
+            return
+        now = self.sched.now
+        if now < self._wake_at <= t:
+            return
+        self._wake_at = max(t, now)
+        self.schedule(self._wake_at - now, self._wake)
+
+    def _wake(self) -> None:
+        if self.sched.now >= self._wake_at:
+            self._wake_at = math.inf
+        self.loop()
+
+    def loop(self) -> None:
+        raise NotImplementedError
+
+
+# ====================================================================== producer
+
+class SimProducer(Client):
+    def __init__(self, net, address, rng, checker, coordinator, *, client: int, producer_id: int,
+                 streams: list[str], request_timeout_s: float, interval_s: float,
+                 records_max: int, outstanding_max: int = 64):
+        super().__init__(net, address, f"producer {client}", rng, checker, coordinator)
+        self.client = client
+        self.producer_id = producer_id
+        self.streams = streams
+        self.request_timeout_s = request_timeout_s
+        self.interval_s = interval_s
+        self.records_max = records_max
+        self.outstanding_max = outstanding_max
+        self.producing = False
+        self.records = 0
+        self.next_n: dict[tuple[int, int], int] = {}
+
+    def start(self) -> None:
+        self.boot()
+        self.pipe = Pipeline(request_size_bytes=config.DEFAULT_REQUEST_SIZE_BYTES,
+                             in_flight_per_broker=config.DEFAULT_IN_FLIGHT_PER_BROKER,
+                             retries_max=30, request_timeout_s=self.request_timeout_s)
+        self.outstanding: dict[int, tuple] = {}   # serial -> (pending chunk, sid, sl, first, end)
+        self.producing = True
+        for name in self.streams:
+            self.meta.refresh(name)
+        self.schedule(self.rng.expovariate(1 / self.interval_s), self._app)
+
+    # ------------------------------------------------------------------ the application
+    def _app(self) -> None:
+        if not self.producing:
+            return
+        known = [self.meta.by_name[n] for n in self.streams if n in self.meta.by_name]
+        if known and len(self.outstanding) < self.outstanding_max and self.records < self.records_max:
+            info = self.rng.choice(known)
+            self._send_batch(info, self.rng.randrange(info.streamlets), self.rng.randint(1, 24))
+        for name in self.streams:
+            if name not in self.meta.by_name:
+                self.meta.refresh(name)
+        self.schedule(self.rng.expovariate(1 / self.interval_s), self._app)
+        self.loop()
+
+    def _send_batch(self, info: StreamInfo, sl: int, count: int) -> None:
+        """Producer.send_batch for one streamlet: one chunk, sealed under the lane's identity."""
+        key = (info.id, sl)
+        first = self.next_n.get(key, 0)
+        values = [record_value(self.client, info.id, sl, first + i, self.rng.randrange(0, 48))
+                  for i in range(count)]
+        lane = self.pipe.own_lane(info.name, info.id, sl, self.producer_id, info.active_groups)
+        data = chunk.encode(lane.producer_id, lane.next_sequence, info.id, sl, values,
+                            timestamps=int(self.sched.now * 1e6))
+        c = self.pipe.add(lane, data, lane.next_sequence, count)
+        self.outstanding[c.serial] = (c, info.id, sl, first, first + count)
+        self.next_n[key] = first + count
+        self.records += count
+
+    # ------------------------------------------------------------------ the request thread
+    def loop(self) -> None:
+        """One turn of kera.producer.sender.Sender._loop."""
+        pipe = self.pipe
+        now = self.sched.now
+        refresh = pipe.expire(now)
+        out = pipe.build(now, self.meta.address_of)
+        refresh |= pipe.want_refresh
+        pipe.want_refresh = set()
+        for o in out:
+            req_id = self.send_request(o.broker, "produce", None, o.frames)
+            pipe.sent(o, req_id, now)
+        self._refresh(refresh)
+        self._settle()
+        self.wake_at(pipe.next_deadline(now))
+
+    def _refresh(self, streams: set) -> None:
+        for name, _ in sorted(streams):
+            self.meta.refresh(name, METADATA_REFRESH_INTERVAL_S_MIN)
+
+    def on_client_reply(self, src: str, header: dict, frames: list) -> None:
+        if src == self.coordinator:
+            self.meta.on_reply(header)
+        else:
+            self._refresh(self.pipe.on_reply(src, header, self.sched.now))
+        self.loop()
+
+    def _settle(self) -> None:
+        """Tell the checker about chunks that left the pipeline: acknowledged or failed."""
+        incomplete = self.pipe.incomplete
+        done = [s for s in self.outstanding if s not in incomplete]
+        for serial in done:
+            c, sid, sl, first, end = self.outstanding.pop(serial)
+            self.checker.producer_outcome(self.client, sid, sl, first, end, c.state == ACKED)
+
+    def idle(self, lost: set) -> bool:
+        """Nothing left to send, but chunks for streamlets whose broker is gone for good."""
+        return all((sid, sl) in lost for _, sid, sl, _, _ in self.outstanding.values())
+
+
+# ====================================================================== consumer
+
+class SimConsumer(Client):
+    def __init__(self, net, address, rng, checker, coordinator, *, name: str, stream: str,
+                 request_timeout_s: float, idle_wait_s: float, fetch_max_bytes: int):
+        super().__init__(net, address, name, rng, checker, coordinator)
+        self.stream = stream
+        self.request_timeout_s = request_timeout_s
+        self.idle_wait_s = idle_wait_s
+        self.fetch_max_bytes = fetch_max_bytes
+        self.state: FetchState | None = None
+        self.errors: list = []
+
+    def start(self) -> None:
+        self.boot()
+        self.state = None
+        self.meta.refresh(self.stream)
+        self.every(COORDINATOR_REQUEST_TIMEOUT_S, self._startup)
+
+    def _startup(self) -> None:
+        if self.state is None:
+            self.meta.refresh(self.stream)
+
+    def on_metadata(self, info: StreamInfo) -> None:
+        if self.state is None:
+            self.state = FetchState(self.stream, info.id, {sl: FetchCursor(sl) for sl in range(info.streamlets)},
+                                    fetch_max_bytes=self.fetch_max_bytes,
+                                    request_timeout_s=self.request_timeout_s,
+                                    idle_wait_s=self.idle_wait_s)
+        self.loop()
+
+    def loop(self) -> None:
+        """One turn of kera.consumer.fetcher.Fetcher._loop (the cache never fills here)."""
+        state = self.state
+        if state is None or state.fatal:
+            return
+        now = self.sched.now
+        state.expire(now)
+        if state.want_refresh:
+            state.want_refresh = False
+            self.meta.refresh(self.stream, METADATA_REFRESH_INTERVAL_S_MIN)
+        for broker, reads, streamlets in state.build(now, self.meta.address_of):
+            req_id = self.send_request(broker, "fetch", {"reads": reads})
+            state.sent(broker, req_id, streamlets, now)
+        self.wake_at(state.next_wake(now))
+
+    def on_client_reply(self, src: str, header: dict, frames: list) -> None:
+        if src == self.coordinator:
+            self.meta.on_reply(header)
+        elif self.state is not None:
+            for item in self.state.on_reply(src, header, frames, self.sched.now):
+                if isinstance(item, ChunkItem):
+                    values = item.chunk.values()[item.skip:]
+                    self.checker.consumed(self.name, self.state.stream_id, item.streamlet, values)
+                elif isinstance(item, ErrorItem):
+                    self.errors.append(item.error)
+        self.loop()
+
+
+# ====================================================================== admin
+
+class SimAdmin(Client):
+    """Creates the run's streams, retrying until the coordinator has the daemons it needs."""
+
+    RETRY_S = 0.2
+
+    def __init__(self, net, address, rng, checker, coordinator, specs: list[dict]):
+        super().__init__(net, address, "admin", rng, checker, coordinator)
+        self.specs = specs
+        self.created: dict[str, dict] = {}
+        self._asked: dict[int, str] = {}
+
+    def start(self) -> None:
+        self.boot()
+        self.every(self.RETRY_S, self.loop)
+
+    def loop(self) -> None:
+        self._asked.clear()   # a reply not back by now is lost: ask again
+        for spec in self.specs:
+            if spec["name"] not in self.created:
+                self._asked[self.send_request(self.coordinator, "create_stream", spec)] = spec["name"]
+
+    def on_client_reply(self, src: str, header: dict, frames: list) -> None:
+        name = self._asked.pop(header.get("id"), None)
+        if name is None or name in self.created:
+            return
+        if header.get("ok") is True:
+            self.created[name] = header["stream"]
+        elif header.get("code") == "stream_exists":
+            self.created[name] = {}    # an earlier attempt made it; its reply was lost
+        elif header.get("code") != "not_ready":
+            raise InvariantBroken(f"create_stream {name} refused: {header.get('code')}: "
+                                  f"{header.get('message')}")
+
+    def done(self) -> bool:
+        return len(self.created) == len(self.specs)

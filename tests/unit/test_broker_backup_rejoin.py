@@ -1,0 +1,162 @@
+"""A backup that registers again was restarted: its in-memory replicas are gone even if the
+coordinator never declared it dead (tests/sim seed 108: it crashed and came back while the
+coordinator was down). The broker sees the new `registered_version` in the `cluster` reply and
+re-replicates every virtual segment that had a replica on it, as after a death. And a backup's
+heartbeat times out after a few heartbeat intervals, so two lost heartbeats do not get it
+declared dead."""
+
+from kera import chunk, config
+from kera.backup.registration import Registration
+from kera.broker.backups import BackupPool
+from kera.broker.core import Broker, BrokerConfig
+from kera.errors import Timeout
+
+ME = 7
+
+
+def entries(*specs):
+    """(id, alive, registered_version) -> `cluster` reply backup entries."""
+    return [{"id": i, "address": f"127.0.0.1:{9000 + i}", "node": f"node{i}", "alive": alive,
+             "registered_version": version} for i, alive, version in specs]
+
+
+# --------------------------------------------------------------------------- the pool
+
+def test_a_new_registered_version_reports_the_backup_as_lost():
+    pool = BackupPool("x")
+    assert pool.update(entries((1, True, 3), (2, True, 4))) == []     # first seen: nothing lost
+    assert pool.update(entries((1, True, 3), (2, True, 4))) == []
+    assert pool.update(entries((1, True, 3), (2, True, 12))) == [2]   # restarted, never seen dead
+    assert pool.alive(2) and pool.update(entries((1, True, 3), (2, True, 12))) == []
+
+
+def test_a_coordinator_restart_is_not_a_backup_restart():
+    pool = BackupPool("x")
+    pool.update(entries((1, True, 3), (2, True, 4)))
+    # The restarted coordinator has heard no `register` yet: 0 says nothing about the backups.
+    assert pool.update(entries((1, True, 0), (2, False, 0))) == [2]   # (2 is dead for now)
+    assert pool.update(entries((1, True, 0), (2, True, 0))) == []
+    # Backup 1 registers with it: a restart, whatever the broker saw before.
+    assert pool.update(entries((1, True, 15), (2, True, 0))) == [1]
+
+
+def test_death_then_registration_reports_each_once():
+    pool = BackupPool("x")
+    pool.update(entries((1, True, 3)))
+    assert pool.update(entries((1, False, 3))) == [1]
+    assert pool.update(entries((1, True, 9))) == [1]   # back, empty: nothing on it to lose, though
+    assert pool.update(entries((1, False, 11))) == [1]   # registered again and died: once
+
+
+def test_a_bad_registered_version_skips_the_entry():
+    pool = BackupPool("x")
+    bad = [{**e, "registered_version": v} for e, v in zip(entries((1, True, 0), (2, True, 0)), ("3", -1))]
+    pool.update(bad + entries((3, True, 2)))
+    assert list(pool.backups) == [3]
+    assert pool.update(entries((3, True, 2)) + [{"id": 4, "address": "h:1"}]) == []  # optional
+
+
+# --------------------------------------------------------------------------- the broker
+
+def desc(R):
+    return {"name": "s", "id": 1, "streamlets": 1, "active_groups": 1, "replication": R,
+            "group_segments": 16, "segment_size_bytes": 1 << 20, "durability": "memory",
+            "replication_capacity": 0, "placement": [ME], "brokers": {}, "version": 1, "ready": True}
+
+
+def acked_broker(R, versions):
+    """A broker whose first chunk is acknowledged by R-1 of the backups in `versions`."""
+    b = Broker("node0", BrokerConfig(replication_timeout_s=2.0), broker_id=ME)
+    b.apply_metadata([desc(R)], 1)
+    b.set_backups(entries(*((i, True, v) for i, v in versions.items())), 0.0)
+    b.produce("a", [chunk.encode(1, 0, 1, 0, [b"r"] * 4)], 0.0)
+    writes = b.sync(0.0)
+    for w in writes:
+        b.write_done(w, {"length": w.end_bytes}, None, 0.0)
+    assert [t for t, _ in b.take_replies()] == ["a"]
+    assert b.sync(0.0) == []
+    return b, [w.backup_id for w in writes]
+
+
+def test_replicas_on_a_restarted_backup_are_rebuilt_elsewhere():
+    b, [holder] = acked_broker(2, {1: 3, 2: 4})
+    other = 3 - holder
+    versions = {1: 3, 2: 4}
+    versions[holder] += 10   # it restarted within the dead window: alive all along
+    b.set_backups(entries(*((i, True, v) for i, v in versions.items())), 1.0)
+    [w] = b.sync(1.0)
+    assert w.backup_id == other and w.fields["offset"] == 0 and w.fields["reset"] is True
+    assert w.chunks == 1
+    assert b.stats()["replicas_lost"] == 1
+
+
+def test_with_no_other_backup_the_restarted_one_is_rewritten_from_zero():
+    b, holders = acked_broker(3, {1: 3, 2: 4})
+    assert sorted(holders) == [1, 2]
+    b.set_backups(entries((1, True, 3), (2, True, 20)), 1.0)
+    [w] = b.sync(1.0)
+    assert w.backup_id == 2 and w.fields["offset"] == 0 and w.fields["reset"] is True
+    b.write_done(w, {"length": w.end_bytes}, None, 1.0)
+    assert b.sync(1.0) == []
+
+
+def test_a_coordinator_restart_does_not_rereplicate():
+    b, _ = acked_broker(2, {1: 3, 2: 4})
+    b.set_backups(entries((1, True, 0), (2, True, 0)), 1.0)
+    assert b.sync(1.0) == [] and b.stats().get("replicas_lost", 0) == 0
+
+
+# --------------------------------------------------------------------------- heartbeats
+
+class FakePeer:
+    address = "coord:1"
+
+    def __init__(self):
+        self.sent: list = []
+
+    def request(self, op, fields, frames, timeout_s, callback):
+        self.sent.append((op, timeout_s, callback))
+
+
+class FakeServer:
+    def __init__(self):
+        self.peer_ = FakePeer()
+
+    def peer(self, address):
+        return self.peer_
+
+    def every(self, interval_s, fn):
+        pass
+
+
+def test_two_lost_heartbeats_do_not_outlast_the_dead_window():
+    server = FakeServer()
+    reg = Registration(server, "coord:1", "backup", "h:1", "n")
+    interval = config.HEARTBEAT_INTERVAL_S
+    reg.tick()
+    op, register_timeout, callback = server.peer_.sent[-1]
+    assert op == "register"
+    callback({"daemon_id": 4, "heartbeat_interval_ms": round(interval * 1000)}, [], None)
+    # Heartbeat, lost: the next is sent at the first tick after its timeout; twice.
+    sent_at = 0.0
+    for _ in range(2):
+        reg.tick()
+        op, timeout, callback = server.peer_.sent[-1]
+        assert op == "heartbeat"
+        callback(None, [], Timeout("lost"))
+        sent_at += timeout + interval
+    reg.tick()
+    assert server.peer_.sent[-1][0] == "heartbeat"
+    # The third heartbeat leaves the backup well within the coordinator's dead window.
+    assert sent_at + interval < config.HEARTBEAT_MISSED_MAX * interval
+    assert timeout <= 3 * interval and register_timeout >= timeout
+
+
+def test_heartbeat_timeout_follows_the_coordinators_interval():
+    server = FakeServer()
+    reg = Registration(server, "coord:1", "backup", "h:1", "n")
+    reg.tick()
+    server.peer_.sent[-1][2]({"daemon_id": 4, "heartbeat_interval_ms": 50}, [], None)
+    reg.tick()
+    op, timeout, _ = server.peer_.sent[-1]
+    assert op == "heartbeat" and abs(timeout - 0.15) < 1e-9

@@ -1,0 +1,240 @@
+"""Retention without sockets: whole groups deleted by time and by size, oldest first and only
+once finished; readers before the retained range get offset_out_of_range, `earliest` readers
+start at the first retained group; replicas nothing references are dropped on the backups;
+the coordinator's retention fields and alter_stream; the backup's drop_replica."""
+
+from pathlib import Path
+
+import pytest
+
+from kera import chunk
+from kera.backup.store import DropJob, ReplicaStore
+from kera.broker.core import Broker, BrokerConfig
+from kera.broker.tier import TierConfig
+from kera.consumer.cursor import FetchCursor, GroupInfo
+from kera.coordinator.core import Coordinator
+from kera.coordinator.validate import StreamSpec
+from kera.errors import BadRequest
+from kera.spark import offsets as ko
+
+from tests.unit.test_tier import make, read_all, run_jobs
+
+ME = 3
+KiB = 1024
+MIN = 60_000
+
+
+def desc(sid=1, *, R=1, Q=1, G=1, seg=4 * KiB, retention_ms=0, retention_bytes=0, version=1):
+    return {"name": f"s{sid}", "id": sid, "streamlets": 1, "active_groups": Q, "replication": R,
+            "group_segments": G, "segment_size_bytes": seg, "durability": "memory",
+            "placement": [ME], "brokers": {}, "version": version, "ready": True,
+            "retention_ms": retention_ms, "retention_bytes": retention_bytes}
+
+
+def broker(*streams, root=None, backups=()):
+    b = Broker("n", BrokerConfig(tier=TierConfig(root=root, memory_limit_bytes=1 << 30)),
+               broker_id=ME)
+    b.apply_metadata(list(streams), 1)
+    if backups:
+        b.set_backups([{"id": i, "address": f"127.0.0.1:{9000 + i}", "node": f"n{i}",
+                        "alive": True} for i in backups], 0.0)
+    return b
+
+
+def fill(b, n, start=0, wall_ms=0, producer=1):
+    """n chunks of ~1 KiB: with 4 KiB one-segment groups, a group closes every 4 chunks."""
+    b.set_wall_clock(wall_ms)
+    for seq in range(start, start + n):
+        b.produce(seq, [make(seq, producer=producer, n=4, size=200)], 0.0)
+
+
+def fetch(b, low, offsets=None, **cursor):
+    results, frames = b.fetch([[1, 0, {"low": low, "offsets": offsets or {}, **cursor}, 1 << 20]])
+    return results[0], frames
+
+
+def test_time_retention_deletes_old_finished_groups():
+    b = broker(desc(retention_ms=MIN))
+    fill(b, 16, wall_ms=0)                      # groups 0..3 (3 closed, 1 open)
+    fill(b, 8, start=16, wall_ms=MIN)           # closes group 3, fills 4, opens 5
+    groups = [g[0] for g in b.offsets(1, 0)]
+    assert b.enforce_retention(MIN + 1) == 4    # groups 0..3 last written at 0
+    assert [g[0] for g in b.offsets(1, 0)] == groups[4:] and b.first_group(1, 0) == 4
+    assert b.enforce_retention(MIN + 2) == 0
+    assert b.stats()["groups_deleted"] == 4
+
+
+def test_an_open_group_is_closed_by_time_then_deleted():
+    b = broker(desc(retention_ms=MIN, G=8, seg=64 * KiB))
+    fill(b, 2, wall_ms=0)
+    fill(b, 1, start=2, wall_ms=MIN // 2)
+    assert b.enforce_retention(MIN // 2) == 0
+    assert not b.offsets(1, 0)[0][4]            # still open
+    assert b.enforce_retention(MIN) == 0        # closed (created a retention period ago) ...
+    assert b.offsets(1, 0)[0][4]
+    assert b.enforce_retention(MIN + MIN // 2) == 1   # ... deleted once its last data expired
+
+    fill(b, 1, start=3, wall_ms=2 * MIN)        # the slot's next chunk opens group 1
+    assert [g[0] for g in b.offsets(1, 0)] == [1]
+
+
+def test_size_retention_keeps_at_least_the_limit():
+    b = broker(desc(retention_bytes=10 * KiB))
+    fill(b, 40)                                 # ~10 groups of ~4 KiB
+    b.enforce_retention(0)
+    kept = b.streams[1].streamlets[0].groups
+    total = sum(s.used_bytes for g in kept for s in g.segments)
+    oldest = sum(s.used_bytes for s in kept[0].segments)
+    assert total >= 10 * KiB and total - oldest < 10 * KiB
+    assert b.first_group(1, 0) > 0
+
+
+def test_readers_before_the_retained_range_get_a_clear_error():
+    b = broker(desc(retention_ms=MIN))
+    fill(b, 12, wall_ms=0)
+    fill(b, 4, start=12, wall_ms=10 * MIN)
+    b.enforce_retention(10 * MIN)
+    first = b.first_group(1, 0)
+    assert first == 3
+    (err, n, groups), _ = fetch(b, 0)
+    assert err[0] == "offset_out_of_range" and err[2] is False
+    assert "no longer available" in err[1] and "deleted by retention" in err[1]
+    # A reader that had read every deleted group to its end lost nothing.
+    (err, n, groups), frames = fetch(b, 2, {2: 16})
+    assert err is None and groups[0][0] == first
+    # An "earliest" reader starts at the first retained group.
+    (err, n, groups), frames = fetch(b, 0, earliest=True)
+    assert err is None and n > 0 and groups[0][0] == first
+    assert chunk.read_header(frames[0]).group == first
+
+
+def test_consumer_cursor_follows_earliest_to_the_first_retained_group():
+    c = FetchCursor(0, 0, {}, earliest=True)
+    assert c.wire()["earliest"] is True
+    low = c.on_groups([GroupInfo(7, 0, 0, 10, False)])
+    assert low == 7 and c.low == 7 and "earliest" not in c.wire()
+    latest = FetchCursor.at_end(0, [GroupInfo(7, 0, 0, 10, True), GroupInfo(8, 0, 0, 3, False)], 7)
+    assert latest.low == 8 and latest.offsets[8] == 3
+
+
+def test_spark_offsets_know_the_first_retained_group():
+    infos = ko.Groups([ko.GroupInfo(5, 0, 0, 10, True), ko.GroupInfo(6, 0, 0, 4, False)])
+    infos.first_group = 5
+    assert ko.earliest(infos).next == 5
+    assert ko.check_loss(ko.earliest(infos), infos, "s/0") == []
+    problems = ko.check_loss(ko.Cursor(2, {}), infos, "s/0")
+    assert problems and "deleted by retention" in problems[0]
+    empty = ko.Groups()
+    empty.first_group = 9
+    assert ko.latest(empty).next == 9
+
+
+def test_tiered_groups_are_deleted_from_disk(tmp_path):
+    b = broker(desc(retention_ms=MIN), root=tmp_path)
+    b.tier.tier_at_bytes = 1                    # tier everything sealed and durable
+    fill(b, 20, wall_ms=0)
+    run_jobs(b, tmp_path)
+    assert len(list(tmp_path.rglob("*.seg"))) >= 4
+    fill(b, 1, start=20, wall_ms=5 * MIN)
+    b.enforce_retention(5 * MIN)
+    run_jobs(b, tmp_path)
+    assert not list(tmp_path.rglob("*.seg")) and b.tier.disk_bytes == 0
+    assert (tmp_path / "segments" / f"{1:020d}-{0:06d}" / "first_group").read_text().strip() == "5"
+
+
+class Backups:
+    """Acknowledge every replication write as a backup would."""
+
+    @staticmethod
+    def ack(b, now=0.0):
+        for _ in range(10):
+            writes = b.sync(now)
+            if not writes:
+                return
+            for w in writes:
+                b.write_done(w, {"length": w.end_bytes}, None, now)
+
+
+def test_replicas_are_dropped_once_nothing_references_them():
+    b = broker(desc(R=2, retention_ms=MIN), backups=(1,))
+    b.cfg.virtual_segment_bytes = 4 * KiB
+    for vlog in b.vlog_list:
+        vlog.segment_bytes = 4 * KiB
+    fill(b, 12, wall_ms=0)
+    for vlog in b.vlog_list:
+        vlog.close_open()
+    Backups.ack(b)
+    b.take_replies()
+    fill(b, 4, start=12, wall_ms=5 * MIN)
+    Backups.ack(b)
+    vlog = b.vlog_list[0]
+    finished_before = [vs for vs in vlog.vsegs if vs.finished]
+    assert finished_before
+    b.enforce_retention(5 * MIN)
+    drops = b.take_replica_drops()
+    assert drops and all(d.fields["broker_id"] == ME and d.backup_id == 1 for d in drops)
+    dropped = {d.fields["vseg"] for d in drops}
+    assert dropped == {vs.number + vlog.vseg_base for vs in vlog.vsegs if vs.replicas == []}
+    # What is still referenced stays; nothing is dropped twice.
+    assert b.enforce_retention(5 * MIN) == 0 and b.take_replica_drops() == []
+    assert read_all(b, low=b.first_group(1, 0))
+
+
+# ---------------------------------------------------------------------- coordinator
+
+def test_coordinator_retention_create_alter_persist():
+    c = Coordinator(0.0)
+    c.register(0.0, "broker", "127.0.0.1:1", "n")
+    d = c.create_stream(StreamSpec("s", retention_ms=1000))
+    assert d["retention_ms"] == 1000 and d["retention_bytes"] == 0
+    v = d["version"]
+    d = c.handle("alter_stream", {"name": "s", "retention_bytes": 1 << 20}, 0.0)["stream"]
+    assert d["retention_ms"] == 1000 and d["retention_bytes"] == 1 << 20 and d["version"] > v
+    assert not d["ready"]                       # until the broker applies it
+    with pytest.raises(BadRequest):
+        c.handle("alter_stream", {"name": "s"}, 0.0)
+    with pytest.raises(BadRequest):
+        c.handle("alter_stream", {"name": "s", "retention_ms": -1}, 0.0)
+    with pytest.raises(BadRequest):
+        c.handle("create_stream", {"name": "t", "retention_bytes": "big"}, 0.0)
+    c2 = Coordinator(0.0, state=c.to_state())
+    assert c2.describe_stream("s")["retention_bytes"] == 1 << 20
+    # State written before retention existed still loads.
+    old = c.to_state()
+    for s in old["streams"]:
+        del s["retention_ms"], s["retention_bytes"]
+    assert Coordinator(0.0, state=old).describe_stream("s")["retention_ms"] == 0
+
+
+# ---------------------------------------------------------------------- backup
+
+def test_backup_drop_replica_frees_memory_and_queues_file_removal():
+    store = ReplicaStore()
+    c = chunk.encode(1, 0, 1, 0, [b"x" * 100] * 4)
+    key = (ME, 0, 5)
+    assert store.replicate(key, 0, [c], "memory", True, "t", 0.0) == len(c)
+    jobs = store.take_flush_jobs(0.0)
+    assert len(jobs) == 1
+    known, replies = store.drop(key)            # a flush is out: dropped once it is done
+    assert known and replies == [] and key in store.replicas
+    store.flush_done(jobs[0], None, 0.0)
+    assert key not in store.replicas and store.memory_bytes == 0 and store.unflushed_bytes == 0
+    assert store.take_flush_jobs(0.0) == [DropJob(key)]
+    assert not store.idle()
+    store.flush_done(DropJob(key), None, 0.0)
+    assert store.idle() and store.stats()["replicas"] == 0
+    assert store.drop(key) == (False, [])       # idempotent
+    with pytest.raises(BadRequest):
+        store.read(key, 0, 100)
+
+
+def test_backup_disk_remove(tmp_path):
+    from kera.backup import disk
+    from kera.backup.meta import Meta
+    from kera.backup.store import FlushJob
+    c = chunk.encode(1, 0, 1, 0, [b"x"] * 2)
+    key = (1, 2, 3)
+    disk.run(tmp_path, FlushJob(key, 0, (memoryview(c),), Meta(1, 2, 3, len(c), True)))
+    assert disk.scan(tmp_path)
+    disk.run(tmp_path, DropJob(key))
+    assert disk.scan(tmp_path) == [] and not list(Path(tmp_path).rglob("*.seg"))
