@@ -194,7 +194,8 @@ def _result(system: str, w: Workload, repeat: int, produced: dict, consumed: dic
         failed=sum(r["failed"] for r in produced.values()),
         window_s=w.duration_s, window_acked=window_acked, window_consumed=window_consumed,
         server_cpu_s=server_cpu_s, producer_cpu_s=producer_cpu, consumer_cpu_s=consumer_cpu,
-        machine_busy_fraction=machine_busy_s / machine_total_s if machine_total_s else 0.0,
+        # /proc/stat ticks and wall time are sampled apart: a fully busy window can read 1+1e-12.
+        machine_busy_fraction=min(1.0, machine_busy_s / machine_total_s) if machine_total_s else 0.0,
         other_cpu_s=max(0.0, machine_busy_s - total_cpu),
         drained=drained, latency_hist=hist.to_list())
 

@@ -37,6 +37,16 @@ class InvariantBroken(SimFailure):
     pass
 
 
+class DataLost(InvariantBroken):
+    """Acknowledged data is gone (stream `stream_id`, R `replication` if known): a bug, unless
+    more data-losing failures overlapped than R-1 copies cover (tests/sim/cluster.py)."""
+
+    def __init__(self, stream_id: int, replication: int | None, message: str):
+        super().__init__(message)
+        self.stream_id = stream_id
+        self.replication = replication
+
+
 def chunk_id(h: chunk.ChunkHeader) -> tuple:
     """A stored chunk's identity: where it sits and whose it is."""
     return (h.stream_id, h.streamlet, h.group, h.base_offset, h.producer_id, h.sequence, h.body_crc)
@@ -239,7 +249,7 @@ class Checker:
                     continue
                 missing = ns - read[key]
                 if missing:
-                    self.fail(f"{consumer} never read {len(missing)} acknowledged records of "
+                    raise DataLost(key[1], None, f"{consumer} never read {len(missing)} acknowledged records of "
                               f"producer {key[0]} stream {key[1]} streamlet {key[2]} (first "
                               f"{min(missing)}) after the cluster healed")
 
@@ -252,7 +262,7 @@ class Checker:
                 continue
             stored, _, _ = self._stored_chunk(b.core, *cid[:4])
             if stored is None or chunk_id(stored) != cid:
-                self.fail(f"broker {b.address}, owner of stream {cid[0]} streamlet {cid[1]}, does "
+                raise DataLost(cid[0], self.acked_chunks[cid][2], f"broker {b.address}, owner of stream {cid[0]} streamlet {cid[1]}, does "
                           f"not hold acknowledged chunk {cid} (group {cid[2]} offset {cid[3]})")
 
     def check_stored_once(self, brokers) -> None:

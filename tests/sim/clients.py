@@ -104,7 +104,10 @@ class Client(SimServer):
         if now < self._wake_at <= t:
             return
         self._wake_at = max(t, now)
-        self.schedule(self._wake_at - now, self._wake)
+        # At the absolute time: scheduled `after(t - now)`, the event could run a rounding
+        # error before `t`; the loop then expired nothing, found `t` already booked, and
+        # never woke again (seed 317: a producer's timed-out requests were never retried).
+        self.schedule_at(self._wake_at, self._wake)
 
     def _wake(self) -> None:
         if self.sched.now >= self._wake_at:

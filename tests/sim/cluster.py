@@ -20,6 +20,7 @@ and the broker comes back later as a new, empty incarnation.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ from kera import chunk, config
 from kera.backup.store import StoreConfig
 from kera.broker.core import BrokerConfig
 
-from tests.sim.checker import Checker, InvariantBroken, chunk_id
+from tests.sim.checker import Checker, DataLost, InvariantBroken, chunk_id
 from tests.sim.clients import SimAdmin, SimConsumer, SimProducer
 from tests.sim.probes import SimAuditor, SimFuzzer
 from tests.sim.daemons import MemoryStore, SimBackup, SimBroker, SimCoordinator, sim_environment
@@ -43,6 +44,24 @@ SETTLE_CHECK_S = 0.25
 # Simulated seconds the healed cluster gets to settle: healthy seeds take up to ~12 s (a lost
 # produce request waits out the producer's 10 s request timeout, then its retry backs off).
 HEAL_LIMIT_S = 30.0
+DEAD_AFTER_S = HEARTBEAT_INTERVAL_S * HEARTBEAT_MISSED_MAX   # the coordinator's dead window
+# A cut between the coordinator and a daemon this long may get the daemon declared dead.
+RISKY_CUT_S = DEAD_AFTER_S / 2
+FAILURE_CHECK_S = 0.25
+
+
+@dataclass
+class Failure:
+    """A data-losing failure (`real`: a crash, a restart, a declared death, a damaged disk) or
+    a hazard that may turn into one (a long cut between a daemon and the coordinator). It
+    heals once the cluster holds R copies of everything again (`Cluster._redundant`), not
+    before `ready_at` (the process is back, the disk healthy, the link restored)."""
+    kind: str
+    target: str
+    start: float
+    ready_at: float
+    real: bool = True
+    healed_at: float | None = None
 
 
 @dataclass
@@ -111,13 +130,17 @@ class Report:
     settled_at_s: float
     counts: dict
     digest: int = 0      # CRC32 of every delivery: equal for equal runs
+    # Set when acknowledged data was lost while more data-losing failures overlapped than R-1
+    # copies cover (beyond DESIGN.md guarantee 5): the run is classified, not failed.
+    beyond_guarantee: str = ""
 
     def line(self) -> str:
         c = self.counts
         return (f"seed {self.seed}: {self.steps} steps, {self.sim_time_s:.1f} s simulated "
                 f"(settled {self.settled_at_s:.1f} s), {c.get('records_acked', 0)} records acked, "
                 f"{c.get('records_read', 0)} read, {c.get('faults', 0)} faults, "
-                f"digest {self.digest:08x}")
+                f"digest {self.digest:08x}"
+                + (f"; BEYOND GUARANTEE: {self.beyond_guarantee}" if self.beyond_guarantee else ""))
 
 
 class Cluster:
@@ -140,6 +163,12 @@ class Cluster:
         self.crashed_brokers: list = []
         self.settled_at = None
         self.healed = False
+        # Data-losing failures and hazards (Failure): the schedule injects no data-losing fault
+        # while one is unhealed, so the run tests the single-failure guarantee.
+        self.failures: list[Failure] = []
+        self.max_overlap = 0          # most real failures unhealed at once
+        self._alive: dict = {}        # (kind, id) -> alive, as the coordinator said last
+        self._coordinator_incarnation = None
         node_rng = lambda name: random.Random(f"{seed}/{name}")   # noqa: E731
 
         self.coordinator = SimCoordinator(self.net, "coordinator", 7000, node_rng("coordinator"),
@@ -178,9 +207,15 @@ class Cluster:
         level = logging.getLogger("kera").level
         if not self.logs:
             logging.getLogger("kera").setLevel(logging.CRITICAL)   # faults make the cores chatty
+        beyond = ""
         try:
             with sim_environment(self.sched, self.store):
-                self._run()
+                try:
+                    self._run()
+                except DataLost as exc:
+                    beyond = self._beyond_guarantee(exc)
+                    if not beyond:
+                        raise
         except SimFailure as exc:
             raise SimFailure(f"{self._where()}: {exc}") from exc
         except Exception as exc:
@@ -194,8 +229,23 @@ class Cluster:
         counts["corruptions_detected"] = self.auditor.detected
         counts["replica_reads"] = self.auditor.reads
         counts["bad_inputs"] = self.fuzzer.sent
+        counts["max_overlapping_failures"] = self.max_overlap
+        counts["failures"] = sum(f.real for f in self.failures)
         return Report(self.seed, self.sched.steps, self.sched.now, self.settled_at or 0.0, counts,
-                      self.net.digest)
+                      self.net.digest, beyond)
+
+    def _beyond_guarantee(self, exc: DataLost) -> str:
+        """Acknowledged data of a stream with R copies is lost: excused (the reason) only if at
+        least R data-losing failures were unhealed at once; "" (a bug) otherwise."""
+        replication = exc.replication
+        if replication is None:
+            stream = self.coordinator.core.streams.get(exc.stream_id) if self.coordinator.up else None
+            replication = stream.spec.replication if stream is not None else 1
+        if self.max_overlap < max(replication, 1):
+            return ""
+        overlap = ", ".join(f"{f.kind} {f.target} at {f.start:.2f}s" for f in self.failures if f.real)
+        return (f"{exc} -- after {self.max_overlap} overlapping data-losing failures with "
+                f"R={replication} ({overlap})")
 
     def _where(self) -> str:
         return (f"seed {self.seed} (rerun: KERA_SIM_SEED={self.seed}), step {self.sched.steps}, "
@@ -218,6 +268,7 @@ class Cluster:
             s.at(p.broker_crash_at, self._crash_broker)
         s.at(p.duration_s, self._heal)
         s.at(0.0, self._observe)
+        s.at(0.0, self._check_failures)
         limit = p.duration_s + HEAL_LIMIT_S
         while self.settled_at is None:
             if not s.step():
@@ -234,9 +285,93 @@ class Cluster:
         if self.trace is not None:
             self.trace.append(f"{self.sched.now:.6f} ** {text}")
 
+    # ------------------------------------------------------------ data-losing failures
+    def _unhealed(self, real_only: bool = False) -> list[Failure]:
+        return [f for f in self.failures if f.healed_at is None and (f.real or not real_only)]
+
+    def _fail(self, kind: str, target: str, ready_at: float, real: bool = True) -> Failure:
+        f = Failure(kind, target, self.sched.now, ready_at, real)
+        self.failures.append(f)
+        self.max_overlap = max(self.max_overlap, len(self._unhealed(real_only=True)))
+        self._note(f"failure: {kind} {target}{'' if real else ' (hazard)'}")
+        return f
+
+    def _skip(self, kind: str) -> None:
+        """A data-losing fault not injected: another failure is unhealed."""
+        self.counts["faults_held_back"] = self.counts.get("faults_held_back", 0) + 1
+        self._note(f"fault held back: {kind} (a failure is unhealed)")
+
+    def _check_failures(self) -> None:
+        """Heal failures once the cluster is redundant again; note daemons the coordinator
+        declared dead (a real failure: its in-memory copies are unreachable for good)."""
+        self._observe_deaths()
+        now = self.sched.now
+        pending = [f for f in self._unhealed() if f.ready_at <= now]
+        if pending and self._redundant():
+            for f in pending:
+                f.healed_at = now
+                self._note(f"healed: {f.kind} {f.target}")
+        self.sched.after(FAILURE_CHECK_S, self._check_failures)
+
+    def _observe_deaths(self) -> None:
+        if not self.coordinator.up:
+            return
+        core = self.coordinator.core
+        if self._coordinator_incarnation != self.coordinator.incarnation:
+            # A new coordinator starts from its metadata: only deaths it declares count.
+            self._coordinator_incarnation = self.coordinator.incarnation
+            self._alive = {}
+        for kind in ("broker", "backup"):
+            for member_id, member in core.members.get(kind, {}).items():
+                key = (kind, member_id)
+                was = self._alive.get(key)
+                self._alive[key] = member.alive
+                if was and not member.alive:
+                    self._declared_dead(kind, member_id)
+
+    def _declared_dead(self, kind: str, member_id: int) -> None:
+        target = f"{kind}{member_id}"
+        for f in self._unhealed():
+            if f.target == target and f.kind in ("backup_crash", "broker_crash"):
+                return             # the crash we injected: counted already
+        for f in self._unhealed():
+            if f.target == target and not f.real:
+                f.real = True      # the hazard came true
+                f.kind = "declared_dead (cut)"
+                self.max_overlap = max(self.max_overlap, len(self._unhealed(real_only=True)))
+                return
+        self._fail("declared_dead", target, self.sched.now)
+
+    def _redundant(self) -> bool:
+        """Every process up and alive to the coordinator, nothing recovering, every virtual
+        segment on all its replicas, every acknowledged chunk on R-1 intact backup copies."""
+        if not self.coordinator.up or not all(d.up for d in self.daemons):
+            return False
+        core = self.coordinator.core
+        for kind in ("broker", "backup"):
+            if not all(m.alive for m in core.members.get(kind, {}).values()):
+                return False
+        for stream in core.streams.values():
+            if core.descriptor(stream).get("recovering"):
+                return False
+        for b in self.brokers:
+            for vlog in b.core.vlog_list:
+                for vs in vlog.vsegs:
+                    if not all(r is not None and r.acked_idx == len(vs.idxs) for r in vs.replicas):
+                        return False
+        held = self.backup_holdings()
+        for cid, (_, _, replication) in self.checker.acked_chunks.items():
+            if replication >= 2 and cid[:2] not in self.lost_streamlets and \
+                    sum(held.get(cid, {}).values()) < replication - 1:
+                return False
+        return True
+
     def _fault(self, kind: str) -> None:
         rng = self.rng
         now = self.sched.now
+        if kind in ("backup_crash", "disk_flips") and self._unhealed():
+            self._skip(kind)
+            return
         self.counts["faults"] += 1
         self.counts[kind] = self.counts.get(kind, 0) + 1
         self._note(f"fault: {kind}")
@@ -249,6 +384,13 @@ class Cluster:
         elif kind == "partition":
             a, b = rng.sample([x.address for x in self.processes], 2)
             until, both = now + rng.uniform(0.05, 3.5), rng.random() < 0.7
+            daemon = self._daemon_cut_from_coordinator(a, b)
+            if daemon is not None and until - now >= RISKY_CUT_S:
+                # Long enough to get the daemon declared dead: a data-losing failure.
+                if self._unhealed():
+                    self._skip(kind)
+                    return
+                self._fail("cut", daemon, until + DEAD_AFTER_S, real=False)
             self.net.cut(a, b, until, both=both)
             self._note(f"link {a} {'<' if both else ''}-> {b} cut until {until:.3f}")
         elif kind == "backup_crash":
@@ -257,8 +399,11 @@ class Cluster:
                 victim = rng.choice(up)
                 victim.crash()
                 self._note(f"{victim.address} crashed")
-                self.sched.after(rng.choice([rng.uniform(0.01, 0.5), rng.uniform(1.0, 4.0)]),
-                                 self._restart, victim)
+                down_s = rng.choice([rng.uniform(0.01, 0.5), rng.uniform(1.0, 4.0)])
+                self.sched.after(down_s, self._restart, victim)
+                # Ready no sooner than the restart (or the healing, which restarts it too).
+                self._fail("backup_crash", f"backup{victim.backup_id}",
+                           min(now + down_s, self.profile.duration_s))
         elif kind == "coordinator_crash":
             if self.coordinator.up:
                 self.coordinator.crash()
@@ -271,9 +416,16 @@ class Cluster:
                 disk.error_rate = rng.uniform(0.2, 1.0)
             elif kind == "disk_flips":
                 disk.flip_rate = rng.uniform(0.05, 0.5)
+                self._flips = self._fail("disk_flips", f"backup{target.backup_id}", math.inf)
             else:
                 disk.slow_rate = rng.uniform(0.2, 1.0)
-            self.sched.after(rng.uniform(0.1, 2.0), disk.healthy)   # (healthy for good once healed)
+            self.sched.after(rng.uniform(0.1, 2.0), self._disk_healthy, disk,
+                             self._flips if kind == "disk_flips" else None)
+
+    def _disk_healthy(self, disk: SimDisk, flips: Failure | None) -> None:
+        disk.healthy()     # (healthy for good once healed)
+        if flips is not None:
+            flips.ready_at = self.sched.now
 
     def _observe(self) -> None:
         """Note broker incarnations (the coordinator's epochs). A broker failed over (crashed,
@@ -294,6 +446,21 @@ class Cluster:
             if stream.spec.replication == 1:
                 self.lost_streamlets.update((stream.id, sl) for sl in range(stream.spec.streamlets))
 
+    def _daemon_cut_from_coordinator(self, a: str, b: str) -> str | None:
+        """The daemon ("broker0", "backup1") a cut between a and b separates from the
+        coordinator, if it does."""
+        ends = {a, b}
+        if self.coordinator.address not in ends:
+            return None
+        other = (ends - {self.coordinator.address}).pop()
+        for d in self.brokers:
+            if d.address == other:
+                return f"broker{d.broker_id}"
+        for d in self.backups:
+            if d.address == other:
+                return f"backup{d.backup_id}"
+        return None
+
     def _restore_net(self) -> None:
         if not self.healed:
             self.net.loss, self.net.slow = self.profile.loss, self.profile.slow
@@ -310,13 +477,23 @@ class Cluster:
         up = [b for b in self.brokers if b.up]
         if not up:
             return
+        if self._unhealed():
+            # Held back until the failure before it healed (within the active phase).
+            if self.sched.now + 0.5 < self.profile.duration_s:
+                self.sched.after(0.5, self._crash_broker)
+            else:
+                self._skip("broker_crash")
+            return
         victim = self.rng.choice(up)
         self.counts["broker_crash"] = 1
         self.check_recoverable(victim)
         victim.crash()
         self._note(f"{victim.address} crashed")
         self.crashed_brokers.append(victim)
-        self.sched.after(self.rng.uniform(0.05, 4.0), self._restart, victim)
+        down_s = self.rng.uniform(0.05, 4.0)
+        self.sched.after(down_s, self._restart, victim)
+        self._fail("broker_crash", f"broker{victim.broker_id}",
+                   min(self.sched.now + down_s, self.profile.duration_s))
 
     def _heal(self) -> None:
         self._note("healing: network and disks healthy, every process up")
@@ -324,6 +501,8 @@ class Cluster:
         self.net.healthy()
         for b in self.backups:
             b.disk.healthy()
+        for f in self._unhealed():
+            f.ready_at = min(f.ready_at, self.sched.now)
         for d in self.daemons:
             if not d.up:
                 self._restart(d)
@@ -430,12 +609,13 @@ class Cluster:
             if replication < 2 or any(held.get(cid, {}).values()):
                 continue
             acked_by = self.checker.held.get(cid, {})
-            if all(not backups[bid].up or backups[bid].incarnation != binc or
+            # Excused only beyond the guarantee: with this crash, R or more failures unhealed.
+            if len(self._unhealed(real_only=True)) + 1 >= replication and all(not backups[bid].up or backups[bid].incarnation != binc or
                    held.get(cid, {}).get(bid) is False for bid, binc in acked_by.items()):
                 self.counts["unrecoverable_after_second_fault"] = \
                     self.counts.get("unrecoverable_after_second_fault", 0) + 1
                 continue
-            raise InvariantBroken(f"broker {broker.address} died while acknowledged chunk {cid} "
+            raise DataLost(cid[0], replication, f"broker {broker.address} died while acknowledged chunk {cid} "
                                   f"(R={replication}) is on no live backup; backups "
                                   f"{sorted(acked_by)} acknowledged it and have not crashed since")
 
@@ -451,5 +631,5 @@ class Cluster:
                 if not all(copies.values()):
                     self.counts["damaged_copies"] = self.counts.get("damaged_copies", 0) + 1
                 continue
-            raise InvariantBroken(f"after healing, acknowledged chunk {cid} (R={replication}) is "
+            raise DataLost(cid[0], replication, f"after healing, acknowledged chunk {cid} (R={replication}) is "
                                   f"on backups {sorted(copies)} only: redundancy was not restored")

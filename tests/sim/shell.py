@@ -166,6 +166,11 @@ class SimServer(Node, kera_server.Server):
         followed by post_turn."""
         self.sched.after(dt, self._event, fn, args)
 
+    def schedule_at(self, t: float, fn: Callable, *args) -> None:
+        """`schedule` at an absolute time: exactly `t`, where `now + (t - now)` may round
+        below it (a wake-up that runs just before its deadline and expires nothing)."""
+        self.sched.at(t, self._event, fn, args)
+
     def _event(self, fn: Callable, args) -> None:
         if not self.up:
             return

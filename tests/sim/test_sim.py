@@ -35,6 +35,10 @@ def test_seed(seed):
     if failure is not None:
         pytest.fail(failure, pytrace=False)   # the message names the seed and how to rerun
     print(report.line())
+    if report.beyond_guarantee:
+        # Counted and reported (pytest -rs), not failed: data lost to more overlapping failures
+        # than R-1 copies cover; a loss with fewer fails above.
+        pytest.skip(f"seed {seed}: beyond guarantee 5: {report.beyond_guarantee}")
 
 
 def test_same_seed_same_run():
