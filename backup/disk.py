@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from kera import chunk
+from kera.durable import fsync_dir, write_atomic
 from kera.errors import CorruptChunk
 
 from kera.backup import meta as meta_codec
@@ -48,7 +49,7 @@ def flush(root: Path, job: FlushJob) -> None:
     directory = root / str(job.key[0])
     if not directory.is_dir():
         directory.mkdir(parents=True, exist_ok=True)
-        _fsync_dir(root)
+        fsync_dir(root)
     # A flush at 0 is a replica's first (or its first since a reset): nothing of an earlier
     # file counts, so it goes (its record, if one is left, then names more than the file holds
     # and `scan` skips it).
@@ -100,26 +101,7 @@ def _pwrite_all(fd: int, buffers, offset: int) -> None:
 
 def write_meta(root: Path, meta: Meta) -> None:
     key = (meta.broker_id, meta.vlog, meta.vseg)
-    final = meta_path(root, key)
-    temp = final.with_suffix(".meta.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        data = meta_codec.encode(meta)
-        if os.write(fd, data) != len(data):
-            raise OSError(f"short write of {temp}")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, final)
-    _fsync_dir(final.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(meta_path(root, key), meta_codec.encode(meta))
 
 
 # --------------------------------------------------------------------------- reading

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kera import chunk
+from kera.durable import fsync_dir, write_atomic
 from kera.errors import CorruptChunk, StorageError
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ def write_segment(root: Path, record: SegmentRecord, data) -> None:
     directory = streamlet_dir(root, key[0], key[1])
     if not directory.is_dir():
         directory.mkdir(parents=True, exist_ok=True)
-        _fsync_dir(directory.parent)
+        fsync_dir(directory.parent)
     fd = os.open(seg_path(root, key), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)[:record.length]
@@ -179,18 +180,7 @@ def write_segment(root: Path, record: SegmentRecord, data) -> None:
         os.fdatasync(fd)
     finally:
         os.close(fd)
-    final = meta_path(root, key)
-    temp = final.with_suffix(".meta.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        raw = encode_record(record)
-        if os.write(fd, raw) != len(raw):
-            raise OSError(f"short write of {temp}")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, final)
-    _fsync_dir(directory)
+    write_atomic(meta_path(root, key), encode_record(record))
 
 
 FIRST_GROUP_FILE = "first_group"
@@ -199,18 +189,7 @@ FIRST_GROUP_FILE = "first_group"
 def write_first_group(root: Path, stream_id: int, streamlet: int, first_group: int) -> None:
     directory = streamlet_dir(root, stream_id, streamlet)
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / FIRST_GROUP_FILE
-    temp = directory / (FIRST_GROUP_FILE + ".tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        raw = f"{first_group}\n".encode()
-        if os.write(fd, raw) != len(raw):
-            raise OSError(f"short write of {temp}")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, final)
-    _fsync_dir(directory)
+    write_atomic(directory / FIRST_GROUP_FILE, f"{first_group}\n".encode())
 
 
 def read_first_groups(root: Path) -> dict[tuple[int, int], int]:
@@ -261,16 +240,9 @@ def write_marker(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
-def _fsync_dir(path: Path) -> None:
-
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------- reading

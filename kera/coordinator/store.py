@@ -10,6 +10,8 @@ import json
 import os
 from pathlib import Path
 
+from kera.durable import write_atomic
+
 STATE_FILE = "coordinator.json"
 STATE_BYTES_MAX = 256 * 1024 * 1024  # refuse to parse anything absurd
 
@@ -35,20 +37,5 @@ def load(data_dir: str | os.PathLike) -> dict | None:
 
 def save(data_dir: str | os.PathLike, state: dict) -> None:
     directory = Path(data_dir)
-    path = directory / STATE_FILE
-    tmp = directory / (STATE_FILE + ".tmp")
     data = json.dumps(state, separators=(",", ":"), sort_keys=True).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(directory / STATE_FILE, data)
