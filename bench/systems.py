@@ -15,6 +15,7 @@ How R copies are laid out (documented in the results):
 
 from __future__ import annotations
 
+import abc
 import logging
 import shutil
 import time
@@ -30,33 +31,66 @@ KERA_READY_TIMEOUT_S = 120.0
 KAFKA_HEAP = "1g"
 
 
-class KeraSystem:
-    name = "kera"
+class _System(abc.ABC):
+    """A cluster kept while consecutive workloads need the same layout."""
+
+    name = ""
 
     def __init__(self, work_dir: Path):
-        self.work_dir = Path(work_dir) / "kera"
+        self.work_dir = Path(work_dir) / self.name
         self.cluster = None
         self.layout: dict | None = None
         self.starts = 0
 
+    @abc.abstractmethod
+    def layout_for(self, w: Workload) -> dict:
+        """The processes `w` needs (compared to decide whether to restart)."""
+
+    @abc.abstractmethod
+    def start(self, layout: dict, cluster_dir: Path):
+        """A started cluster of that layout."""
+
+    @abc.abstractmethod
+    def cluster_dir(self) -> Path:
+        """Where the running cluster keeps its files (removed on stop)."""
+
     def ensure(self, w: Workload) -> bool:
         """Make the cluster fit `w`; True if a new one was started."""
-        layout = w.kera_layout()
+        layout = self.layout_for(w)
         if self.cluster is not None and layout == self.layout:
             return False
         self.stop()
-        from kera.local import LocalCluster
-
         self.starts += 1
-        data_dir = self.work_dir / f"cluster-{self.starts}"
-        self.cluster = LocalCluster(data_dir, brokers=layout["brokers"], backups=layout["backups"],
-                                    virtual_logs=layout["virtual_logs"], log_level="WARNING")
+        self.cluster = self.start(layout, self.work_dir / f"cluster-{self.starts}")
         self.layout = layout
         return True
 
     @property
     def bootstrap(self) -> str:
         return self.cluster.bootstrap
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+            shutil.rmtree(self.cluster_dir(), ignore_errors=True)
+            self.cluster = None
+            self.layout = None
+
+
+class KeraSystem(_System):
+    name = "kera"
+
+    def layout_for(self, w: Workload) -> dict:
+        return w.kera_layout()
+
+    def start(self, layout: dict, cluster_dir: Path):
+        from kera.local import LocalCluster
+
+        return LocalCluster(cluster_dir, brokers=layout["brokers"], backups=layout["backups"],
+                            virtual_logs=layout["virtual_logs"], log_level="WARNING")
+
+    def cluster_dir(self) -> Path:
+        return self.cluster.data_dir
 
     def server_pids(self) -> list[int]:
         return [d.pid for d in self.cluster.daemons if d.pid is not None]
@@ -93,42 +127,23 @@ class KeraSystem:
         if self.cluster is not None:
             self.cluster._check_running()
 
-    def stop(self) -> None:
-        if self.cluster is not None:
-            self.cluster.stop()
-            shutil.rmtree(self.cluster.data_dir, ignore_errors=True)
-            self.cluster = None
-            self.layout = None
 
-
-class KafkaSystem:
+class KafkaSystem(_System):
     name = "kafka"
 
-    def __init__(self, work_dir: Path):
-        self.work_dir = Path(work_dir) / "kafka"
-        self.cluster = None
-        self.layout: dict | None = None
-        self.starts = 0
+    def layout_for(self, w: Workload) -> dict:
+        return w.kafka_layout()
 
-    def ensure(self, w: Workload) -> bool:
-        """Make the cluster fit `w`; True if a new one was started."""
-        layout = w.kafka_layout()
-        if self.cluster is not None and layout == self.layout:
-            return False
-        self.stop()
+    def start(self, layout: dict, cluster_dir: Path):
         from .kafka.cluster import KafkaCluster
 
-        self.starts += 1
-        self.cluster = KafkaCluster(self.work_dir / f"cluster-{self.starts}",
-                                    brokers=layout["brokers"], heap=KAFKA_HEAP,
-                                    min_insync_replicas=layout["min_insync_replicas"])
-        self.cluster.start()
-        self.layout = layout
-        return True
+        cluster = KafkaCluster(cluster_dir, brokers=layout["brokers"], heap=KAFKA_HEAP,
+                               min_insync_replicas=layout["min_insync_replicas"])
+        cluster.start()
+        return cluster
 
-    @property
-    def bootstrap(self) -> str:
-        return self.cluster.bootstrap
+    def cluster_dir(self) -> Path:
+        return self.cluster.work_dir
 
     def server_pids(self) -> list[int]:
         return [n.process.pid for n in self.cluster.nodes if n.process is not None]
@@ -155,13 +170,6 @@ class KafkaSystem:
     def check_alive(self) -> None:
         if self.cluster is not None:
             self.cluster.check_alive()
-
-    def stop(self) -> None:
-        if self.cluster is not None:
-            self.cluster.stop()
-            shutil.rmtree(self.cluster.work_dir, ignore_errors=True)
-            self.cluster = None
-            self.layout = None
 
 
 def make_system(name: str, work_dir: Path):
