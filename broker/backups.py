@@ -38,19 +38,29 @@ class BackupPool:
         self.backups: dict[int, Backup] = {}
         self._turn = 0
 
-    def update(self, entries) -> list[int]:
+    def update(self, entries, settled: bool = True) -> list[int]:
         """Apply the coordinator's backup list (`cluster` reply); returns ids of backups whose
         replicas are lost: alive before and no longer (dead or gone), or registered again (a
         restarted process: a `registered_version` other than the one seen before, and not 0,
         which only says the coordinator restarted and has not heard a `register` since).
-        Malformed entries are skipped."""
+        A list from a coordinator that is not `settled` (restarted less than a dead window
+        ago) has not heard from every live backup yet: "not alive" there means "not heard of
+        yet", so it declares no backup lost. Malformed entries are skipped."""
         seen: dict[int, tuple[str, str, bool, int]] = {}
         for e in entries if isinstance(entries, list) else ():
             parsed = _parse(e)
             if parsed is None:
                 log.warning("ignoring malformed backup entry %r", e)
                 continue
-            seen[parsed[0]] = parsed[1:]
+            bid, address, node, alive, registered = parsed
+            known = self.backups.get(bid)
+            if not settled and not alive and known is not None and known.alive:
+                alive = True
+            seen[bid] = (address, node, alive, registered)
+        if not settled:
+            for bid, b in self.backups.items():
+                if b.alive and bid not in seen:
+                    seen[bid] = (b.address, b.node, True, b.registered_version)
         lost = []
         for bid, b in self.backups.items():
             now_alive = bid in seen and seen[bid][2]

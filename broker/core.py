@@ -179,9 +179,10 @@ class Broker:
                 self._fail(waiter, err)
         self.producers.drop_stream(sid)
 
-    def set_backups(self, entries, now: float) -> None:
-        """The coordinator's backup list; replicas on backups that died are replaced."""
-        lost = self.pool.update(entries)
+    def set_backups(self, entries, now: float, settled: bool = True) -> None:
+        """The coordinator's backup list; replicas on backups that died are replaced. An
+        unsettled list (a coordinator restarted less than a dead window ago) declares none dead."""
+        lost = self.pool.update(entries, settled)
         if lost:
             log.warning("backups %s are gone: re-replicating what they held", lost)
             lost_set = set(lost)

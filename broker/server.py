@@ -253,7 +253,8 @@ class BrokerDaemon:
         self._call("cluster", {}, self._cluster_reply)
 
     def _cluster_reply(self, header: dict) -> None:
-        self.core.set_backups(header.get("backups"), time.monotonic())
+        self.core.set_backups(header.get("backups"), time.monotonic(),
+                              header.get("settled", True) is not False)
         self.recovery.cluster_reply(header)
         for b in self.core.pool.backups.values():
             if b.alive:

@@ -160,3 +160,16 @@ def test_heartbeat_timeout_follows_the_coordinators_interval():
     reg.tick()
     op, timeout, _ = server.peer_.sent[-1]
     assert op == "heartbeat" and abs(timeout - 0.15) < 1e-9
+
+
+def test_an_unsettled_coordinator_declares_no_backup_lost():
+    # Right after a coordinator restart its list says "not alive" for every backup it has not
+    # heard from yet; that is no evidence of a death, so nothing is re-replicated.
+    pool = BackupPool("x")
+    pool.update(entries((1, True, 3), (2, True, 4)))
+    assert pool.update(entries((1, False, 0), (2, False, 0)), settled=False) == []
+    assert pool.alive(1) and pool.alive(2)
+    assert pool.update([], settled=False) == [] and pool.live_count() == 2
+    # Once settled, a backup still not heard from is dead.
+    assert pool.update(entries((1, True, 0), (2, False, 0)), settled=True) == [2]
+    assert not pool.alive(2)
