@@ -532,6 +532,7 @@ class Broker:
         """Delete expired groups (see kera.broker.retention); returns how many."""
         if wall_ms is not None:
             self.wall_ms = wall_ms
+        self.counters.add("retention_passes")
         return self.retention.enforce(self.wall_ms)
 
     def take_replica_drops(self) -> list[ReplicaDrop]:

@@ -49,6 +49,11 @@ def call(address, op, **fields):
     return header
 
 
+def retention_passes(cluster) -> int:
+    with cluster.admin() as admin:
+        return sum(s.get("retention_passes", 0) for s in admin.stats()["brokers"].values())
+
+
 def offsets(cluster, desc, sl=0):
     return call(cluster.brokers[0].address, "offsets", sid=desc["id"], sl=sl)
 
@@ -127,7 +132,8 @@ def test_alter_stream_applies_retention_to_a_stream(cluster):
     name = desc["name"]
     assert desc["retention_ms"] == 0 and desc["retention_bytes"] == 0
     produce(cluster, name, 10_000)
-    time.sleep(0.6)                                      # a retention pass or more
+    passes = retention_passes(cluster)
+    wait_for(lambda: retention_passes(cluster) >= passes + 2, "two retention passes")
     assert offsets(cluster, desc)["first_group"] == 0    # nothing deleted without retention
     from kera.cli import main
     assert main(["stream", "alter", name, "--retention-bytes", "128KiB",
