@@ -15,6 +15,7 @@ broker owning one of its streamlets reports (by heartbeat) having applied at lea
 from __future__ import annotations
 
 import logging
+from itertools import islice
 from dataclasses import dataclass, field, replace
 
 from kera import config
@@ -34,6 +35,9 @@ VERSION_JUMP_MAX = 2**62
 # Virtual segments whose backups the coordinator remembers per broker (oldest forgotten first):
 # 512 GiB of a broker's data at the default 8 MiB virtual segment.
 REPLICA_ENTRIES_PER_BROKER_MAX = 65_536
+# Replica map changes kept for the next commit (kera.coordinator.store); past this (nobody
+# commits: a core driven without a server) they are dropped and the next commit is a snapshot.
+REPLICA_JOURNAL_MAX = 1_000_000
 
 
 @dataclass(slots=True)
@@ -89,6 +93,9 @@ class Coordinator:
         # count in `replica_changes` (not in `version`: daemons need not refetch metadata).
         self.replicas: dict[int, dict[tuple[int, int], list[int]]] = {}
         self.replica_changes = 0
+        # The replica map's changes since the last commit, as store changes ("rput", "rdel",
+        # "rclear"); None once more than REPLICA_JOURNAL_MAX piled up (snapshot instead).
+        self.replica_journal: list[list] | None = []
         if state is not None:
             self._load(state)
             # The restart itself is a change: liveness is unknown until daemons heartbeat, and
@@ -212,8 +219,8 @@ class Coordinator:
         member.alive = True
         member.last_heartbeat_s = now
         member.applied_version = 0  # a (re)started daemon has applied nothing yet
-        if kind == "broker" and self.replicas.pop(member_id, None):
-            self.replica_changes += 1  # it reports its virtual segments again after registering
+        if kind == "broker":
+            self.forget_replicas(member_id)  # it reports its virtual segments again
         self._bump()
         member.registered_version = self.version
         self.failover.registered(self, member, now)
@@ -264,13 +271,31 @@ class Coordinator:
         for vlog, vseg, backups in entries:
             table.pop((vlog, vseg), None)   # re-inserted last: eviction forgets the oldest
             table[(vlog, vseg)] = list(backups)
+            self._journal(["rput", broker_id, vlog, vseg, list(backups)])
         excess = len(table) - REPLICA_ENTRIES_PER_BROKER_MAX
         if excess > 0:
             log.warning("broker %d: forgetting the backups of its %d oldest virtual segments "
                         "(at most %d kept)", broker_id, excess, REPLICA_ENTRIES_PER_BROKER_MAX)
-            for key in list(table)[:excess]:
+            for key in list(islice(table, excess)):   # oldest first, without copying them all
                 del table[key]
+                self._journal(["rdel", broker_id, key[0], key[1]])
         self.replica_changes += 1
+
+    def forget_replicas(self, broker_id: int) -> None:
+        if self.replicas.pop(broker_id, None):
+            self.replica_changes += 1
+            self._journal(["rclear", broker_id])
+
+    def _journal(self, change: list) -> None:
+        if self.replica_journal is not None:
+            self.replica_journal.append(change)
+            if len(self.replica_journal) > REPLICA_JOURNAL_MAX:
+                self.replica_journal = None
+
+    def take_replica_journal(self) -> list[list] | None:
+        """The replica map's changes since the last call; None: too many, snapshot instead."""
+        journal, self.replica_journal = self.replica_journal, []
+        return journal
 
     def replica_entries(self, broker_id: int | None = None,
                         backup_id: int | None = None) -> list[list]:
@@ -395,6 +420,15 @@ class Coordinator:
     # ------------------------------------------------------------------ persistence
     def to_state(self) -> dict:
         """Everything a restart must keep (identities, streams, counters), JSON-ready."""
+        state = self.base_state()
+        state["replicas"] = {str(bid): [[vlog, vseg, backups]
+                                        for (vlog, vseg), backups in table.items()]
+                             for bid, table in sorted(self.replicas.items()) if table}
+        return state
+
+    def base_state(self) -> dict:
+        """`to_state()` without the replica map (persisted change by change, see
+        `take_replica_journal`)."""
         return {
             "format": STATE_FORMAT,
             "metadata_version": self.version,
@@ -414,9 +448,6 @@ class Coordinator:
                          "retention_ms": s.spec.retention_ms,
                          "retention_bytes": s.spec.retention_bytes}
                         for _, s in sorted(self.streams.items())],
-            "replicas": {str(bid): [[vlog, vseg, backups]
-                                    for (vlog, vseg), backups in table.items()]
-                         for bid, table in sorted(self.replicas.items()) if table},
             "recovery": self.failover.to_state(),
         }
 
