@@ -98,18 +98,23 @@ class CoordinatorServer:
 
     def _persist(self) -> None:
         """Commit what changed since the last call: the base state when the version moved
-        (every change of it bumps the version), the replica map's journal, or a snapshot of
-        everything when the log is long (or at startup)."""
+        (every change of it bumps the version) and the replica map's journal. At startup (or
+        if the journal overflowed) a snapshot is written at once; when the log is long, one is
+        started on a thread (kera.coordinator.store)."""
         started = time.monotonic()
         try:
             journal = self.core.take_replica_journal()
-            if self._saved_version is None or journal is None or self.store.wants_snapshot():
+            if self._saved_version is None or journal is None:
                 self.store.snapshot(self.core.to_state())
                 self.counters.add("snapshots")
             else:
                 moved = self.core.version != self._saved_version
                 if not self.store.commit(self.core.base_state() if moved else None, journal):
                     return
+                if self.store.wants_snapshot():
+                    tables = {bid: dict(t) for bid, t in self.core.replicas.items()}
+                    self.store.start_snapshot(self.core.base_state(), tables)
+                    self.counters.add("snapshots")
         except OSError as exc:
             log.critical("cannot persist metadata to %s (%s): stopping", self.data_dir, exc)
             self.counters.add("persist_errors")

@@ -12,10 +12,13 @@ of the log is the write a crash interrupted (nothing acknowledged depends on it:
 replied to only after its record is synced): it is ignored with a warning and cut off. A bad
 record with intact records after it is damage, and loading refuses.
 
-A snapshot is taken at startup and whenever the log passes SNAPSHOT_LOG_BYTES: the next log is
-created empty, the snapshot naming it is written, then the old log is removed, so a crash at any
-point leaves a snapshot and the log it names. Applying a change sets a value (never adds to
-one), so replaying records the snapshot already holds would change nothing.
+A snapshot is taken at startup and whenever the log passes SNAPSHOT_LOG_BYTES: the next log
+g+1 is created empty, the snapshot naming it is written, then log g is removed. Loading replays
+the log the snapshot names and then, if it exists, the next one, so a crash at any point loses
+nothing. That lets a snapshot run off the loop (`start_snapshot`): the loop switches its appends
+to log g+1 at once, and a thread writes the snapshot of the state at the switch (a copy of the
+replica tables, whose entries are replaced, never changed in place) and removes log g. Applying a
+change sets a value (never adds to one), so replaying a record twice would change nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import logging
 import os
 import struct
+import threading
 from pathlib import Path
 
 from kera.chunk import crc32c
@@ -129,6 +133,8 @@ class MetadataStore:
         self.log_bytes = 0
         self._fd: int | None = None
         self._base: dict | None = None    # split form of what is on disk (replicas aside)
+        self._writer: threading.Thread | None = None   # a snapshot being written off the loop
+        self._writer_error: OSError | None = None
 
     # ------------------------------------------------------------------ loading
     def load(self) -> dict | None:
@@ -142,18 +148,25 @@ class MetadataStore:
             raise ValueError(f"{STATE_FILE}: bad log_generation {generation!r}")
         self.generation = generation
         replay = Replay(snapshot)
-        path = self.dir / log_name(generation)
-        try:
-            for changes in read_log(path):
-                for change in changes:
-                    replay.apply(change)
-        except (TypeError, KeyError, IndexError, AttributeError) as exc:
-            raise ValueError(f"{path}: malformed change: {exc.__class__.__name__}: {exc}") from None
+        # The log the snapshot names, then the next one if a snapshot was being written when
+        # the coordinator stopped (see the module docstring).
+        for g in (generation, generation + 1):
+            path = self.dir / log_name(g)
+            try:
+                for changes in read_log(path):
+                    for change in changes:
+                        replay.apply(change)
+            except (TypeError, KeyError, IndexError, AttributeError) as exc:
+                raise ValueError(f"{path}: malformed change: {exc.__class__.__name__}: "
+                                 f"{exc}") from None
+            if path.exists():
+                self.generation = g
         return replay.state()
 
     # ------------------------------------------------------------------ writing
     def snapshot(self, state: dict) -> None:
         """Write `state` whole (Coordinator.to_state) and start an empty log after it."""
+        self.close_writer()
         generation = self.generation + 1
         new_fd = _create_log(self.dir / log_name(generation))
         data = json.dumps({**state, "log_generation": generation}, separators=(",", ":"),
@@ -169,6 +182,42 @@ class MetadataStore:
         self._base = split(state)
         self._remove_stale_logs(keep=generation)
         log.info("metadata snapshot %d written (%d bytes)", generation, len(data))
+
+    def start_snapshot(self, base: dict, replica_tables: dict) -> None:
+        """Switch appends to a new log now and write the snapshot of `base` (Coordinator.
+        base_state) + `replica_tables` ({broker id: {(vlog, vseg): backups}}, copies) on a
+        thread. Commit what is pending first: the new log starts from this state."""
+        assert self._writer is None, "one snapshot at a time"
+        generation = self.generation + 1
+        new_fd = _create_log(self.dir / log_name(generation))
+        os.close(self._fd)
+        self._fd, self.generation, self.log_bytes = new_fd, generation, 0
+        self._writer = threading.Thread(target=self._write_snapshot,
+                                        args=(base, replica_tables, generation),
+                                        name="coordinator-snapshot", daemon=True)
+        self._writer.start()
+
+    def _write_snapshot(self, base: dict, replica_tables: dict, generation: int) -> None:
+        try:
+            state = {**base, "log_generation": generation,
+                     "replicas": {str(bid): [[vlog, vseg, b] for (vlog, vseg), b in t.items()]
+                                  for bid, t in sorted(replica_tables.items()) if t}}
+            data = json.dumps(state, separators=(",", ":"), sort_keys=True).encode()
+            write_atomic(self.dir / STATE_FILE, data)
+            remove_durable(self.dir / log_name(generation - 1))
+            log.info("metadata snapshot %d written (%d bytes)", generation, len(data))
+        except OSError as exc:
+            self._writer_error = exc
+
+    def snapshot_running(self) -> bool:
+        """Whether a snapshot is being written; raises the OSError of one that failed."""
+        if self._writer is not None and not self._writer.is_alive():
+            self._writer.join()
+            self._writer = None
+            if self._writer_error is not None:
+                error, self._writer_error = self._writer_error, None
+                raise error
+        return self._writer is not None
 
     def commit(self, base: dict | None, replica_changes: list[list]) -> int:
         """Append the changes since the last commit: `base` is the state without replicas
@@ -194,9 +243,16 @@ class MetadataStore:
         return len(record)
 
     def wants_snapshot(self) -> bool:
-        return self.log_bytes > SNAPSHOT_LOG_BYTES
+        return self.log_bytes > SNAPSHOT_LOG_BYTES and not self.snapshot_running()
+
+    def close_writer(self) -> None:
+        """Wait for a snapshot being written (raises the OSError it failed with)."""
+        if self._writer is not None:
+            self._writer.join()
+            self.snapshot_running()
 
     def close(self) -> None:
+        self.close_writer()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

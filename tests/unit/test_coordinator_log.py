@@ -157,3 +157,33 @@ def test_crash_between_new_log_and_snapshot_keeps_the_old_pair(tmp_path):
     again.snapshot(c.to_state())          # a restart folds and removes the stray log
     assert sorted(p.name for p in tmp_path.glob("*.log")) == [store.log_name(again.generation)]
     assert store.load(tmp_path) == c.to_state()
+
+
+def _fill_then_switch(tmp_path, monkeypatch, write: bool):
+    c = Coordinator(0.0)
+    register(c, "broker", 7100)
+    s, saved = start(tmp_path, c)
+    if not write:   # the coordinator dies before the snapshot thread writes anything
+        monkeypatch.setattr(store.MetadataStore, "_write_snapshot", lambda self, *a: None)
+    for n in range(50):
+        c.report_replicas(0, [[0, n, [1]]])
+        commit(s, c, saved)
+    s.start_snapshot(c.base_state(), {b: dict(t) for b, t in c.replicas.items()})
+    for n in range(50, 80):     # appended to the new log while the snapshot is written
+        c.report_replicas(0, [[0, n, [2]]])
+        commit(s, c, saved)
+    s.close_writer()
+    return c, s
+
+
+def test_snapshot_off_the_loop_then_more_commits(tmp_path, monkeypatch):
+    c, s = _fill_then_switch(tmp_path, monkeypatch, write=True)
+    assert sorted(p.name for p in tmp_path.glob("*.log")) == [store.log_name(s.generation)]
+    assert store.load(tmp_path) == c.to_state()
+
+
+def test_crash_before_the_background_snapshot_is_written_loses_nothing(tmp_path, monkeypatch):
+    c, s = _fill_then_switch(tmp_path, monkeypatch, write=False)
+    # The old snapshot and both logs: replayed one after the other.
+    assert len(list(tmp_path.glob("*.log"))) == 2
+    assert store.load(tmp_path) == c.to_state()
