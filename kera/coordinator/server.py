@@ -157,7 +157,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT,
                         help="port to bind (default: %(default)s)")
     parser.add_argument("--dir", required=True,
-                        help="data directory; metadata is kept in DIR/coordinator.json")
+                        help="data directory; metadata is kept in DIR/coordinator.json (snapshot) "
+                             "and DIR/coordinator-<g>.log (changes since)")
     parser.add_argument("--heartbeat-interval-ms", type=int,
                         default=round(config.HEARTBEAT_INTERVAL_S * 1000),
                         help="interval daemons are told to heartbeat at (default: %(default)s)")
