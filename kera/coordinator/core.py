@@ -15,16 +15,15 @@ broker owning one of its streamlets reports (by heartbeat) having applied at lea
 from __future__ import annotations
 
 import logging
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
-from kera import config
+from kera import config, wire
 from kera.coordinator import validate
 from kera.coordinator.recovery import Failover, parse_streamlets
 from kera.coordinator.validate import KINDS, StreamSpec
 from kera.errors import BadRequest, NotReady, StreamExists, UnknownStream
-from kera import wire
 from kera.wire import Fields
 
 log = logging.getLogger(__name__)
@@ -321,7 +320,7 @@ class Coordinator:
             for member in list(table.values()):
                 heard_s = member.last_heartbeat_s
                 silent_s = now - (self.started_s if heard_s is None else heard_s)
-                if silent_s > MEMBER_EXPIRY_S and not self._kept_because(member, True):
+                if silent_s > MEMBER_EXPIRY_S and not self._kept_because(member, scan_replicas=True):
                     self._forget_member(member, f"expired after {silent_s:.0f} s unheard of")
                     expired.append(member)
         return expired
