@@ -63,6 +63,18 @@ def _admin_options() -> argparse.ArgumentParser:
     return p
 
 
+def _options_after_subcommand() -> argparse.ArgumentParser:
+    """The admin options for a subcommand of a command that has them too (`kera cluster
+    deregister`): without defaults of their own, which would override what was given before
+    the subcommand (the command's parser sets the defaults)."""
+    p = _admin_options()
+    for action in p._actions:
+        action.default = argparse.SUPPRESS
+        action.help = (action.help or "").replace(" (default: %(default)s)", "").replace(
+            "; now %(default)s", "")
+    return p
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kera", description="kera: stream storage with shared virtual logs.",
@@ -187,7 +199,7 @@ def _add_cluster(sub) -> None:
                    help="also list which backups hold each broker's virtual segments")
     p.set_defaults(func=cmd_cluster)
     csub = p.add_subparsers(dest="cluster_command", metavar="ACTION")
-    d = csub.add_parser("deregister", parents=[_admin_options()],
+    d = csub.add_parser("deregister", parents=[_options_after_subcommand()],
                         help="forget a dead broker or backup",
                         description="Remove a dead daemon from the cluster's metadata (its id is "
                                     "never reused). Refused while it is alive, or while a broker "

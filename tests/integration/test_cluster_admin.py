@@ -85,5 +85,7 @@ def test_deregister_refuses_live_or_owning_daemons_and_forgets_dead_ones(coordin
     coordinator.restart_coordinator()
     coordinator.wait_coordinator()
     assert owner.id not in members(boot, "broker") and backup.id not in members(boot, "backup")
-    missing = kera("cluster", "deregister", "--broker", str(owner.id), bootstrap=boot)
+    # Options may come before the subcommand too (KERA_BOOTSTRAP points nowhere here).
+    missing = kera("cluster", "--bootstrap", boot, "deregister", "--broker", str(owner.id),
+                   bootstrap="127.0.0.1:1")
     assert missing.returncode != 0 and f"no broker has id {owner.id}" in missing.stderr
