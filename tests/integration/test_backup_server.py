@@ -498,7 +498,10 @@ def test_empty_replicate_writes_with_fresh_keys_create_nothing(backup, tmp_path)
     assert _entries(b.dir) == entries_before        # no replica, directory or file was created
     assert b.replicas(9) == []
     # A replica object, a directory and two files per key would be tens of MiB here.
-    assert _rss_bytes(b.proc.pid) - rss_before < 8 * MiB
+    rss_after = _rss_bytes(b.proc.pid)
+    print(f"10,000 empty writes: RSS {rss_before / MiB:.1f} -> {rss_after / MiB:.1f} MiB, "
+          f"{_entries(b.dir)} files and directories")
+    assert rss_after - rss_before < 8 * MiB
 
 
 def test_backup_at_disk_limit_refuses_whole_writes_and_keeps_what_it_acknowledged(backup, tmp_path):
