@@ -18,6 +18,7 @@ import pytest
 from faultkit import seeded, wait_for
 
 from kera import rpc
+from kera.admin import Admin
 from kera.coordinator import store
 from kera.errors import KeraError
 from kera.local import free_port
@@ -103,15 +104,8 @@ def current_log(data_dir: Path) -> Path:
 
 
 def check(address: str, state: dict, broker_ids: list[int]) -> None:
-    streams = set()
-    after = None
-    while True:   # follow the cursor
-        fields = {} if after is None else {"after": after}
-        header, _ = rpc.Connection(address, timeout_s=10).call("list_streams", fields)
-        streams.update(s["name"] for s in header["streams"])
-        after = header.get("next")
-        if after is None:
-            break
+    with Admin(address, timeout_s=10) as admin:   # follows the list_streams cursor
+        streams = {s["name"] for s in admin.list_streams()}
     assert state["streams_acked"] <= streams <= state["streams_sent"]
     for b in broker_ids:
         entries = rpc.call(address, "replicas", {"broker_id": b}, timeout_s=10)[0]["replicas"]
