@@ -134,6 +134,7 @@ class CoordinatorServer:
                     backups=len(self.core.members["backup"]),
                     backups_alive=len(self.core.live("backup")),
                     replica_entries=sum(map(len, self.core.replicas.values())),
+                    metadata_log_bytes=self.store.log_bytes,
                     failovers=self.core.failover.failovers,
                     streamlets_recovering=sum(map(len, self.core.failover.recovering.values())))
         self.snapshot = snap
