@@ -74,6 +74,7 @@ class _MemoryMetadata:
     def __init__(self, files: MemoryStore, key: str):
         self.files, self.key = files, key
         self._base: dict | None = None
+        self.log_bytes = 0    # nothing is appended: every commit rewrites the saved state
 
     def load(self) -> dict | None:
         return self.files.load(self.key)
