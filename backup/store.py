@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 DURABILITIES = (DURABILITY_MEMORY, DURABILITY_DISK)
 # Replicas of one broker id held here: `list_replicas` answers all of them in one reply, which
-# must stay under wire.MAX_HEADER_BYTES (4 MiB) at ~170 bytes an entry (about 2.8 MiB here).
+# must stay under wire.MAX_HEADER_BYTES (4 MiB): an entry packs to ~110 bytes at most, so
+# 16,384 of them take under 2 MiB (tests/unit/test_backup_bounds.py measures it).
 REPLICAS_PER_BROKER_MAX = 16_384
 # Replicas held in all: each costs a Replica object, two files and, at a restart, one metadata
 # record read before serving; 65,536 of them hold 4 TiB at the default 64 MiB replica bound.
