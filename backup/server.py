@@ -26,6 +26,7 @@ from kera import config
 from kera.config import MiB
 from kera.errors import BadRequest, CorruptChunk, KeraError, NotReady, StorageError, Throttled
 
+from kera.broker.memory import parse_size
 from kera.metrics import serve_metrics
 from kera.server import DEFERRED, Request, Server
 
@@ -262,6 +263,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(at least --max-unflushed-bytes; default: %(default)s)")
     parser.add_argument("--max-replica-bytes", type=int, default=defaults.max_replica_bytes,
                         help="largest replica (virtual segment) accepted (default: %(default)s)")
+    parser.add_argument("--disk-limit", default="0", metavar="BYTES",
+                        help="replica bytes this backup keeps on disk (e.g. 100GiB); a write "
+                             "past it is refused with storage_error and the broker places the "
+                             "virtual segment elsewhere (default: 0, as much as the disk holds)")
+    parser.add_argument("--max-replicas-per-broker", type=int,
+                        default=defaults.replicas_per_broker_max,
+                        help="replicas of one broker held at once (at most %(default)s)")
+    parser.add_argument("--max-replicas", type=int, default=defaults.replicas_max,
+                        help="replicas held at once, all brokers (default: %(default)s)")
     parser.add_argument("--metrics-port", type=int, default=0,
                         help="serve Prometheus metrics on this port (default: off)")
     parser.add_argument("--log-level", default="INFO",
@@ -272,10 +282,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    store_config = StoreConfig(max_replica_bytes=args.max_replica_bytes,
-                               max_unflushed_bytes=args.max_unflushed_bytes,
-                               max_memory_bytes=max(args.max_memory_bytes, args.max_unflushed_bytes))
     try:
+        store_config = StoreConfig(max_replica_bytes=args.max_replica_bytes,
+                                   max_unflushed_bytes=args.max_unflushed_bytes,
+                                   max_memory_bytes=max(args.max_memory_bytes,
+                                                        args.max_unflushed_bytes),
+                                   disk_limit_bytes=parse_size(args.disk_limit),
+                                   replicas_per_broker_max=args.max_replicas_per_broker,
+                                   replicas_max=args.max_replicas)
         store_config.check()
         args.dir.mkdir(parents=True, exist_ok=True)
         server = BackupServer(args.dir, store_config, args.host, args.port)

@@ -11,7 +11,12 @@ them), and is told their outcome. The clock is passed in.
 Bounds: a replica holds at most `max_replica_bytes`; at most `max_unflushed_bytes` may wait for
 the flusher and at most `max_memory_bytes` stay in memory (flushed bytes of open replicas are
 let go, oldest written first, to make room; a closed replica leaves memory once it is on disk);
-beyond those a write is answered `throttled`. At most `flush_jobs_max` flush jobs are out at
+beyond those a write is answered `throttled`. A write with no chunks for a replica the
+store does not hold creates nothing (acknowledged at length 0). New replicas are refused with
+`storage_error` beyond `replicas_per_broker_max` of one broker id or `replicas_max` in all, and
+any write whose bytes would take the replicas past `disk_limit_bytes` (chunk bytes plus
+REPLICA_OVERHEAD_BYTES each) likewise: the broker then places the virtual segment on another
+backup. A refused write stores nothing. At most `flush_jobs_max` flush jobs are out at
 once, one per replica, so the flusher's queue never grows past that.
 
 A flush that fails (full disk, I/O error) answers the replica's waiting "disk" writes with
@@ -25,7 +30,7 @@ import logging
 from dataclasses import dataclass
 from typing import Hashable, NamedTuple
 
-from kera.config import DURABILITY_DISK, DURABILITY_MEMORY, MiB
+from kera.config import DURABILITY_DISK, DURABILITY_MEMORY, KiB, MiB
 from kera.errors import BadRequest, KeraError, NotReady, OffsetOutOfRange, StorageError, Throttled
 from kera.metrics import Counters
 
@@ -36,6 +41,16 @@ from kera.backup.replica import Key, Replica, describe
 log = logging.getLogger(__name__)
 
 DURABILITIES = (DURABILITY_MEMORY, DURABILITY_DISK)
+# Replicas of one broker id held here: `list_replicas` answers all of them in one reply, which
+# must stay under wire.MAX_HEADER_BYTES (4 MiB): an entry packs to ~110 bytes at most, so
+# 16,384 of them take under 2 MiB (tests/unit/test_backup_bounds.py measures it).
+REPLICAS_PER_BROKER_MAX = 16_384
+# Replicas held in all: each costs a Replica object, two files and, at a restart, one metadata
+# record read before serving; 65,536 of them hold 4 TiB at the default 64 MiB replica bound.
+REPLICAS_TOTAL_MAX = 65_536
+# Disk bytes a replica costs beyond its chunks under --disk-limit: its `.meta` record and the
+# partial last block of each of its two files (4 KiB blocks).
+REPLICA_OVERHEAD_BYTES = 8 * KiB
 
 
 @dataclass(slots=True)
@@ -47,11 +62,19 @@ class StoreConfig:
     flush_jobs_max: int = 16                # flush jobs handed out and not yet done
     flush_retry_s: float = 0.5              # first back-off after a failed flush
     flush_retry_max_s: float = 30.0
+    disk_limit_bytes: int = 0               # replica bytes on disk, all replicas; 0: no limit
+    replicas_per_broker_max: int = REPLICAS_PER_BROKER_MAX
+    replicas_max: int = REPLICAS_TOTAL_MAX
 
     def check(self) -> None:
         if min(self.max_replica_bytes, self.max_unflushed_bytes, self.flush_job_max_bytes,
-               self.flush_jobs_max) <= 0:
+               self.flush_jobs_max, self.replicas_per_broker_max, self.replicas_max) <= 0:
             raise ValueError("store bounds must be positive")
+        if self.disk_limit_bytes < 0:
+            raise ValueError("disk_limit_bytes must not be negative")
+        if self.replicas_per_broker_max > REPLICAS_PER_BROKER_MAX:
+            raise ValueError(f"replicas_per_broker_max may be at most {REPLICAS_PER_BROKER_MAX} "
+                             f"(list_replicas answers them in one reply)")
         if self.max_memory_bytes < self.max_unflushed_bytes:
             raise ValueError("max_memory_bytes must be at least max_unflushed_bytes")
 
@@ -103,6 +126,8 @@ class ReplicaStore:
         self.replicas_open = 0
         self.replicas_on_disk = 0
         self.replicas_failed = 0
+        self.replicas_per_broker: dict[int, int] = {}   # broker id -> replicas held of it
+        self.disk_bytes = 0      # what the replicas take on disk (once flushed): --disk-limit
         self._dirty: dict[Key, None] = {}      # replicas needing a flush and not flushing (FIFO)
         self._resident: dict[Key, None] = {}   # replicas holding memory, least recently written first
         self._waiters: dict[Key, list[Waiter]] = {}
@@ -123,6 +148,11 @@ class ReplicaStore:
             raise BadRequest(f"durability '{durability}' is not one of {DURABILITIES}")
         replica = self.replicas.get(key)
         chunks, repeated = self._check(key, replica, offset, frames, close)
+        if replica is None and not chunks:
+            # Nothing to keep: a replica, its directory and files would only cost (without
+            # bound, for fresh keys). The empty write is acknowledged: 0 bytes are stored.
+            self.counters.add("empty_writes")
+            return 0
         new = chunks[repeated:]
         added = sum(map(len, new))
         self._admit(key, replica, added, bool(new))
@@ -162,12 +192,13 @@ class ReplicaStore:
     def _append(self, key: Key, replica: Replica | None, new: list[memoryview], offset: int,
                 close: bool) -> Replica:
         if replica is None:
-            replica = self.replicas[key] = Replica(key)
+            replica = self._new_replica(key)
             self.replicas_open += 1
         added = replica.append(new, offset)
         if added:
             self.unflushed_bytes += added
             self.memory_bytes += added
+            self.disk_bytes += added
             self._resident.pop(key, None)  # most recently written last
             self._resident[key] = None
         if close and not replica.closed:
@@ -176,9 +207,18 @@ class ReplicaStore:
         self._mark(replica)
         return replica
 
+    def _new_replica(self, key: Key) -> Replica:
+        replica = self.replicas[key] = Replica(key)
+        self.replicas_per_broker[key[0]] = self.replicas_per_broker.get(key[0], 0) + 1
+        self.disk_bytes += REPLICA_OVERHEAD_BYTES
+        return replica
+
     def _admit(self, key: Key, replica: Replica | None, added: int, appends: bool) -> None:
         """Refuse a write the replica's state or the store's bounds cannot take."""
         length = replica.length if replica is not None else 0
+        if replica is None:
+            self._admit_new(key)
+        self._admit_disk(key, added + (REPLICA_OVERHEAD_BYTES if replica is None else 0))
         if replica is not None and replica.closed and appends:
             raise BadRequest(f"{describe(key)} is closed at {length} bytes")
         if replica is not None and replica.failed:
@@ -197,6 +237,25 @@ class ReplicaStore:
                 self.counters.add("throttled")
                 raise Throttled(f"{self.memory_bytes} bytes held in memory "
                                 f"(max_memory_bytes {self.config.max_memory_bytes})")
+
+    def _admit_new(self, key: Key) -> None:
+        held = self.replicas_per_broker.get(key[0], 0)
+        if held >= self.config.replicas_per_broker_max:
+            self.counters.add("replicas_refused")
+            raise StorageError(f"this backup holds {held} replicas of broker {key[0]}, the most "
+                               f"it may (replicas_per_broker_max): place {describe(key)} elsewhere")
+        if len(self.replicas) >= self.config.replicas_max:
+            self.counters.add("replicas_refused")
+            raise StorageError(f"this backup holds {len(self.replicas)} replicas, the most it may "
+                               f"(replicas_max): place {describe(key)} elsewhere")
+
+    def _admit_disk(self, key: Key, added: int) -> None:
+        limit = self.config.disk_limit_bytes
+        if added and limit and self.disk_bytes + added > limit:
+            self.counters.add("disk_full")
+            raise StorageError(f"{describe(key)}: {added} more bytes would take this backup past "
+                               f"its --disk-limit ({self.disk_bytes} of {limit} bytes used); "
+                               f"place it elsewhere, or raise the limit")
 
     def _release_memory(self, wanted: int) -> None:
         released = 0
@@ -348,6 +407,8 @@ class ReplicaStore:
     def _remove(self, replica: Replica, why: str = "dropped") -> list[Reply]:
         key = replica.key
         del self.replicas[key]
+        self._forget_count(key)
+        self.disk_bytes -= replica.length + REPLICA_OVERHEAD_BYTES
         self.memory_bytes -= replica.memory_bytes
         self.unflushed_bytes -= replica.unflushed_bytes
         self._dirty.pop(key, None)
@@ -362,6 +423,13 @@ class ReplicaStore:
         self.counters.add(f"replicas_{why}")
         err = BadRequest(f"{describe(key)} was {why}")
         return [(w.token, err) for w in self._waiters.pop(key, [])]
+
+    def _forget_count(self, key: Key) -> None:
+        held = self.replicas_per_broker[key[0]] - 1
+        if held:
+            self.replicas_per_broker[key[0]] = held
+        else:
+            del self.replicas_per_broker[key[0]]
 
     # ------------------------------------------------------------------ resetting
     def reset(self, key: Key, offset: int, frames) -> list[Reply]:
@@ -413,7 +481,8 @@ class ReplicaStore:
         """Adopt a replica found on disk at startup: all of its bytes are on disk only."""
         key = (meta.broker_id, meta.vlog, meta.vseg)
         assert key not in self.replicas, key
-        replica = self.replicas[key] = Replica(key)
+        replica = self._new_replica(key)
+        self.disk_bytes += meta.length
         replica.length = replica.flushed_length = replica.memory_from = meta.length
         replica.closed = replica.disk_closed = meta.closed
         replica.on_disk = True
@@ -435,4 +504,6 @@ class ReplicaStore:
         out["replicas_open"] = self.replicas_open
         out["replicas_on_disk"] = self.replicas_on_disk
         out["replicas_failed"] = self.replicas_failed
+        out["disk_bytes"] = self.disk_bytes
+        out["disk_limit_bytes"] = self.config.disk_limit_bytes
         return out

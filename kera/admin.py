@@ -17,6 +17,10 @@ from kera.errors import BadRequest, KeraError, Timeout
 
 READY_POLL_S = 0.02          # between describe_stream calls while waiting for `ready`
 STATS_TIMEOUT_S_MAX = 2.0    # per daemon: a dead daemon must not stall `stats` for long
+# Pages one listing follows at most: far more than the coordinator's bounds can fill (10,000
+# streams; 4096 brokers' replica maps at 20,000 entries a page), so only a coordinator whose
+# cursor does not advance reaches it.
+PAGES_MAX = 1_000_000
 
 
 def parse_bootstrap(bootstrap: str) -> str:
@@ -102,7 +106,24 @@ class Admin:
         return self._call("describe_stream", {"name": name})["stream"]
 
     def list_streams(self) -> list[dict]:
-        return self._call("list_streams")["streams"]
+        """Every stream's descriptor, in name order (following the coordinator's pages)."""
+        return self._pages("list_streams", {}, "streams")
+
+    def _pages(self, op: str, fields: dict, key: str) -> list:
+        """All items of a paginated listing: each reply's `next` is the following `after`."""
+        out: list = []
+        after = None
+        for _ in range(PAGES_MAX):
+            header = self._call(op, fields if after is None else {**fields, "after": after})
+            out += header[key]
+            cursor = header.get("next")
+            if cursor is None:
+                return out
+            if after is not None and cursor <= after:
+                raise KeraError(f"{op}: the coordinator's cursor {cursor!r} does not advance "
+                                f"past {after!r}")
+            after = cursor
+        raise KeraError(f"{op}: more than {PAGES_MAX} pages")
 
     def delete_stream(self, name: str) -> None:
         self._call("delete_stream", {"name": name})
@@ -120,7 +141,13 @@ class Admin:
         or only the virtual segments one backup holds."""
         fields = {k: v for k, v in (("broker_id", broker_id), ("backup_id", backup_id))
                   if v is not None}
-        return self._call("replicas", fields)["replicas"]
+        return self._pages("replicas", fields, "replicas")
+
+    def deregister(self, kind: str, daemon_id: int) -> dict:
+        """Forget a dead broker or backup (`kind`): its id is never handed out again. Refused
+        (bad_request, saying why) while it is alive or, for a broker, still owns streamlets
+        or is a source of a streamlet being recovered. Returns the coordinator's reply."""
+        return self._call("deregister", {"kind": kind, "daemon_id": daemon_id})
 
     def stats(self) -> dict:
         """Counters of every live daemon: {"brokers": {id: stats}, "backups": {id: stats},

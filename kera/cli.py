@@ -63,6 +63,18 @@ def _admin_options() -> argparse.ArgumentParser:
     return p
 
 
+def _options_after_subcommand() -> argparse.ArgumentParser:
+    """The admin options for a subcommand of a command that has them too (`kera cluster
+    deregister`): without defaults of their own, which would override what was given before
+    the subcommand (the command's parser sets the defaults)."""
+    p = _admin_options()
+    for action in p._actions:
+        action.default = argparse.SUPPRESS
+        action.help = (action.help or "").replace(" (default: %(default)s)", "").replace(
+            "; now %(default)s", "")
+    return p
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kera", description="kera: stream storage with shared virtual logs.",
@@ -186,6 +198,16 @@ def _add_cluster(sub) -> None:
     p.add_argument("--replicas", action="store_true",
                    help="also list which backups hold each broker's virtual segments")
     p.set_defaults(func=cmd_cluster)
+    csub = p.add_subparsers(dest="cluster_command", metavar="ACTION")
+    d = csub.add_parser("deregister", parents=[_options_after_subcommand()],
+                        help="forget a dead broker or backup",
+                        description="Remove a dead daemon from the cluster's metadata (its id is "
+                                    "never reused). Refused while it is alive, or while a broker "
+                                    "still owns streamlets or is a source of a recovery.")
+    which = d.add_mutually_exclusive_group(required=True)
+    which.add_argument("--broker", type=int, metavar="ID", help="the broker id to forget")
+    which.add_argument("--backup", type=int, metavar="ID", help="the backup id to forget")
+    d.set_defaults(func=cmd_cluster_deregister)
 
 
 def _add_stats(sub) -> None:
@@ -335,6 +357,17 @@ def cmd_cluster(args) -> int:
                 for b, vlog, vseg, backups in cluster["replicas"]]
         print()
         print(_table(["BROKER", "VLOG", "VSEG", "BACKUPS"], rows))
+    return 0
+
+
+def cmd_cluster_deregister(args) -> int:
+    kind, daemon_id = ("broker", args.broker) if args.broker is not None else ("backup", args.backup)
+    with _admin(args) as admin:
+        reply = admin.deregister(kind, daemon_id)
+    if args.json:
+        _print_json(reply)
+    else:
+        print(f"deregistered {kind} {daemon_id}")
     return 0
 
 

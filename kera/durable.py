@@ -34,3 +34,14 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def remove_durable(path: str | os.PathLike) -> None:
+    """Unlink `path` (gone already is fine) and fsync its folder, so the removal survives a
+    crash: a file that reappears after one could name data that no longer counts."""
+    final = Path(path)
+    try:
+        os.unlink(final)
+    except FileNotFoundError:
+        return
+    fsync_dir(final.parent)

@@ -15,9 +15,11 @@ broker owning one of its streamlets reports (by heartbeat) having applied at lea
 from __future__ import annotations
 
 import logging
+from bisect import bisect_right
 from dataclasses import dataclass, field, replace
+from itertools import islice
 
-from kera import config
+from kera import config, wire
 from kera.coordinator import validate
 from kera.coordinator.recovery import Failover, parse_streamlets
 from kera.coordinator.validate import KINDS, StreamSpec
@@ -34,6 +36,24 @@ VERSION_JUMP_MAX = 2**62
 # Virtual segments whose backups the coordinator remembers per broker (oldest forgotten first):
 # 512 GiB of a broker's data at the default 8 MiB virtual segment.
 REPLICA_ENTRIES_PER_BROKER_MAX = 65_536
+# Replica map changes kept for the next commit (kera.coordinator.store); past this (nobody
+# commits: a core driven without a server) they are dropped and the next commit is a snapshot.
+REPLICA_JOURNAL_MAX = 1_000_000
+# Pages of `list_streams`: descriptors are added while the page stays under PAGE_BYTES_MAX
+# (packed), at least one, so a reply stays well under wire.MAX_HEADER_BYTES (4 MiB) at every
+# count validate admits; the largest single descriptor validate admits (4096 streamlets on
+# 4096 brokers with 300-character addresses) packs to about 1.3 MiB.
+PAGE_BYTES_MAX = 1024 * 1024
+STREAMS_PAGE_MAX = 1000          # descriptors per page, at most (the default `limit`)
+# Entries per `replicas` page: an entry packs to at most ~70 bytes (u32 ids, u64 vseg, up to
+# VSEG_BACKUPS_MAX backup ids), so a full page is about 1.4 MiB.
+REPLICAS_PAGE_MAX = 20_000
+# A dead daemon that holds nothing (no streamlet placed on it, no replica map entry of or on it,
+# no recovery reading from it) is forgotten once unheard of this long: ids are never reused, so
+# the member table (DAEMONS_MAX per kind) would otherwise fill with daemons retired long ago.
+# A week outlasts any outage an operator mends by hand; `deregister` forgets one at once.
+MEMBER_EXPIRY_S = 7 * 24 * 3600.0
+MEMBER_EXPIRY_CHECK_S = 60.0    # between expiry passes (a pass may scan the replica map)
 
 
 @dataclass(slots=True)
@@ -81,6 +101,7 @@ class Coordinator:
         self.next_stream_id = FIRST_STREAM_ID
         self.rotation = 0  # where the next stream's placement starts, mod the live brokers
         self.started_s = now
+        self._expiry_checked_s = now
         # Broker incarnations, failover of dead brokers' streamlets, recovery markers
         # (kera.coordinator.recovery).
         self.failover = Failover()
@@ -89,6 +110,9 @@ class Coordinator:
         # count in `replica_changes` (not in `version`: daemons need not refetch metadata).
         self.replicas: dict[int, dict[tuple[int, int], list[int]]] = {}
         self.replica_changes = 0
+        # The replica map's changes since the last commit, as store changes ("rput", "rdel",
+        # "rclear"); None once more than REPLICA_JOURNAL_MAX piled up (snapshot instead).
+        self.replica_journal: list[list] | None = []
         if state is not None:
             self._load(state)
             # The restart itself is a change: liveness is unknown until daemons heartbeat, and
@@ -107,11 +131,12 @@ class Coordinator:
             "replicas": self._op_replicas,
             "recovered": self._op_recovered,
             "recovery_status": self._op_recovery_status,
+            "deregister": self._op_deregister,
         }
 
     OPS = ("register", "heartbeat", "cluster", "create_stream", "describe_stream",
            "list_streams", "delete_stream", "alter_stream", "broker_streams", "replicas", "recovered",
-           "recovery_status")
+           "recovery_status", "deregister")
 
     # ------------------------------------------------------------------ request entry point
     def handle(self, op: str, header: dict | Fields, now: float) -> dict:
@@ -162,7 +187,13 @@ class Coordinator:
         return {"stream": self.describe_stream(f.str("name", hi=validate.NAME_CHARS_MAX))}
 
     def _op_list_streams(self, f: Fields, now: float) -> dict:
-        return {"streams": self.list_streams()}
+        after = f.str("after", None, hi=validate.NAME_CHARS_MAX)
+        limit = f.int("limit", STREAMS_PAGE_MAX, lo=1, hi=STREAMS_PAGE_MAX)
+        streams, more = self.list_streams_page(after, limit)
+        reply = {"streams": streams}
+        if more:
+            reply["next"] = streams[-1]["name"]   # pass as `after` for the next page
+        return reply
 
     def _op_delete_stream(self, f: Fields, now: float) -> dict:
         self.delete_stream(f.str("name", hi=validate.NAME_CHARS_MAX))
@@ -186,9 +217,30 @@ class Coordinator:
     def _op_recovery_status(self, f: Fields, now: float) -> dict:
         return self.failover.status()
 
+    def _op_deregister(self, f: Fields, now: float) -> dict:
+        kind = validate.kind(f)
+        member_id = f.int("daemon_id", hi=validate.ID_MAX)
+        member = self.members[kind].get(member_id)
+        if member is None:
+            raise BadRequest(f"no {kind} has id {member_id}")
+        why = self._kept_because(member, scan_replicas=False)
+        if why:
+            raise BadRequest(f"{kind} {member_id} cannot be deregistered: {why}")
+        self._forget_member(member, "deregistered")
+        return {"metadata_version": self.version}
+
     def _op_replicas(self, f: Fields, now: float) -> dict:
-        return {"replicas": self.replica_entries(f.int("broker_id", None, hi=validate.ID_MAX),
-                                                 f.int("backup_id", None, hi=validate.ID_MAX))}
+        after = f.list("after", None, max_len=3)
+        if after is not None:
+            after = wire.int_list(after, "after", 3)
+        limit = f.int("limit", REPLICAS_PAGE_MAX, lo=1, hi=REPLICAS_PAGE_MAX)
+        entries = self.replica_entries(f.int("broker_id", None, hi=validate.ID_MAX),
+                                       f.int("backup_id", None, hi=validate.ID_MAX),
+                                       after=tuple(after) if after else None, limit=limit + 1)
+        reply = {"replicas": entries[:limit]}
+        if len(entries) > limit:
+            reply["next"] = entries[limit - 1][:3]   # [broker_id, vlog, vseg]: the next `after`
+        return reply
 
     # ------------------------------------------------------------------ membership
     def register(self, now: float, kind: str, address: str, node: str,
@@ -212,8 +264,8 @@ class Coordinator:
         member.alive = True
         member.last_heartbeat_s = now
         member.applied_version = 0  # a (re)started daemon has applied nothing yet
-        if kind == "broker" and self.replicas.pop(member_id, None):
-            self.replica_changes += 1  # it reports its virtual segments again after registering
+        if kind == "broker":
+            self.forget_replicas(member_id)  # it reports its virtual segments again
         self._bump()
         member.registered_version = self.version
         self.failover.registered(self, member, now)
@@ -255,7 +307,51 @@ class Coordinator:
         # Dead brokers' streamlets move to live ones (a bump of their own when they do).
         self.failover.daemons_dead(self, dead, now)
         self.failover.tick(self, now)
+        if now - self._expiry_checked_s >= MEMBER_EXPIRY_CHECK_S:
+            self._expiry_checked_s = now
+            self.expire_members(now)
         return dead
+
+    # ------------------------------------------------------------------ forgetting members
+    def expire_members(self, now: float) -> list[Member]:
+        """Forget dead daemons unheard of for MEMBER_EXPIRY_S that hold nothing."""
+        expired = []
+        for table in self.members.values():
+            for member in list(table.values()):
+                heard_s = member.last_heartbeat_s
+                silent_s = now - (self.started_s if heard_s is None else heard_s)
+                if silent_s > MEMBER_EXPIRY_S and not self._kept_because(member, scan_replicas=True):
+                    self._forget_member(member, f"expired after {silent_s:.0f} s unheard of")
+                    expired.append(member)
+        return expired
+
+    def _kept_because(self, member: Member, scan_replicas: bool) -> str | None:
+        """Why `member` must stay in the table, or None. With `scan_replicas`, a backup named
+        in the replica map and a broker with replica map entries stay too (expiry)."""
+        if member.alive:
+            return "it is alive (stop it first; it is declared dead after missing heartbeats)"
+        if member.kind == "broker":
+            owned = sorted(s.spec.name for s in self.streams.values() if member.id in s.placement)
+            if owned:
+                return (f"it owns streamlets of {len(owned)} streams ({', '.join(owned[:5])}"
+                        f"{', ...' if len(owned) > 5 else ''}); wait for their failover or "
+                        f"delete them")
+            if any(b == member.id for b, _ in self.failover.sources_named()):
+                return "streamlets being recovered read from its replicas; wait for the recovery"
+            if scan_replicas and self.replicas.get(member.id):
+                return "the replica map still holds its virtual segments"
+        elif scan_replicas and any(member.id in backups for table in self.replicas.values()
+                                   for backups in table.values()):
+            return "the replica map names it as holding virtual segments"
+        return None
+
+    def _forget_member(self, member: Member, why: str) -> None:
+        del self.members[member.kind][member.id]
+        if member.kind == "broker":
+            self.forget_replicas(member.id)
+        self._bump()
+        log.warning("%s %d (%s, node %s) %s: forgotten (its id is not reused)", member.kind,
+                    member.id, member.address, member.node, why)
 
     # ------------------------------------------------------------------ replica map
     def report_replicas(self, broker_id: int, entries) -> None:
@@ -264,25 +360,51 @@ class Coordinator:
         for vlog, vseg, backups in entries:
             table.pop((vlog, vseg), None)   # re-inserted last: eviction forgets the oldest
             table[(vlog, vseg)] = list(backups)
+            self._journal(["rput", broker_id, vlog, vseg, list(backups)])
         excess = len(table) - REPLICA_ENTRIES_PER_BROKER_MAX
         if excess > 0:
             log.warning("broker %d: forgetting the backups of its %d oldest virtual segments "
                         "(at most %d kept)", broker_id, excess, REPLICA_ENTRIES_PER_BROKER_MAX)
-            for key in list(table)[:excess]:
+            for key in list(islice(table, excess)):   # oldest first, without copying them all
                 del table[key]
+                self._journal(["rdel", broker_id, key[0], key[1]])
         self.replica_changes += 1
 
-    def replica_entries(self, broker_id: int | None = None,
-                        backup_id: int | None = None) -> list[list]:
+    def forget_replicas(self, broker_id: int) -> None:
+        if self.replicas.pop(broker_id, None):
+            self.replica_changes += 1
+            self._journal(["rclear", broker_id])
+
+    def _journal(self, change: list) -> None:
+        if self.replica_journal is not None:
+            self.replica_journal.append(change)
+            if len(self.replica_journal) > REPLICA_JOURNAL_MAX:
+                self.replica_journal = None
+
+    def take_replica_journal(self) -> list[list] | None:
+        """The replica map's changes since the last call; None: too many, snapshot instead."""
+        journal, self.replica_journal = self.replica_journal, []
+        return journal
+
+    def replica_entries(self, broker_id: int | None = None, backup_id: int | None = None,
+                        after: tuple[int, int, int] | None = None,
+                        limit: int | None = None) -> list[list]:
         """`[[broker_id, vlog, vseg, [backup ids]], ...]`, sorted, optionally only one broker's
-        or only the virtual segments one backup holds."""
-        out = []
-        for bid, table in sorted(self.replicas.items()):
-            if broker_id is not None and bid != broker_id:
+        or only the virtual segments one backup holds; only those after `after` (a
+        (broker_id, vlog, vseg) cursor), at most `limit`."""
+        out: list[list] = []
+        for bid in sorted(self.replicas):
+            if (broker_id is not None and bid != broker_id) or (after and bid < after[0]):
                 continue
-            for (vlog, vseg), backups in sorted(table.items()):
+            table = self.replicas[bid]
+            keys = sorted(table)
+            start = bisect_right(keys, after[1:]) if after and bid == after[0] else 0
+            for key in keys[start:]:
+                backups = table[key]
                 if backup_id is None or backup_id in backups:
-                    out.append([bid, vlog, vseg, list(backups)])
+                    out.append([bid, key[0], key[1], list(backups)])
+                    if limit is not None and len(out) >= limit:
+                        return out
         return out
 
     def live(self, kind: str) -> list[Member]:
@@ -329,6 +451,22 @@ class Coordinator:
 
     def list_streams(self) -> list[dict]:
         return [self.descriptor(s) for _, s in sorted(self.streams.items())]
+
+    def list_streams_page(self, after: str | None, limit: int) -> tuple[list[dict], bool]:
+        """Descriptors of the streams named after `after`, in name order: at most `limit`
+        and PAGE_BYTES_MAX packed (at least one); and whether more follow."""
+        names = sorted(self.streams)
+        start = bisect_right(names, after) if after is not None else 0
+        page: list[dict] = []
+        size = 0
+        for name in names[start:start + limit]:
+            d = self.descriptor(self.streams[name])
+            d_size = len(wire.pack(d))
+            if page and size + d_size > PAGE_BYTES_MAX:
+                break
+            page.append(d)
+            size += d_size
+        return page, start + len(page) < len(names)
 
     def alter_stream(self, name: str, **changes) -> dict:
         """Change what may change after creation (retention_ms, retention_bytes): validated
@@ -395,6 +533,15 @@ class Coordinator:
     # ------------------------------------------------------------------ persistence
     def to_state(self) -> dict:
         """Everything a restart must keep (identities, streams, counters), JSON-ready."""
+        state = self.base_state()
+        state["replicas"] = {str(bid): [[vlog, vseg, backups]
+                                        for (vlog, vseg), backups in table.items()]
+                             for bid, table in sorted(self.replicas.items()) if table}
+        return state
+
+    def base_state(self) -> dict:
+        """`to_state()` without the replica map (persisted change by change, see
+        `take_replica_journal`)."""
         return {
             "format": STATE_FORMAT,
             "metadata_version": self.version,
@@ -414,9 +561,6 @@ class Coordinator:
                          "retention_ms": s.spec.retention_ms,
                          "retention_bytes": s.spec.retention_bytes}
                         for _, s in sorted(self.streams.items())],
-            "replicas": {str(bid): [[vlog, vseg, backups]
-                                    for (vlog, vseg), backups in table.items()]
-                         for bid, table in sorted(self.replicas.items()) if table},
             "recovery": self.failover.to_state(),
         }
 

@@ -1,8 +1,10 @@
 """The coordinator daemon: the sans-IO core behind a kera.server.Server, persisted on change.
 
-A change is persisted before its reply is sent, so nothing acknowledged is lost by a crash. If
-the metadata cannot be written the coordinator answers `storage_error` and stops (fail-stop):
-serving on with memory ahead of disk would acknowledge changes a restart forgets.
+Group commit: the requests of one loop turn are handled, their changes appended to the metadata
+log (kera.coordinator.store) with one fsync, and only then are their replies sent, so nothing
+acknowledged is lost by a crash. If the metadata cannot be written the coordinator answers
+`storage_error` and stops (fail-stop): serving on with memory ahead of disk would acknowledge
+changes a restart forgets.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import zmq
 from kera import config
 from kera.coordinator import store
 from kera.coordinator.core import Coordinator
-from kera.errors import StorageError
+from kera.errors import KeraError, StorageError
 from kera.metrics import Counters, serve_metrics
-from kera.server import Request, Server
+from kera.server import DEFERRED, Request, Server
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +36,22 @@ class CoordinatorServer:
                  heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX):
         self.data_dir = data_dir
         os.makedirs(data_dir, exist_ok=True)
-        state = store.load(data_dir)
+        self.store = store.MetadataStore(data_dir)
+        state = self.store.load()
         self.core = Coordinator(time.monotonic(), heartbeat_interval_s=heartbeat_interval_s,
                                 heartbeat_missed_max=heartbeat_missed_max, state=state)
         if state is not None:
             log.info("loaded %d streams, %d brokers, %d backups from %s", len(self.core.streams),
                      len(self.core.members["broker"]), len(self.core.members["backup"]), data_dir)
         self.counters = Counters()
-        self._saved_mark: tuple[int, int] | None = None   # (version, replica_changes) on disk
+        self._saved_version: int | None = None    # the metadata version on disk
+        # Replies of this loop turn, sent once its changes are committed (`_commit_turn`).
+        self._outbox: list[tuple[Request, dict | KeraError]] = []
         self._persist()
         self.server = Server("coordinator", host, port)
         for op in Coordinator.OPS:
             self.server.on(op, self._handle)
+        self.server.after_batch.append(self._commit_turn)
         self.server.on("stats", self._stats)
         self.server.every(heartbeat_interval_s, self._tick)
         self.snapshot: dict = {}
@@ -55,14 +61,29 @@ class CoordinatorServer:
     def address(self) -> str:
         return self.server.address
 
-    def _handle(self, req: Request) -> dict:
+    def _handle(self, req: Request):
         self.counters.add(f"requests_{req.op}")
         try:
-            return self.core.handle(req.op, req.fields, time.monotonic())
-        finally:
-            # Persist before the reply leaves (also when the op raised: a heartbeat may have
-            # bumped the version before failing validation of a later field).
+            outcome = self.core.handle(req.op, req.fields, time.monotonic())
+        except KeraError as err:
+            # Held back too: a heartbeat may have bumped the version before failing
+            # validation of a later field.
+            outcome = err
+        self._outbox.append((req, outcome))
+        return DEFERRED
+
+    def _commit_turn(self) -> None:
+        """After a turn's requests: one commit for all their changes, then their replies."""
+        outbox, self._outbox = self._outbox, []
+        try:
             self._persist()
+        except StorageError as err:
+            outbox = [(req, err) for req, _ in outbox]
+        for req, outcome in outbox:
+            if isinstance(outcome, KeraError):
+                self.server.fail(req, outcome)
+            else:
+                self.server.reply(req, outcome)
 
     def _stats(self, req: Request) -> dict:
         self._refresh_snapshot()
@@ -76,19 +97,31 @@ class CoordinatorServer:
         self._refresh_snapshot()
 
     def _persist(self) -> None:
-        mark = (self.core.version, self.core.replica_changes)
-        if mark == self._saved_mark:
-            return
+        """Commit what changed since the last call: the base state when the version moved
+        (every change of it bumps the version) and the replica map's journal. At startup (or
+        if the journal overflowed) a snapshot is written at once; when the log is long, one is
+        started on a thread (kera.coordinator.store)."""
         started = time.monotonic()
         try:
-            store.save(self.data_dir, self.core.to_state())
+            journal = self.core.take_replica_journal()
+            if self._saved_version is None or journal is None:
+                self.store.snapshot(self.core.to_state())
+                self.counters.add("snapshots")
+            else:
+                moved = self.core.version != self._saved_version
+                if not self.store.commit(self.core.base_state() if moved else None, journal):
+                    return
+                if self.store.wants_snapshot():
+                    tables = {bid: dict(t) for bid, t in self.core.replicas.items()}
+                    self.store.start_snapshot(self.core.base_state(), tables)
+                    self.counters.add("snapshots")
         except OSError as exc:
             log.critical("cannot persist metadata to %s (%s): stopping", self.data_dir, exc)
             self.counters.add("persist_errors")
             if hasattr(self, "server"):
                 self.server.stop()
             raise StorageError(f"coordinator cannot persist its metadata: {exc}") from None
-        self._saved_mark = mark
+        self._saved_version = self.core.version
         self.counters.add("persists")
         self.counters.add("persist_ms_total", round((time.monotonic() - started) * 1000, 3))
 
@@ -101,15 +134,22 @@ class CoordinatorServer:
                     backups=len(self.core.members["backup"]),
                     backups_alive=len(self.core.live("backup")),
                     replica_entries=sum(map(len, self.core.replicas.values())),
+                    metadata_log_bytes=self.store.log_bytes,
                     failovers=self.core.failover.failovers,
                     streamlets_recovering=sum(map(len, self.core.failover.recovering.values())))
         self.snapshot = snap
 
     def run(self) -> None:
-        self.server.run()
+        try:
+            self.server.run()
+        finally:
+            self.store.close()
 
     def stop(self) -> None:
         self.server.stop()
+
+    def close(self) -> None:
+        self.store.close()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,7 +158,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT,
                         help="port to bind (default: %(default)s)")
     parser.add_argument("--dir", required=True,
-                        help="data directory; metadata is kept in DIR/coordinator.json")
+                        help="data directory; metadata is kept in DIR/coordinator.json (snapshot) "
+                             "and DIR/coordinator-<g>.log (changes since)")
     parser.add_argument("--heartbeat-interval-ms", type=int,
                         default=round(config.HEARTBEAT_INTERVAL_S * 1000),
                         help="interval daemons are told to heartbeat at (default: %(default)s)")

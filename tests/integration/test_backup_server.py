@@ -21,6 +21,7 @@ import pytest
 import zmq
 
 from kera import chunk, rpc, wire
+from kera.config import MiB
 from kera.backup import disk
 from kera.backup.meta import Meta
 from kera.errors import BadRequest, CorruptChunk, KeraError, StorageError
@@ -467,3 +468,72 @@ def test_registers_with_the_real_coordinator(backup, tmp_path):
         coord.terminate()
         coord.wait(10)
         log.close()
+
+
+# ---------------------------------------------------------------------- bounds (issue 10)
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _entries(root: Path) -> int:
+    return sum(len(dirs) + len(files) for _, dirs, files in os.walk(root))
+
+
+def test_empty_replicate_writes_with_fresh_keys_create_nothing(backup, tmp_path):
+    b = backup()
+    entries_before = _entries(b.dir)
+    for vseg in range(200):   # warm up the loop before measuring RSS
+        b.replicate(9, 0, vseg, 0, [], durability="disk")
+    rss_before = _rss_bytes(b.proc.pid)
+    for vseg in range(10_000):
+        assert b.replicate(vseg % 4096, vseg % 7, 1_000 + vseg, 0, [],
+                           durability="disk" if vseg % 2 else "memory", close=vseg % 3 == 0) == 0
+    wait_for(lambda: b.stats()["flush_jobs_out"] == 0, 10, "flusher idle")
+    stats = b.stats()
+    assert stats["replicas"] == 0 and stats["empty_writes"] == 10_200 and stats["disk_bytes"] == 0
+    assert _entries(b.dir) == entries_before        # no replica, directory or file was created
+    assert b.replicas(9) == []
+    # A replica object, a directory and two files per key would be tens of MiB here.
+    rss_after = _rss_bytes(b.proc.pid)
+    print(f"10,000 empty writes: RSS {rss_before / MiB:.1f} -> {rss_after / MiB:.1f} MiB, "
+          f"{_entries(b.dir)} files and directories")
+    assert rss_after - rss_before < 8 * MiB
+
+
+def test_backup_at_disk_limit_refuses_whole_writes_and_keeps_what_it_acknowledged(backup, tmp_path):
+    b = backup("--disk-limit", "64KiB")
+    acked: dict[int, list[bytes]] = {}
+    refused = 0
+    for vseg in range(40):
+        frames = make_chunks(2, start=vseg * 2, values=5, size=200)
+        try:
+            assert b.replicate(1, 0, vseg, 0, frames, durability="disk", close=True) > 0
+            acked[vseg] = frames
+        except StorageError as err:
+            assert "--disk-limit" in err.message
+            refused += 1
+    assert acked and refused
+    stats = b.stats()
+    assert stats["disk_bytes"] <= 64 * 1024
+    held = {r["vseg"] for r in b.replicas(1)}
+    assert held == set(acked)                       # no partial replica of a refused write
+    b.stop(signal.SIGKILL)
+    again = backup("--disk-limit", "64KiB", data_dir=b.dir)
+    for vseg, frames in acked.items():
+        assert again.read_all(1, 0, vseg, max_bytes=1 << 20) == frames
+    with pytest.raises(StorageError):               # still full after the restart
+        again.replicate(1, 0, 999, 0, make_chunks(2, values=5, size=200), durability="disk")
+
+
+def test_replica_count_limit_is_a_clear_storage_error(backup):
+    b = backup("--max-replicas-per-broker", "3")
+    for vseg in range(3):
+        b.replicate(5, 0, vseg, 0, make_chunks(1, start=vseg))
+    with pytest.raises(StorageError, match="replicas of broker 5"):
+        b.replicate(5, 0, 3, 0, make_chunks(1, start=3))
+    assert len(b.replicas(5)) == 3
+    b.replicate(6, 0, 0, 0, make_chunks(1))         # another broker's place is its own

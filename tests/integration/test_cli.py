@@ -13,7 +13,8 @@ from kera.local import LocalCluster
 
 COMMANDS = [
     [], ["coordinator"], ["broker"], ["backup"], ["local"], ["stream"], ["stream", "create"],
-    ["stream", "describe"], ["stream", "list"], ["stream", "delete"], ["cluster"], ["stats"],
+    ["stream", "describe"], ["stream", "list"], ["stream", "delete"], ["cluster"],
+    ["cluster", "deregister"], ["stats"],
     ["produce"], ["consume"],
 ]
 

@@ -14,7 +14,6 @@ What is proven here (issue 3):
 from __future__ import annotations
 
 import collections
-import json
 import signal
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 
 from kera import Consumer, chunk, rpc
 from kera.backup import meta as meta_codec
+from kera.coordinator import store as coordinator_store
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -405,7 +405,7 @@ def test_the_coordinator_knows_which_backups_hold_each_virtual_segment(fresh_clu
 
     # Persisted with the metadata (a change is on disk before the heartbeat is answered), and
     # known again after a restart.
-    state = json.loads((cluster.data_dir / "coordinator" / "coordinator.json").read_text())
+    state = coordinator_store.load(cluster.data_dir / "coordinator")   # snapshot + change log
     assert {(vlog, vseg): sorted(b) for vlog, vseg, b in state["replicas"][str(BROKER_ID)]} == truth
     cluster.kill_coordinator()
     cluster.restart_coordinator()

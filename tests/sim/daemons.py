@@ -35,6 +35,7 @@ from kera.broker import server as broker_server
 from kera.broker.core import BrokerConfig
 from kera.broker.server import BrokerDaemon
 from kera.coordinator import server as coordinator_server
+from kera.coordinator import store as coordinator_store
 from kera.coordinator.server import CoordinatorServer
 from kera.errors import CorruptChunk
 
@@ -55,12 +56,52 @@ class MemoryStore:
     def __init__(self):
         self.files: dict[str, str] = {}
 
+    def MetadataStore(self, data_dir) -> "_MemoryMetadata":   # noqa: N802 (the module's class)
+        return _MemoryMetadata(self, str(data_dir))
+
     def save(self, data_dir, state: dict) -> None:
         self.files[str(data_dir)] = json.dumps(state, separators=(",", ":"), sort_keys=True)
 
     def load(self, data_dir) -> dict | None:
         raw = self.files.get(str(data_dir))
         return None if raw is None else json.loads(raw)
+
+
+class _MemoryMetadata:
+    """kera.coordinator.store.MetadataStore on a MemoryStore: a commit's changes are applied
+    (by the real replay code) to the saved state at once, as a load would replay them."""
+
+    def __init__(self, files: MemoryStore, key: str):
+        self.files, self.key = files, key
+        self._base: dict | None = None
+        self.log_bytes = 0    # nothing is appended: every commit rewrites the saved state
+
+    def load(self) -> dict | None:
+        return self.files.load(self.key)
+
+    def snapshot(self, state: dict) -> None:
+        self.files.save(self.key, state)
+        self._base = coordinator_store.split(state)
+
+    def commit(self, base: dict | None, replica_changes: list) -> int:
+        changes = list(replica_changes)
+        if base is not None:
+            new = coordinator_store.split(base)
+            changes = coordinator_store.diff(self._base, new) + changes
+            self._base = new
+        if not changes:
+            return 0
+        replay = coordinator_store.Replay(self.files.load(self.key))
+        for change in json.loads(json.dumps(changes)):
+            replay.apply(change)
+        self.files.save(self.key, replay.state())
+        return len(changes)
+
+    def wants_snapshot(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
 
 
 class _NoDirs:
