@@ -251,6 +251,7 @@ class Cluster:
                                         broker_id=0, cfg=cfg)
                            for i, (t, kind, _) in enumerate(p.control_faults) if kind == "duplicate_id"}
         self._duplicate_until: dict[int, float] = {}   # broker id -> end of its duplicate's watch
+        self._duplicate_admitted: list[float] = []     # when a register reply gave it the id
         self.daemons = [self.coordinator, *self.brokers, *self.backups]
         self.processes = [*self.daemons, self.admin, *self.producers, *self.consumers, self.auditor]
 
@@ -484,18 +485,44 @@ class Cluster:
             self.clock.wall_step_s += arg
             self._note(f"fault: the wall clock steps {arg / 86400:.1f} days forward")
             return
+        if not self.coordinator.up or not all(b.up for b in self.brokers):
+            # Claiming an id needs a coordinator to claim it from, and a live owner to take it
+            # from: wait for both (within the active phase).
+            if self.sched.now + FAILURE_CHECK_S < self.profile.duration_s:
+                self.counts[kind] -= 1
+                self.counts["faults"] -= 1
+                self.sched.after(FAILURE_CHECK_S, self._control_fault, kind, arg, dup)
+            return
         victim = self.rng.choice(self.brokers)
         dup.broker_id = victim.broker_id
         self._note(f"fault: {dup.address} starts with the id of broker {victim.broker_id}")
         dup.start()
+        self._watch_registration(dup)
         self.sched.after(arg, dup.crash)
         # Watched until its registration, if any, would have expired.
         self._duplicate_until[victim.broker_id] = self.sched.now + arg + DEAD_AFTER_S
         self._check_duplicate(dup)
 
+    def _watch_registration(self, dup: SimBroker) -> None:
+        """Note every `register` reply that gives the duplicate the id it asked for: the
+        coordinator's table may flip back (the live broker registers again) between checks."""
+        peer = dup.daemon.coordinator
+
+        def on_reply(header, frames, real=peer.on_reply):
+            if header.get("ok") is True and header.get("daemon_id") == dup.broker_id:
+                self._duplicate_admitted.append(self.sched.now)
+            real(header, frames)
+
+        peer.on_reply = on_reply
+
     def _check_duplicate(self, dup: SimBroker) -> None:
         """The coordinator must never give a live broker's id to a second process (issue 10
         item 1: incarnation tokens; the duplicate is refused with a clear error)."""
+        if self._duplicate_admitted:
+            raise InvariantBroken(
+                f"a second process at {dup.address} registered as broker {dup.broker_id} at "
+                f"{self._duplicate_admitted[0]:.3f}s while broker{dup.broker_id} was live (issue "
+                f"10 item 1: a duplicate id must be refused)")
         if self.coordinator.up:
             member = self.coordinator.core.members["broker"].get(dup.broker_id)
             if member is not None and member.address == dup.address:
