@@ -8,6 +8,10 @@ every daemon process is alive, no bad input got an `internal` error or logged a 
 cluster serves new records, and every acknowledged record is read exactly once. Peak and
 retained RSS of each daemon (VmHWM, VmRSS) are printed: the issue's closing note needs them.
 
+Two tests: the families field validation alone must refuse (passes on today's main), and every
+family, forged ids of live daemons and bogus addresses included (xfail until issue 10 items 1
+and 3 land: EXPECTED_TODAY says what breaks). A failure lists every finding, not the first.
+
     KERA_FUZZ_SEED=123 pytest tests/faults/test_control_fuzz.py -s     # replay a seed
     KERA_FUZZ_FAMILIES=types,huge_numbers pytest ...                    # only some families
 
@@ -23,6 +27,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import msgpack
 import pytest
 import zmq
 
@@ -48,9 +53,18 @@ def fuzz_rng() -> random.Random:
     return random.Random(seed)
 
 
-def families() -> tuple[str, ...]:
+# The families validation alone refuses on today's main; the other two need issue 10's fixes:
+# forged ids of live daemons (item 1, incarnation tokens) and bogus addresses (item 3).
+VALIDATION_FAMILIES = tuple(f for f in hostile.FAMILIES if f not in ("forged_ids", "bogus_address"))
+EXPECTED_TODAY = ("issue 10 item 1: a forged register/heartbeat of a live broker or backup id is "
+                  "accepted (the real daemon is failed over and drops its streams; a backup's "
+                  "address is replaced); item 3: a registered address ZeroMQ rejects "
+                  "('bad!host:1') makes every broker exit")
+
+
+def families(default: tuple[str, ...]) -> tuple[str, ...]:
     chosen = os.environ.get("KERA_FUZZ_FAMILIES")
-    return tuple(chosen.split(",")) if chosen else hostile.FAMILIES
+    return tuple(chosen.split(",")) if chosen else default
 
 
 def registered_ops() -> dict[str, set[str]]:
@@ -162,7 +176,6 @@ class Barrage:
                     self._count(self.targets[i][0], parts[0])
 
     def _count(self, kind: str, header_bytes: bytes) -> None:
-        import msgpack
         header = msgpack.unpackb(header_bytes, raw=False, strict_map_key=False)
         code = "ok" if header.get("ok") is True else str(header.get("code"))
         self.codes[code] += 1
@@ -207,16 +220,20 @@ def settled(cluster) -> bool:
     return alive == real and not status["recovering"]
 
 
-def check_survival(cluster, problems: list[str]) -> None:
-    for d in cluster.daemons:
-        if not d.running():
-            problems.append(f"{d.name} exited (code {d.proc.returncode}); log tail:\n"
-                            f"{d.log_tail(3000)}")
+def check_survival(cluster, problems: list[str]) -> bool:
+    """Every daemon running and the cluster settled; False: reading is not worth waiting for."""
+    exited = [d for d in cluster.daemons if not d.running()]
+    for d in exited:
+        problems.append(f"{d.name} exited (code {d.proc.returncode}); log tail:\n"
+                        f"{d.log_tail(3000)}")
+    if exited:
+        return False
     try:
         fk.wait_for(lambda: settled(cluster), "the cluster to settle: real daemons alive at their "
                     "addresses, fake members dead, nothing recovering", timeout_s=SETTLE_S, poll_s=0.5)
     except AssertionError as err:
         problems.append(str(err) + f"\ncluster: {fk.call(cluster.bootstrap, 'cluster')}")
+    return True
 
 
 def check_readable(cluster, acked: dict[str, int], problems: list[str]) -> None:
@@ -240,12 +257,13 @@ def check_serves(cluster, problems: list[str]) -> None:
         problems.append(f"the cluster does not serve new records: {err!r}")
 
 
-def fuzz_cluster(fresh_cluster, messages: int) -> None:
+def fuzz_cluster(fresh_cluster, messages: int, default_families: tuple[str, ...]) -> None:
     cluster = fresh_cluster(brokers=2, backups=2, log_level="INFO")
     rng = fuzz_rng()
     acked = produce_known(cluster)
     print(rss_table(cluster, "before the barrage"))
-    barrage = Barrage(cluster, hostile.HostileMessages(rng, live_state(cluster), families()))
+    barrage = Barrage(cluster, hostile.HostileMessages(rng, live_state(cluster),
+                                                           families(default_families)))
     started = time.monotonic()
     try:
         barrage.run(messages)
@@ -256,9 +274,8 @@ def fuzz_cluster(fresh_cluster, messages: int) -> None:
     problems: list[str] = []
     if barrage.internal:
         problems.append(f"bad input answered with an internal error: {barrage.internal}")
-    check_survival(cluster, problems)
-    check_readable(cluster, acked, problems)
-    if not any("exited" in p for p in problems):
+    if check_survival(cluster, problems):
+        check_readable(cluster, acked, problems)
         check_serves(cluster, problems)
     for name, lines in fk.log_problems(cluster).items():
         problems.append(f"{name} logged an unexpected exception:\n" + "\n".join(lines))
@@ -266,10 +283,18 @@ def fuzz_cluster(fresh_cluster, messages: int) -> None:
     assert not problems, f"{len(problems)} findings:\n\n" + "\n\n".join(problems)
 
 
+def test_control_fuzz_validation_loses_nothing(fresh_cluster):
+    """Every family that field validation alone must refuse."""
+    fuzz_cluster(fresh_cluster, MESSAGES_DEFAULT, VALIDATION_FAMILIES)
+
+
+@pytest.mark.xfail(strict=False, reason=EXPECTED_TODAY)
 def test_control_fuzz_loses_nothing(fresh_cluster):
-    fuzz_cluster(fresh_cluster, MESSAGES_DEFAULT)
+    """Every family, forged identities and bogus addresses included."""
+    fuzz_cluster(fresh_cluster, MESSAGES_DEFAULT, hostile.FAMILIES)
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason=EXPECTED_TODAY)
 def test_control_fuzz_long(fresh_cluster):
-    fuzz_cluster(fresh_cluster, MESSAGES_SLOW)
+    fuzz_cluster(fresh_cluster, MESSAGES_SLOW, hostile.FAMILIES)
