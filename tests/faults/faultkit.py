@@ -225,3 +225,24 @@ def log_problems(cluster, lines_max: int = 40) -> dict[str, list[str]]:
         if hits:
             out[d.name] = [line for i in hits[:3] for line in lines[i:i + lines_max // 3]]
     return out
+
+
+class DeadPorts:
+    """`with DeadPorts(n) as ports:` n TCP ports bound on every address and never listened on,
+    for as long as the block runs: a connection to any host's such port is refused, and no
+    other process (another test's daemon on this shared machine) can take the port meanwhile."""
+
+    def __init__(self, n: int):
+        import socket
+        self._socks = []
+        for _ in range(n):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("0.0.0.0", 0))
+            self._socks.append(sock)
+
+    def __enter__(self) -> list[int]:
+        return [sock.getsockname()[1] for sock in self._socks]
+
+    def __exit__(self, *exc) -> None:
+        for sock in self._socks:
+            sock.close()

@@ -86,12 +86,15 @@ class LiveState:
     """What the generator knows of the cluster it attacks (read before the barrage)."""
 
     def __init__(self, brokers: list[int], backups: list[int], epochs: dict[int, int],
-                 protected_streams: dict[str, int], junk_stream_id: int, live_replicas: set):
+                 protected_streams: dict[str, int], junk_stream_id: int, live_replicas: set,
+                 dead_ports: list[int]):
         self.brokers, self.backups, self.epochs = brokers, backups, epochs
         self.protected_streams = protected_streams          # name -> stream id
         self.junk_stream_id = junk_stream_id
         self.live_replicas = live_replicas                  # {(broker_id, vlog, vseg)}
-        self.fresh_port = 40_000
+        # Ports the test holds bound (on every address) and never listens on: an address made
+        # of one reaches nobody, not even another test's daemon on this shared machine.
+        self.dead_ports = dead_ports
 
 
 class HostileMessages:
@@ -152,9 +155,11 @@ class HostileMessages:
         return {name: t[name] for name in OPS_BY_KIND[kind][op]}
 
     def _fresh_address(self) -> str:
-        # Ports nobody listens on: a registered fake member is unreachable, as a crashed one.
-        self.live.fresh_port = 40_000 + (self.live.fresh_port - 39_999) % 20_000
-        return f"127.0.0.1:{self.live.fresh_port}"
+        """A valid address nobody answers at (a registered fake member is unreachable, as a
+        crashed one), distinct most times: any loopback host, a port the test holds."""
+        rng = self.rng
+        host = f"127.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(1, 255)}"
+        return f"{host}:{rng.choice(self.live.dead_ports)}"
 
     # ---------------------------------------------------------------- families
     def envelope(self, op: str, fields: dict) -> bytes:

@@ -45,6 +45,7 @@ WINDOW_MESSAGES = 200             # sent before waiting for their replies: bound
 REPLY_WAIT_S = 3.0                # per window at most; a daemon may be slow on a loaded machine
 REPLY_QUIET_S = 1.0               # ... but no reply for this long: the rest are not coming now
 SETTLE_S = 60.0                   # fake members declared dead, replicas restored
+DEAD_PORTS = 16                   # ports of the fake members' addresses (faultkit.DeadPorts)
 
 
 def fuzz_rng() -> random.Random:
@@ -96,7 +97,7 @@ def produce_known(cluster) -> dict[str, int]:
     return {R2: RECORDS_PER_STREAM, R1: RECORDS_PER_STREAM}
 
 
-def live_state(cluster) -> hostile.LiveState:
+def live_state(cluster, dead_ports: list[int]) -> hostile.LiveState:
     streams = {s["name"]: s["id"] for s in fk.call(cluster.bootstrap, "list_streams")["streams"]}
     members = fk.call(cluster.bootstrap, "cluster")
     epochs = dict(map(tuple, fk.call(cluster.bootstrap, "recovery_status")["epochs"]))
@@ -108,7 +109,8 @@ def live_state(cluster) -> hostile.LiveState:
     return hostile.LiveState(brokers=[m["id"] for m in members["brokers"]],
                              backups=[m["id"] for m in members["backups"]], epochs=epochs,
                              protected_streams={n: streams[n] for n in (R2, R1)},
-                             junk_stream_id=streams[JUNK], live_replicas=replicas)
+                             junk_stream_id=streams[JUNK], live_replicas=replicas,
+                             dead_ports=dead_ports)
 
 
 # ====================================================================== the barrage
@@ -262,21 +264,23 @@ def fuzz_cluster(fresh_cluster, messages: int, default_families: tuple[str, ...]
     rng = fuzz_rng()
     acked = produce_known(cluster)
     print(rss_table(cluster, "before the barrage"))
-    barrage = Barrage(cluster, hostile.HostileMessages(rng, live_state(cluster),
+    with fk.DeadPorts(DEAD_PORTS) as dead_ports:
+        barrage = Barrage(cluster, hostile.HostileMessages(rng, live_state(cluster, dead_ports),
                                                            families(default_families)))
-    started = time.monotonic()
-    try:
-        barrage.run(messages)
-    finally:
-        barrage.close()
-    print(f"barrage: {time.monotonic() - started:.1f} s; {barrage.summary()}")
-    print(rss_table(cluster, "after the barrage"))
-    problems: list[str] = []
-    if barrage.internal:
-        problems.append(f"bad input answered with an internal error: {barrage.internal}")
-    if check_survival(cluster, problems):
-        check_readable(cluster, acked, problems)
-        check_serves(cluster, problems)
+        started = time.monotonic()
+        try:
+            barrage.run(messages)
+        finally:
+            barrage.close()
+        print(f"barrage: {time.monotonic() - started:.1f} s; {barrage.summary()}")
+        print(rss_table(cluster, "after the barrage"))
+        problems: list[str] = []
+        if barrage.internal:
+            problems.append(f"bad input answered with an internal error: {barrage.internal}")
+        # Held until the fake members are dead: the daemons stop connecting to their addresses.
+        if check_survival(cluster, problems):
+            check_readable(cluster, acked, problems)
+            check_serves(cluster, problems)
     for name, lines in fk.log_problems(cluster).items():
         problems.append(f"{name} logged an unexpected exception:\n" + "\n".join(lines))
     print(rss_table(cluster, "at the end"))
