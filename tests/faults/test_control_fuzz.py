@@ -211,6 +211,20 @@ def rss_table(cluster, when: str) -> str:
     return f"RSS {when}: " + "; ".join(rows)
 
 
+def footprint(cluster) -> str:
+    """What the barrage left behind that issue 10 item 4 and 6 will bound: members the
+    coordinator admitted, replicas and files on each backup."""
+    members = fk.call(cluster.bootstrap, "cluster")
+    rows = [f"coordinator: {len(members['brokers'])} brokers and {len(members['backups'])} "
+            f"backups registered, metadata version {members['metadata_version']}"]
+    for d in cluster.backups:
+        if d.running():
+            stats = fk.call(d.address, "stats")["stats"]
+            files = sum(len(f) for _, _, f in os.walk(cluster.data_dir / f"backup-{d.index}"))
+            rows.append(f"{d.name}: {stats.get('replicas', '?')} replicas, {files} files")
+    return "left behind: " + "; ".join(rows)
+
+
 def settled(cluster) -> bool:
     """Every real daemon alive at its own address, every other member dead, nothing recovering."""
     members = fk.call(cluster.bootstrap, "cluster")
@@ -274,6 +288,7 @@ def fuzz_cluster(fresh_cluster, messages: int, default_families: tuple[str, ...]
             barrage.close()
         print(f"barrage: {time.monotonic() - started:.1f} s; {barrage.summary()}")
         print(rss_table(cluster, "after the barrage"))
+        print(footprint(cluster))
         problems: list[str] = []
         if barrage.internal:
             problems.append(f"bad input answered with an internal error: {barrage.internal}")
