@@ -57,7 +57,6 @@ RISKY_CUT_S = DEAD_AFTER_S / 2
 FAILURE_CHECK_S = 0.25
 # Control-plane faults: each drawn in one seed in CONTROL_FAULT_ONE_IN (a seed may get both).
 CONTROL_FAULT_ONE_IN = 8
-CONTROL_FAULTS = ("wall_clock_step", "duplicate_id")
 WALL_STEP_DAYS_MIN, WALL_STEP_DAYS_MAX = 1.0, 30.0
 # The retention bound of every stream in a seed with a wall-clock step: an hour, far beyond a
 # run's simulated time (< 1 min), so retention may delete no acknowledged record.
