@@ -196,3 +196,53 @@ def read_everything(bootstrap: str, stream: str, expected: int, timeout_s: float
                     return out
             assert now < deadline, f"read {len(out)} of at least {expected} records"
 
+
+
+def memory_kib(pid: int) -> tuple[int, int]:
+    """(peak, retained) resident memory of a process in KiB: VmHWM and VmRSS of /proc."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("VmHWM", "VmRSS"):
+                fields[name] = int(value.split()[0])
+    return fields["VmHWM"], fields["VmRSS"]
+
+
+# What a daemon log shows when a handler, hook or callback raised something unexpected.
+LOG_PROBLEM_MARKS = ("Traceback (most recent call last)", "internal error")
+
+
+def log_problems(cluster, lines_max: int = 40) -> dict[str, list[str]]:
+    """Per daemon, the log lines (with the next few) that report an unexpected exception."""
+    out: dict[str, list[str]] = {}
+    for d in cluster.daemons:
+        try:
+            lines = d.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        hits = [i for i, line in enumerate(lines) if any(m in line for m in LOG_PROBLEM_MARKS)]
+        if hits:
+            out[d.name] = [line for i in hits[:3] for line in lines[i:i + lines_max // 3]]
+    return out
+
+
+class DeadPorts:
+    """`with DeadPorts(n) as ports:` n TCP ports bound on every address and never listened on,
+    for as long as the block runs: a connection to any host's such port is refused, and no
+    other process (another test's daemon on this shared machine) can take the port meanwhile."""
+
+    def __init__(self, n: int):
+        import socket
+        self._socks = []
+        for _ in range(n):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("0.0.0.0", 0))
+            self._socks.append(sock)
+
+    def __enter__(self) -> list[int]:
+        return [sock.getsockname()[1] for sock in self._socks]
+
+    def __exit__(self, *exc) -> None:
+        for sock in self._socks:
+            sock.close()

@@ -8,6 +8,13 @@ acknowledged record, no streamlet is recovering, every broker has every virtual 
 replicated. The checker runs throughout (tests/sim/checker.py); the final checks run once
 settled. Any failure is raised as SimFailure naming the seed, the step and the simulated time.
 
+Control-plane faults (issue 10), drawn from their own generator so that adding them left every
+seed's other draws as they were (`draw_control_faults`): a wall-clock step (the wall clock jumps
+forward by days, the monotonic clock does not; the streams then carry a retention bound far
+longer than the run, so no acknowledged record may be deleted) and a duplicate-id daemon (a
+second broker process starts with the id of a live one for a while: the coordinator must never
+give it that id, and the live broker keeps everything, R=1 streamlets included).
+
 Faults: message loss (a base rate and bursts), slow messages (past the timeouts), partitions
 (one or both directions, between any two processes), backup crashes and restarts (before and
 after the coordinator's dead-detection window), coordinator crashes and restarts, flush errors,
@@ -31,7 +38,7 @@ from kera.broker.core import BrokerConfig
 from tests.sim.checker import Checker, DataLost, InvariantBroken, chunk_id
 from tests.sim.clients import SimAdmin, SimConsumer, SimProducer
 from tests.sim.probes import SimAuditor, SimFuzzer
-from tests.sim.daemons import MemoryStore, SimBackup, SimBroker, SimCoordinator, sim_environment
+from tests.sim.daemons import MemoryStore, SimBackup, SimBroker, SimClock, SimCoordinator, sim_environment
 from tests.sim.disk import SimDisk
 from tests.sim.network import Network
 from tests.sim.scheduler import Scheduler
@@ -48,6 +55,14 @@ DEAD_AFTER_S = HEARTBEAT_INTERVAL_S * HEARTBEAT_MISSED_MAX   # the coordinator's
 # A cut between the coordinator and a daemon this long may get the daemon declared dead.
 RISKY_CUT_S = DEAD_AFTER_S / 2
 FAILURE_CHECK_S = 0.25
+# Control-plane faults: each drawn in one seed in CONTROL_FAULT_ONE_IN (a seed may get both).
+CONTROL_FAULT_ONE_IN = 8
+WALL_STEP_DAYS_MIN, WALL_STEP_DAYS_MAX = 1.0, 30.0
+# The retention bound of every stream in a seed with a wall-clock step: an hour, far beyond a
+# run's simulated time (< 1 min), so retention may delete no acknowledged record.
+RETENTION_BOUND_MS = 3_600_000
+# How long a duplicate-id daemon runs (it is then killed, before the healing).
+DUPLICATE_UP_S_MIN, DUPLICATE_UP_S_MAX = 0.5, 2.0
 
 
 @dataclass
@@ -79,6 +94,7 @@ class Profile:
     slow: float
     faults: list = field(default_factory=list)    # (time, kind)
     broker_crash_at: float | None = None
+    control_faults: list = field(default_factory=list)   # (time, kind, arg): draw_control_faults
 
     @classmethod
     def draw(cls, rng: random.Random, duration_s: float | None = None) -> "Profile":
@@ -122,6 +138,28 @@ class Profile:
                    faults=faults, broker_crash_at=broker_crash_at)
 
 
+def draw_control_faults(seed: int, profile: Profile) -> list[tuple[float, str, float]]:
+    """The seed's control-plane faults, (time, kind, arg), from a generator of their own:
+    a wall-clock step (arg: its size in seconds) and a duplicate-id daemon (arg: how long it runs;
+    the broker whose id it takes is drawn when it starts)."""
+    rng = random.Random(f"{seed}/control")
+    out = []
+    latest = max(0.6, profile.duration_s - DUPLICATE_UP_S_MAX)
+    if rng.randrange(CONTROL_FAULT_ONE_IN) == 0:
+        out.append((rng.uniform(0.5, profile.duration_s), "wall_clock_step",
+                    rng.uniform(WALL_STEP_DAYS_MIN, WALL_STEP_DAYS_MAX) * 86400.0))
+    if rng.randrange(CONTROL_FAULT_ONE_IN) == 0:
+        out.append((rng.uniform(0.5, latest), "duplicate_id",
+                    rng.uniform(DUPLICATE_UP_S_MIN, DUPLICATE_UP_S_MAX)))
+    return out
+
+
+def control_fault_kinds(seed: int) -> set[str]:
+    """The kinds of control-plane fault a seed draws (for tests that mark expected failures)."""
+    profile = Profile.draw(random.Random(f"{seed}/profile"))
+    return {kind for _, kind, _ in draw_control_faults(seed, profile)}
+
+
 @dataclass
 class Report:
     seed: int
@@ -149,8 +187,15 @@ class Cluster:
         self.seed = seed
         rng = random.Random(seed)
         self.rng = random.Random(f"{seed}/faults")
-        self.profile = p = profile or Profile.draw(random.Random(f"{seed}/profile"), duration_s)
+        if profile is None:
+            profile = Profile.draw(random.Random(f"{seed}/profile"), duration_s)
+            profile.control_faults = draw_control_faults(seed, profile)
+        self.profile = p = profile
+        if any(kind == "wall_clock_step" for _, kind, _ in p.control_faults):
+            for spec in p.streams:
+                spec.setdefault("retention_ms", RETENTION_BOUND_MS)
         self.sched = Scheduler()
+        self.clock = SimClock(self.sched)    # the daemons' `time`: its wall clock can step
         self.trace: list | None = [] if trace else None
         self.logs = logs          # leave the cores' logging alone (else: only CRITICAL)
         self.net = Network(self.sched, random.Random(f"{seed}/net"), self.trace)
@@ -199,6 +244,13 @@ class Cluster:
                           for i, name in enumerate(names)]
         self.auditor = SimAuditor(self.net, "auditor:1", node_rng("auditor"), self.checker, COORDINATOR, self)
         self.fuzzer = SimFuzzer(self.net, "fuzzer:1", node_rng("fuzzer"), self.checker, COORDINATOR, self)
+        # Second processes claiming a live broker's id (control fault "duplicate_id"), by fault.
+        self.duplicates = {i: SimBroker(self.net, f"duplicate{i}", 9000, node_rng(f"duplicate{i}"),
+                                        self.checker, coordinator=COORDINATOR, node=f"dup{i}",
+                                        broker_id=0, cfg=cfg)
+                           for i, (t, kind, _) in enumerate(p.control_faults) if kind == "duplicate_id"}
+        self._duplicate_until: dict[int, float] = {}   # broker id -> end of its duplicate's watch
+        self._duplicate_admitted: list[float] = []     # when a register reply gave it the id
         self.daemons = [self.coordinator, *self.brokers, *self.backups]
         self.processes = [*self.daemons, self.admin, *self.producers, *self.consumers, self.auditor]
 
@@ -209,7 +261,7 @@ class Cluster:
             logging.getLogger("kera").setLevel(logging.CRITICAL)   # faults make the cores chatty
         beyond = ""
         try:
-            with sim_environment(self.sched, self.store):
+            with sim_environment(self.sched, self.store, self.clock):
                 try:
                     self._run()
                 except DataLost as exc:
@@ -266,6 +318,8 @@ class Cluster:
             s.at(t, self._fault, kind)
         if p.broker_crash_at is not None:
             s.at(p.broker_crash_at, self._crash_broker)
+        for i, (t, kind, arg) in enumerate(p.control_faults):
+            s.at(t, self._control_fault, kind, arg, self.duplicates.get(i))
         s.at(p.duration_s, self._heal)
         s.at(0.0, self._observe)
         s.at(0.0, self._check_failures)
@@ -422,6 +476,79 @@ class Cluster:
             self.sched.after(rng.uniform(0.1, 2.0), self._disk_healthy, disk,
                              self._flips if kind == "disk_flips" else None)
 
+    # ------------------------------------------------------------ control-plane faults
+    def _control_fault(self, kind: str, arg: float, dup: SimBroker | None) -> None:
+        self.counts["faults"] += 1
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if kind == "wall_clock_step":
+            self.clock.wall_step_s += arg
+            self._note(f"fault: the wall clock steps {arg / 86400:.1f} days forward")
+            return
+        if not self.coordinator.up or not all(b.up for b in self.brokers):
+            # Claiming an id needs a coordinator to claim it from, and a live owner to take it
+            # from: wait for both (within the active phase).
+            if self.sched.now + FAILURE_CHECK_S < self.profile.duration_s:
+                self.counts[kind] -= 1
+                self.counts["faults"] -= 1
+                self.sched.after(FAILURE_CHECK_S, self._control_fault, kind, arg, dup)
+            return
+        victim = self.rng.choice(self.brokers)
+        dup.broker_id = victim.broker_id
+        self._note(f"fault: {dup.address} starts with the id of broker {victim.broker_id}")
+        dup.start()
+        self._watch_registration(dup)
+        self.sched.after(arg, dup.crash)
+        # Watched until its registration, if any, would have expired.
+        self._duplicate_until[victim.broker_id] = self.sched.now + arg + DEAD_AFTER_S
+        self._check_duplicate(dup)
+
+    def _watch_registration(self, dup: SimBroker) -> None:
+        """Note every `register` reply that gives the duplicate the id it asked for: the
+        coordinator's table may flip back (the live broker registers again) between checks."""
+        peer = dup.daemon.coordinator
+
+        def on_reply(header, frames, real=peer.on_reply):
+            if header.get("ok") is True and header.get("daemon_id") == dup.broker_id:
+                self._duplicate_admitted.append(self.sched.now)
+            real(header, frames)
+
+        peer.on_reply = on_reply
+
+    def _check_duplicate(self, dup: SimBroker) -> None:
+        """The coordinator must never give a live broker's id to a second process (issue 10
+        item 1: incarnation tokens; the duplicate is refused with a clear error)."""
+        if self._duplicate_admitted:
+            raise InvariantBroken(
+                f"a second process at {dup.address} registered as broker {dup.broker_id} at "
+                f"{self._duplicate_admitted[0]:.3f}s while broker{dup.broker_id} was live (issue "
+                f"10 item 1: a duplicate id must be refused)")
+        if self.coordinator.up:
+            member = self.coordinator.core.members["broker"].get(dup.broker_id)
+            if member is not None and member.address == dup.address:
+                raise InvariantBroken(
+                    f"broker id {dup.broker_id} was taken over by a second process at "
+                    f"{dup.address} while broker{dup.broker_id} was live (issue 10 item 1: a "
+                    f"duplicate id must be refused)")
+        if self.sched.now < self._duplicate_until[dup.broker_id]:
+            self.sched.after(FAILURE_CHECK_S, self._check_duplicate, dup)
+
+    def _duplicate_watched(self, broker_id: int) -> bool:
+        return self.sched.now < self._duplicate_until.get(broker_id, -1.0)
+
+    def _check_retention_bound(self) -> None:
+        """In a seed with a wall-clock step every stream keeps records RETENTION_BOUND_MS, far
+        longer than the run: a group deleted by retention was acknowledged data lost (issue 10
+        item 7: retention ages a wall-clock step cannot collapse)."""
+        if self.clock.wall_step_s == 0.0:
+            return
+        for b in self.brokers:
+            deleted = b.core.counters.get("groups_deleted", 0) if b.up else 0
+            if deleted:
+                raise InvariantBroken(
+                    f"broker {b.address} deleted {deleted} groups by retention within the "
+                    f"retention bound ({RETENTION_BOUND_MS} ms; the run is {self.sched.now:.1f} s "
+                    f"old) after the wall clock stepped {self.clock.wall_step_s / 86400:.1f} days")
+
     def _disk_healthy(self, disk: SimDisk, flips: Failure | None) -> None:
         disk.healthy()     # (healthy for good once healed)
         if flips is not None:
@@ -437,8 +564,11 @@ class Cluster:
                 seen = self.epochs.setdefault(broker_id, set())
                 if epoch not in seen:
                     seen.add(epoch)
-                    if len(seen) > 1:
+                    # A failover a duplicate-id daemon caused excuses nothing: the live broker
+                    # must keep everything, its R=1 streamlets included.
+                    if len(seen) > 1 and not self._duplicate_watched(broker_id):
                         self._lose_r1_streamlets()
+        self._check_retention_bound()
         self.sched.after(0.1, self._observe)
 
     def _lose_r1_streamlets(self) -> None:

@@ -142,6 +142,9 @@ class SimClock:
 
     def __init__(self, sched: Scheduler):
         self._sched = sched
+        # Seconds the wall clock was stepped (an operator's or NTP's jump): the wall clock moves,
+        # the monotonic clock does not.
+        self.wall_step_s = 0.0
 
     def monotonic(self) -> float:
         return self._sched.now
@@ -151,7 +154,7 @@ class SimClock:
     perf_counter = thread_time = process_time = monotonic
 
     def time(self) -> float:
-        return self.EPOCH_S + self._sched.now
+        return self.EPOCH_S + self._sched.now + self.wall_step_s
 
     def time_ns(self) -> int:
         return int(self.time() * 1e9)
@@ -164,10 +167,11 @@ class SimClock:
 
 
 @contextlib.contextmanager
-def sim_environment(sched: Scheduler, store: MemoryStore):
+def sim_environment(sched: Scheduler, store: MemoryStore, clock: SimClock | None = None):
     """Point the server modules at the simulation while the block runs: every kera module's
-    `time`, the zmq shells, the backup's disk and threads, the coordinator's metadata file."""
-    clock = SimClock(sched)
+    `time` (at `clock`, so the run can step its wall clock), the zmq shells, the backup's disk
+    and threads, the coordinator's metadata file."""
+    clock = clock or SimClock(sched)
     patches = [(m, "time", clock) for name, m in sorted(sys.modules.items())
                if name.startswith("kera.") and getattr(m, "time", None) is time]
     patches += [

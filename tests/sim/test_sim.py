@@ -17,7 +17,7 @@ import pytest
 from kera.broker import group as broker_group
 from kera.broker import producers as broker_producers
 
-from tests.sim.cluster import Cluster, Profile
+from tests.sim.cluster import RETENTION_BOUND_MS, Cluster, Profile, control_fault_kinds
 from tests.sim.shell import SimFailure
 
 # About 0.13 s of CPU per seed: 200 seeds take 26 s on an idle 2-core machine (README.md).
@@ -25,8 +25,24 @@ DEFAULT_SEEDS = 200
 ONE_SEED = os.environ.get("KERA_SIM_SEED")
 SEEDS = [int(ONE_SEED)] if ONE_SEED else list(range(int(os.environ.get("KERA_SIM_SEEDS", DEFAULT_SEEDS))))
 
+# Control-plane faults today's code does not survive (README.md, Findings), with the issue item
+# that fixes each. The integrator removes an entry once its fix lands: its seeds must then pass.
+EXPECTED_TODAY = {
+    "wall_clock_step": "issue 10 item 7: retention ages groups by the wall clock, so a forward "
+                       "step deletes acknowledged records within the retention bound",
+    "duplicate_id": "issue 10 item 1: a second process registering with a live broker's id is "
+                    "not refused (no incarnation token); it takes the id over",
+}
 
-@pytest.mark.parametrize("seed", SEEDS)
+
+def seed_param(seed: int):
+    reasons = [EXPECTED_TODAY[k] for k in sorted(control_fault_kinds(seed)) if k in EXPECTED_TODAY]
+    if not reasons:
+        return seed
+    return pytest.param(seed, marks=pytest.mark.xfail(strict=False, reason="; ".join(reasons)))
+
+
+@pytest.mark.parametrize("seed", [seed_param(s) for s in SEEDS])
 def test_seed(seed):
     try:
         report, failure = Cluster(seed).run(), None
@@ -135,3 +151,37 @@ def test_one_lost_heartbeat_is_not_a_failover():
     c.run()
     assert dropped, "no heartbeat was dropped"
     assert len(registers) == 1, f"the broker registered again at {registers[1:]} (failed over)"
+
+
+# ---------------------------------------------------------------------------- control plane
+# Issue 10's control-plane faults on a calm run, one at a time (they are in the seed rotation
+# too: tests/sim/cluster.py, draw_control_faults).
+
+@pytest.mark.xfail(strict=False, reason=EXPECTED_TODAY["wall_clock_step"])
+def test_wall_clock_step_deletes_nothing_within_retention():
+    """The wall clock jumps 10 days forward mid-run, the monotonic clock does not: with every
+    stream keeping records an hour, nothing acknowledged may be deleted, and every acknowledged
+    record is read exactly once."""
+    p = calm_profile(11)
+    p.duration_s = 4.0
+    p.control_faults = [(2.0, "wall_clock_step", 10 * 86400.0)]
+    c = Cluster(11, profile=p)
+    assert all(spec["retention_ms"] == RETENTION_BOUND_MS for spec in p.streams)
+    c.run()
+    assert c.counts["wall_clock_step"] == 1
+    assert c.checker.counts.get("records_acked", 0) > 0
+
+
+@pytest.mark.xfail(strict=False, reason=EXPECTED_TODAY["duplicate_id"])
+def test_duplicate_broker_id_is_refused():
+    """A second broker process with the id of a live one runs for 1.5 s: the coordinator never
+    gives it the id, and the live broker keeps every acknowledged record (R=1 ones included:
+    tests/sim/cluster.py does not excuse their loss while a duplicate is watched)."""
+    p = calm_profile(7)
+    p.brokers, p.duration_s = 2, 4.0
+    p.streams[0]["replication"] = 1
+    p.control_faults = [(1.5, "duplicate_id", 1.5)]
+    c = Cluster(7, profile=p)
+    c.run()
+    assert c.counts["duplicate_id"] == 1
+    assert c.checker.counts.get("records_acked", 0) > 0
