@@ -79,7 +79,7 @@ class RecoveryService:
         if due and self.core.epoch is not None and now >= self._report_at:
             self._report_at = now + REPORT_INTERVAL_S
             fields = {"broker_id": self.core.broker_id, "epoch": self.core.epoch,
-                      "streamlets": due}
+                      "token": self.daemon.identity.token, "streamlets": due}
             self.daemon._call("recovered",
                               fields, lambda header: recovery.reported(due, time.monotonic()))
 

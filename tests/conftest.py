@@ -91,7 +91,8 @@ class FakeDaemon:
         fields = {"kind": kind, "address": address, "node": node}
         if daemon_id is not None:
             fields["daemon_id"] = daemon_id
-        self.id = self._conn.call("register", fields)[0]["daemon_id"]
+        reply = self._conn.call("register", fields)[0]
+        self.id, self.token = reply["daemon_id"], reply["token"]
         self._known_version = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -103,6 +104,7 @@ class FakeDaemon:
             applied = self._known_version if self.applied_version is None else self.applied_version
             try:
                 header, _ = self._conn.call("heartbeat", {"kind": self.kind, "daemon_id": self.id,
+                                                          "token": self.token,
                                                           "metadata_version": applied})
                 self._known_version = header["metadata_version"]
                 self.heartbeats += 1

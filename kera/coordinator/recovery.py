@@ -2,8 +2,9 @@
 
 Sans-IO, driven by kera.coordinator.core (it calls the hooks below and persists `to_state()`).
 
-*Incarnation.* Every `register` of a broker starts a new incarnation, numbered by its *epoch*
-(the metadata version of that register, so epochs only grow). A broker names its replicas with
+*Incarnation.* Every `register` of a broker starts a new incarnation, numbered by its *epoch*:
+a counter of its own, issued only here, persisted, only growing, bounded by EPOCH_MAX (an epoch
+must fit the high 32 bits of a virtual segment number). A broker names its replicas with
 its epoch (`vseg = epoch << 32 | n`, see kera.broker.virtual_log), so the replicas of an
 incarnation that died are never confused with those a restarted process writes.
 
@@ -44,11 +45,16 @@ RECOVERED_ENTRIES_MAX = 100_000
 # failed over (it may have died while the coordinator was down, and will never heartbeat).
 RESTART_GRACE_ALLOWANCES = 2
 U64_MAX = 2**64 - 1
+# Epochs name virtual segments in their high 32 bits (EPOCH_SHIFT): one register per epoch,
+# 4 billion registers in all; the coordinator refuses registers of brokers beyond.
+EPOCH_MAX = 2**32 - 1
+FIRST_EPOCH = 1           # 0 is never an epoch
 
 
 class Failover:
     def __init__(self):
         self.epochs: dict[int, int] = {}      # broker id -> epoch of its current incarnation
+        self.next_epoch = FIRST_EPOCH
         self.failed: dict[int, int] = {}      # broker id -> epoch of its last failed-over one
         # stream id -> {streamlet: [[broker, epoch], ...]} (sources, oldest first)
         self.recovering: dict[int, dict[int, list[list[int]]]] = {}
@@ -90,7 +96,8 @@ class Failover:
         if member.kind != "broker":
             return
         old = self.epochs.get(member.id)
-        self.epochs[member.id] = member.registered_version
+        self.epochs[member.id] = self.next_epoch
+        self.next_epoch += 1
         if old is not None and self.failed.get(member.id) != old:
             if self._owns(coord, member.id):
                 self._fail_over(coord, member.id, old, now, "registered again")
@@ -98,15 +105,21 @@ class Failover:
                 self.failed[member.id] = old   # nothing to move; its replicas may go
         self.assign_orphans(coord)
 
+    def check_epochs_left(self) -> None:
+        if self.next_epoch > EPOCH_MAX:
+            raise NotReady(f"all {EPOCH_MAX} broker epochs were issued: no broker may register")
+
     def check_heartbeat(self, coord: "Coordinator", kind: str, member_id: int, f: Fields,
                         now: float) -> None:
         """Refuse a heartbeat from a broker incarnation that was failed over, unless nothing
         was taken from it yet (then it simply comes back, see `_unfail`)."""
         if kind != "broker":
             return
-        epoch = f.int("epoch", None)
+        epoch = f.int("epoch", None, hi=EPOCH_MAX)
         current = self.epochs.get(member_id)
-        if epoch is not None and current is not None and epoch != current:
+        if epoch is not None and (current is None or epoch > current):
+            raise BadRequest(f"broker {member_id} epoch {epoch} was never issued")
+        if epoch is not None and epoch != current:
             raise NotReady(f"broker {member_id} incarnation {epoch} is over: register again")
         if self.is_failed(member_id) and not self._unfail(coord, member_id, current):
             raise NotReady(f"broker {member_id} incarnation was failed over: register again")
@@ -309,6 +322,7 @@ class Failover:
     # ------------------------------------------------------------------ persistence
     def to_state(self) -> dict:
         return {"epochs": [[b, e] for b, e in sorted(self.epochs.items())],
+                "next_epoch": self.next_epoch,
                 "failed": [[b, e] for b, e in sorted(self.failed.items())],
                 "recovering": [[sid, sl, [list(s) for s in srcs]]
                                for sid, per in sorted(self.recovering.items())
@@ -326,6 +340,9 @@ class Failover:
             for sid, sl, srcs in state["recovering"]:
                 self.recovering.setdefault(_nonneg(sid), {})[_nonneg(sl)] = [
                     [_nonneg(b), _nonneg(e)] for b, e in srcs]
+            # Absent in files written while epochs were metadata versions: above all of those.
+            issued = [*self.epochs.values(), *self.failed.values(), FIRST_EPOCH - 1]
+            self.next_epoch = max(_nonneg(state.get("next_epoch", 0)), max(issued) + 1)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed recovery state: {exc.__class__.__name__}: {exc}") from None
 

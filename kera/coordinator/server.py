@@ -2,7 +2,9 @@
 
 A change is persisted before its reply is sent, so nothing acknowledged is lost by a crash. If
 the metadata cannot be written the coordinator answers `storage_error` and stops (fail-stop):
-serving on with memory ahead of disk would acknowledge changes a restart forgets.
+serving on with memory ahead of disk would acknowledge changes a restart forgets. If the core
+halts (its state is brand new while a daemon holds data of a cluster: kera.coordinator.core)
+the coordinator logs why at CRITICAL and stops with a non-zero exit.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class CoordinatorServer:
             log.info("loaded %d streams, %d brokers, %d backups from %s", len(self.core.streams),
                      len(self.core.members["broker"]), len(self.core.members["backup"]), data_dir)
         self.counters = Counters()
+        self.exit_code = 0
         self._saved_mark: tuple[int, int] | None = None   # (version, replica_changes) on disk
         self._persist()
         self.server = Server("coordinator", host, port)
@@ -60,6 +63,10 @@ class CoordinatorServer:
         try:
             return self.core.handle(req.op, req.fields, time.monotonic())
         finally:
+            if self.core.halted is not None and self.exit_code == 0:
+                log.critical("%s", self.core.halted)
+                self.exit_code = 1
+                self.server.stop()
             # Persist before the reply leaves (also when the op raised: a heartbeat may have
             # bumped the version before failing validation of a later field).
             self._persist()
@@ -166,4 +173,4 @@ def run(args: argparse.Namespace) -> int:
             httpd.shutdown()
     persist_failed = coord.counters.get("persist_errors", 0) > 0
     log.info("coordinator stopped")
-    return 1 if persist_failed else 0
+    return 1 if persist_failed or coord.exit_code else 0
