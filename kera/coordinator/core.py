@@ -77,9 +77,6 @@ class Member:
     stats: dict = field(default_factory=dict)
     token_sha256: str | None = None        # hash of the current incarnation's token (persisted)
     token: str | None = None               # the token itself, in memory only (register reply)
-    previous_sha256: str | None = None     # the token it replaced, while the new one is unused:
-                                           # a register retried after a lost reply presents it
-    token_used: bool = False               # a heartbeat presented the current token
 
     def summary(self) -> dict:
         # `registered_version` lets a caller that restarted a daemon tell its new registration
@@ -99,7 +96,7 @@ class Stream:
 class Coordinator:
     def __init__(self, now: float, *, heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
                  heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX,
-                 state: dict | None = None, new_token=None):
+                 state: dict | None = None, token_source=None):
         if heartbeat_interval_s <= 0 or heartbeat_missed_max < 1:
             raise ValueError("heartbeat interval and missed count must be positive")
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -111,9 +108,10 @@ class Coordinator:
         self.next_stream_id = FIRST_STREAM_ID
         self.rotation = 0  # where the next stream's placement starts, mod the live brokers
         self.started_s = now
-        # Random source of tokens and of the cluster id (injectable: tests use a fixed one).
-        self._new_token = new_token or (lambda: os.urandom(TOKEN_BYTES).hex())
-        self.cluster_id = self._new_token()   # replaced by the persisted one on load
+        # Source of tokens and of the cluster id: `new_token` (the module's, looked up at each
+        # call so a simulation may replace it) unless one is injected (tests use a fixed one).
+        self._token_source = token_source
+        self.cluster_id = self._issue_token()   # replaced by the persisted one on load
         self.tombstones: dict[int, int] = {}  # deleted stream id -> version of the deletion
         # Why this coordinator must stop (its state is brand new while daemons hold data of a
         # cluster): the server shell logs it and exits. None while all is well.
@@ -286,7 +284,6 @@ class Coordinator:
             raise IdInUse(f"{kind} id {member_id} belongs to another incarnation (registered at "
                           f"{member.address}); this process no longer holds it: stop it, or "
                           f"restart it with another --id")
-        member.token_used = True
         return member
 
     def _holder_live(self, member: Member, now: float) -> bool:
@@ -299,17 +296,15 @@ class Coordinator:
             return now - self.started_s <= self.dead_after_s
         return now - heard <= self.dead_after_s
 
-    def _may_claim(self, member: Member, token: str | None, now: float) -> bool:
+    def _may_claim(self, member: Member, token: str | None, address: str, now: float) -> bool:
         if not self._holder_live(member, now):
             return True   # an ordinary restart: the previous holder is gone
-        if token is None:
-            return False
-        digest = _sha256(token)
-        if hmac.compare_digest(digest, member.token_sha256):
+        if address == member.address:
+            # The live holder's own address: no second process can bind it while the holder
+            # runs, so this is the holder again (a register retried after a lost reply) or
+            # its restart on the same host and port, without the token of a data directory.
             return True
-        # A retry of a register whose reply was lost presents the token it had before.
-        return (not member.token_used and member.previous_sha256 is not None
-                and hmac.compare_digest(digest, member.previous_sha256))
+        return token is not None and hmac.compare_digest(_sha256(token), member.token_sha256)
 
     def _refuse_claim(self, member: Member, address: str) -> None:
         log.warning("%s id %d is live at %s: refused it to a second process at %s (which did "
@@ -331,7 +326,7 @@ class Coordinator:
         member = table.get(member_id)
         if member is None and len(table) >= validate.DAEMONS_MAX:
             raise NotReady(f"{validate.DAEMONS_MAX} {kind}s are registered already")
-        if member is not None and not self._may_claim(member, token, now):
+        if member is not None and not self._may_claim(member, token, address, now):
             self._refuse_claim(member, address)
         if kind == "broker":
             self.failover.check_epochs_left()
@@ -347,12 +342,8 @@ class Coordinator:
         member.alive = True
         member.last_heartbeat_s = now
         member.applied_version = 0  # a (re)started daemon has applied nothing yet
-        if member.token_used or member.previous_sha256 is None or token is None \
-                or not hmac.compare_digest(_sha256(token), member.previous_sha256):
-            member.previous_sha256 = member.token_sha256
-        member.token = self._new_token()
+        member.token = self._issue_token()
         member.token_sha256 = _sha256(member.token)
-        member.token_used = False
         if kind == "broker" and self.replicas.pop(member_id, None):
             self.replica_changes += 1  # it reports its virtual segments again after registering
         self._bump()
@@ -528,6 +519,9 @@ class Coordinator:
             raise UnknownStream(f"no stream named '{name}'")
         return stream
 
+    def _issue_token(self) -> str:
+        return (self._token_source or new_token)()
+
     def _bump(self) -> None:
         self.version += 1
 
@@ -611,6 +605,11 @@ class Coordinator:
                     table[(_nonneg(vlog), _nonneg(vseg))] = [_nonneg(b) for b in backups]
         except (KeyError, TypeError, AttributeError, BadRequest) as exc:
             raise ValueError(f"malformed coordinator state: {exc.__class__.__name__}: {exc}") from None
+
+
+def new_token() -> str:
+    """A fresh secret: TOKEN_BYTES random bytes, in hex."""
+    return os.urandom(TOKEN_BYTES).hex()
 
 
 def _sha256(token: str) -> str:

@@ -16,7 +16,7 @@ DEAD_AFTER_S = INTERVAL_S * MISSED
 
 
 def make(now=0.0, **kw) -> Coordinator:
-    kw.setdefault("new_token", lambda: TOKEN)
+    kw.setdefault("token_source", lambda: TOKEN)
     return Coordinator(now, heartbeat_interval_s=INTERVAL_S, heartbeat_missed_max=MISSED, **kw)
 
 

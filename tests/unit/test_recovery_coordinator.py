@@ -14,7 +14,7 @@ DEAD_S = INTERVAL_S * MISSED
 
 
 def make(now=0.0, **kw):
-    kw.setdefault("new_token", lambda: TOKEN)
+    kw.setdefault("token_source", lambda: TOKEN)
     return Coordinator(now, heartbeat_interval_s=INTERVAL_S, heartbeat_missed_max=MISSED, **kw)
 
 
