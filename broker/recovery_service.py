@@ -1,8 +1,8 @@
 """The broker daemon's side of failover: incarnations and recovery jobs on the server loop.
 
 Thin I/O around kera.broker.recovery: applies the epoch the coordinator gives this broker
-(`broker_streams` reply; a new epoch means a new, empty incarnation), starts recovery jobs when
-the metadata marks streamlets recovering here, sends their `list_replicas` / `read_replica`
+(`broker_streams` reply; a new epoch means a new incarnation, which keeps only its R=1
+streams), starts recovery jobs when the metadata marks streamlets recovering here, sends their `list_replicas` / `read_replica`
 requests through Peers (each with a deadline) and the `recovered` reports to the coordinator.
 """
 

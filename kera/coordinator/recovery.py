@@ -17,8 +17,9 @@ appended to it. R=1 streamlets stay with b (no replica holds them). The new owne
 `not_ready` for a recovering streamlet while it rebuilds it from the sources' replicas, and
 sends `recovered` once the rebuilt data is re-replicated under its own incarnation; the marker
 then goes. A failed-over incarnation that heartbeats again (it was cut off, not dead) is told
-`not_ready` and must register again, coming back empty, unless no other broker took any of its
-streamlets yet: then it keeps them (`_unfail`).
+`not_ready` and must register again, coming back without its R >= 2 streamlets (it keeps its
+R=1 ones), unless no other broker took any of its streamlets yet: then it keeps them all
+(`_unfail`).
 
 *Replicas.* Backups report in each heartbeat which incarnations they hold replicas of
 (`held`), so the coordinator knows who holds what; it answers with `free`, the incarnations
@@ -128,7 +129,7 @@ class Failover:
         """A failed-over incarnation heartbeats again (it was cut off, not dead). If every
         streamlet recovering from it is still placed on it (no live broker could take one, so
         no other broker read or fenced its replicas), it keeps them, memory intact: its
-        markers go and it is live again. Otherwise it must come back empty."""
+        markers go and it is live again. Otherwise it must come back without them."""
         by_id = {s.id: s for s in coord.streams.values()}
         named = [(sid, sl) for sid, per in self.recovering.items() for sl, srcs in per.items()
                  if [broker_id, epoch] in srcs]
