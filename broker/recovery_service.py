@@ -2,8 +2,9 @@
 
 Thin I/O around kera.broker.recovery: applies the epoch the coordinator gives this broker
 (`broker_streams` reply; a new epoch means a new incarnation, which keeps only its R=1
-streams), starts recovery jobs when the metadata marks streamlets recovering here, sends their `list_replicas` / `read_replica`
-requests through Peers (each with a deadline) and the `recovered` reports to the coordinator.
+streams), starts recovery jobs when the metadata marks streamlets recovering here, sends their
+`list_replicas` / `read_replica` requests through Peers (each with a deadline) and the
+`recovered` reports to the coordinator.
 """
 
 from __future__ import annotations

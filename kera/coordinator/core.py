@@ -163,8 +163,8 @@ class Coordinator:
         token = f.str("token", None, hi=TOKEN_CHARS_MAX)
         mark = f.int("stream_id_mark", 0, hi=STREAM_ID_MARK_MAX)
         self.check_cluster(kind, address, f.str("cluster_id", None, hi=TOKEN_CHARS_MAX))
-        self.raise_stream_ids(mark, f"{kind} at {address}")
         member = self.register(now, kind, address, node, member_id, token)
+        self.raise_stream_ids(mark, f"{kind} {member.id} at {address}")   # once admitted
         return {"daemon_id": member.id, "token": member.token, "cluster_id": self.cluster_id,
                 "heartbeat_interval_ms": round(self.heartbeat_interval_s * 1000)}
 

@@ -53,7 +53,7 @@ def test_a_live_id_is_refused_to_a_second_process_and_the_holder_is_undisturbed(
     before = (c.version, c.to_state())
     for now in (0.5, DEAD_AFTER_S):                          # heard from within the dead window
         with pytest.raises(IdInUse) as refused:
-            register(c, kind, now=now, port=9999)
+            register(c, kind, now=now, port=9999, stream_id_mark=1000)
         assert not refused.value.retriable
         msg = refused.value.message
         assert f"{kind} id 0 is in use by a live {kind} at 127.0.0.1:9000" in msg
