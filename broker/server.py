@@ -186,6 +186,12 @@ class BrokerDaemon:
                       "nothing deleted", self.coordinator_address, error.code, error.message)
             self.exit_code = 1
             self.server.stop()
+        elif op == "heartbeat" and error.code == "bad_request":
+            # Typically a metadata version the coordinator says it never issued (it was
+            # restored from an older state): take its metadata as it is now.
+            log.warning("the coordinator refused a heartbeat: %s; refetching metadata",
+                        error.message)
+            self._refresh_streams()
         elif op == "heartbeat" and error.code == "not_ready":
             log.warning("the coordinator does not know broker %s: registering again", self.core.broker_id)
             self._register()
