@@ -244,7 +244,7 @@ class BrokerDaemon:
             return
         self._beats += 1
         fields = {"kind": "broker", "daemon_id": self.core.broker_id,
-                  "token": self.identity.token,
+                  "token": self.identity.token, "stream_id_mark": self.identity.stream_id_mark,
                   "metadata_version": self.core.metadata_version, "stats": self.snapshot}
         fields.update(self.recovery.heartbeat_fields())   # `epoch`: which incarnation beats
         report = replica_report.pending(self.core.vlog_list)

@@ -176,6 +176,7 @@ class Coordinator:
         report = validate.vsegs(f)
         if report is not None and kind != "broker":
             raise BadRequest("only brokers report 'vsegs'")
+        mark = f.int("stream_id_mark", 0, hi=STREAM_ID_MARK_MAX)
         # Everything is checked before anything changes: a refused heartbeat changes nothing.
         self.authenticate(kind, member_id, f.str("token", None, hi=TOKEN_CHARS_MAX))
         if applied > self.version:
@@ -183,6 +184,9 @@ class Coordinator:
                              f"is {self.version})")
         self.failover.check_heartbeat(self, kind, member_id, f, now)
         self.heartbeat(now, kind, member_id, applied, stats)
+        # Also in heartbeats: after a restart from an older state, a daemon that only
+        # heartbeats (its token is still valid) never registers again.
+        self.raise_stream_ids(mark, f"{kind} {member_id}")
         if report:
             self.report_replicas(member_id, report)
         reply = {"metadata_version": self.version}
@@ -270,6 +274,7 @@ class Coordinator:
             log.warning("%s has seen stream id %d, beyond this coordinator's next id %d: "
                         "moving past it", who, mark, self.next_stream_id)
             self.next_stream_id = mark + 1
+            self._bump()   # a change of persisted state
 
     def authenticate(self, kind: str, member_id: int, token: str | None) -> Member:
         """The member, if `token` is its current incarnation's; raises otherwise."""

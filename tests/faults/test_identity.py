@@ -9,7 +9,7 @@ lost coordinator directory does makes a broker delete acknowledged records.
 - a stream is dropped on its broker only when deleted; a coordinator restart drops nothing;
 - a coordinator started on an empty directory next to a broker holding data stops with a
   message that says what to do, and the broker deletes nothing;
-- stream ids are never reused after a coordinator restart.
+- stream ids are never reused after a coordinator restart, even from an older state file.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 from faultkit import call, wait_for
 
 from kera import Producer, rpc
-from kera.errors import BadRequest, IdInUse
+from kera.errors import BadRequest, IdInUse, KeraError
 from kera.local import Daemon, free_port
 
 pytestmark = pytest.mark.timeout(300)
@@ -204,3 +204,32 @@ def test_stream_ids_are_never_reused_after_a_coordinator_restart(fresh_cluster):
         third = admin.create_stream("b", replication=1)
     assert third["id"] > second["id"] > first["id"]
     check_all(cluster, "a", [RECORDS])
+
+
+def test_an_older_coordinator_state_reuses_no_stream_id_and_deletes_nothing(fresh_cluster):
+    cluster = fresh_cluster(brokers=1)
+    state = cluster.data_dir / "coordinator" / "coordinator.json"
+    with cluster.admin() as admin:
+        admin.create_stream("a", replication=1)
+        old = state.read_bytes()                 # a backup copy of the file, taken now
+        later = admin.create_stream("b", replication=1)
+    produce(cluster, "a", 0)
+    produce(cluster, "b", 1)
+    identity = cluster.data_dir / "broker-0" / "identity.json"
+    wait_for(lambda: json.loads(identity.read_text())["stream_id_mark"] == later["id"],
+             "the broker to persist its stream-id mark")
+    cluster.kill_coordinator()
+    state.write_bytes(old)                       # the coordinator is restored from the copy
+    cluster.restart_coordinator()
+    with cluster.admin() as admin:
+        # "b" is unknown to the restored state, yet its id is not issued again: the broker
+        # reported it when it registered.
+        assert admin.create_stream("c", replication=1)["id"] > later["id"]
+    check_all(cluster, "a", [RECORDS])
+    # The broker kept "b" (no tombstone names it): held, not served (a dropped stream would
+    # be `unknown_stream`), and nothing of it deleted.
+    with pytest.raises(KeraError) as held:
+        call(cluster.brokers[0].address, "offsets", {"sid": later["id"], "sl": 0})
+    assert held.value.code == "not_owner"
+    text = log_text(cluster.brokers[0])
+    assert f"(id {later['id']}) deleted" not in text and "its data is kept" in text

@@ -180,6 +180,10 @@ def test_stream_ids_move_above_a_reported_mark():
     assert c.handle("create_stream", {"name": "t", "replication": 1}, 0.0)["stream"]["id"] == 43
     with pytest.raises(BadRequest):
         register(c, i=2, stream_id_mark=2**60)             # beyond any real cluster's ids
+    token = register(c, i=3)["token"]
+    version = c.version
+    beat(c, token, i=3, stream_id_mark=99)                 # also reported in heartbeats
+    assert c.version == version + 1 and make(state=c.to_state()).next_stream_id == 100
 
 
 def test_recovered_needs_the_token():
