@@ -4,7 +4,9 @@ Runs on the server loop through a kera.server.Peer: one request in flight at a t
 timeout, so a dead or slow coordinator never blocks the loop; the daemon serves requests all the
 while. The daemon's identity travels as `daemon_id` (docs/PROTOCOL.md). A heartbeat answered
 with an error (the coordinator restarted and does not know this id: `not_ready`) makes it
-register again, asking for the same id.
+register again, asking for the same id. Every register presents what the daemon remembers of
+its identity (cluster id, incarnation token: kera.identity) and every heartbeat the token; a
+refusal of that identity (`id_in_use`, `wrong_cluster`) is fatal: `on_fatal` stops the daemon.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import logging
 from typing import Callable
 
 from kera import config, wire
-from kera.errors import KeraError, Timeout
+from kera.errors import IdInUse, KeraError, Timeout, WrongCluster
+from kera.identity import Identity
 from kera.server import Server
 
 log = logging.getLogger(__name__)
@@ -30,12 +33,17 @@ class Registration:
                  daemon_id: int | None = None, stats: Callable[[], dict] | None = None,
                  timeout_s: float = REQUEST_TIMEOUT_S,
                  fields: Callable[[], dict] | None = None,
-                 on_heartbeat: Callable[[dict], None] | None = None):
+                 on_heartbeat: Callable[[dict], None] | None = None,
+                 identity: Identity | None = None,
+                 on_fatal: Callable[[KeraError], None] | None = None):
         self.kind = kind
         self.address = address
         self.node = node
         self.id = daemon_id
         self.registered = False
+        self.identity = identity or Identity()
+        self._on_fatal = on_fatal          # the coordinator refused this daemon's identity
+        self.fatal = False
         self.heartbeat_interval_s = config.HEARTBEAT_INTERVAL_S
         self.registrations = 0
         self.heartbeats = 0
@@ -66,12 +74,14 @@ class Registration:
         if self._busy:
             return
         if not self.registered:
-            fields = {"kind": self.kind, "address": self.address, "node": self.node}
+            fields = {"kind": self.kind, "address": self.address, "node": self.node,
+                      **self.identity.register_fields(self.id)}
             if self.id is not None:
                 fields["daemon_id"] = self.id
             self._send("register", fields, self._on_registered)
             return
-        fields = {"kind": self.kind, "daemon_id": self.id, "metadata_version": 0}
+        fields = {"kind": self.kind, "daemon_id": self.id, "metadata_version": 0,
+                  "token": self.identity.token}
         if self._stats is not None:
             fields["stats"] = self._stats()
         if self._fields is not None:
@@ -89,17 +99,21 @@ class Registration:
 
     def _on_registered(self, header, frames, err: KeraError | None) -> None:
         self._busy = False
+        if self._fatal(err):
+            return
         if err is not None:
             self._unreachable(f"register failed: {err.code}: {err.message}", err)
             return
         try:
             fields = wire.Fields(header)
-            self.id = fields.int("daemon_id")
+            daemon_id = fields.int("daemon_id")
             interval_ms = fields.int("heartbeat_interval_ms", config.HEARTBEAT_INTERVAL_S * 1000,
                                      lo=1, hi=60_000)
-        except KeraError as bad:
-            log.error("coordinator sent a bad register reply: %s", bad.message)
+            self.identity.registered(daemon_id, header.get("token"), header.get("cluster_id"))
+        except (KeraError, ValueError) as bad:
+            log.error("coordinator sent a bad register reply: %s", bad)
             return
+        self.id = daemon_id
         if interval_ms / 1000 != self.heartbeat_interval_s:
             self.heartbeat_interval_s = interval_ms / 1000
             self._arm(self.heartbeat_interval_s)  # the coordinator's interval, not our default
@@ -119,10 +133,25 @@ class Registration:
         if isinstance(err, Timeout):
             self._unreachable("heartbeat timed out", err)
             return
+        if self._fatal(err):
+            return
         # The coordinator answered but does not take this heartbeat (typically `not_ready`:
         # it restarted and forgot us): register again under the same id.
         log.warning("coordinator refused a heartbeat (%s: %s); registering again", err.code, err.message)
         self.registered = False
+
+    def _fatal(self, err: KeraError | None) -> bool:
+        """Is `err` a refusal of this daemon's identity? Then it must stop (and does, through
+        `on_fatal`): another process holds its id, or it holds data of another cluster."""
+        if not isinstance(err, (IdInUse, WrongCluster)):
+            return False
+        log.error("the coordinator %s refused this %s's identity (%s): %s; stopping, nothing "
+                  "deleted", self._peer.address, self.kind, err.code, err.message)
+        self._busy = True   # no further request
+        self.fatal = True
+        if self._on_fatal is not None:
+            self._on_fatal(err)
+        return True
 
     def _unreachable(self, what: str, err: KeraError) -> None:
         level = logging.DEBUG if self._unreachable_logged else logging.WARNING

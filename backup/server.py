@@ -33,6 +33,7 @@ from kera.server import DEFERRED, Request, Server
 from kera.backup import disk
 from kera.backup.incarnations import Incarnations, keep, parse_fence, parse_filter
 from kera.backup.registration import Registration
+from kera.identity import Identity
 from kera.backup.store import DiskRead, FlushJob, ReplicaStore, StoreConfig
 from kera.backup.worker import Worker
 
@@ -292,6 +293,7 @@ def run(args: argparse.Namespace) -> int:
                                    replicas_max=args.max_replicas)
         store_config.check()
         args.dir.mkdir(parents=True, exist_ok=True)
+        identity = Identity.load(args.dir)
         server = BackupServer(args.dir, store_config, args.host, args.port)
     except (ValueError, OSError, zmq.ZMQError) as err:
         log.error("cannot start the backup: %s", err)
@@ -300,7 +302,8 @@ def run(args: argparse.Namespace) -> int:
                                        args.advertise or server.address, args.node, args.id,
                                        stats=server.heartbeat_stats,
                                        fields=server.heartbeat_fields,
-                                       on_heartbeat=server.heartbeat_reply)
+                                       on_heartbeat=server.heartbeat_reply,
+                                       identity=identity, on_fatal=lambda err: server.stop())
     httpd = None
     if args.metrics_port:
         httpd = serve_metrics(args.metrics_port, "kera_backup", server.metrics_snapshot,
@@ -314,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if httpd is not None:
             httpd.shutdown()
-    return 0
+    return 1 if server.registration.fatal else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,23 @@ FETCH_REPLY_MAX_BYTES = 64 * config.MiB  # chunk bytes in one fetch reply, all r
 FETCH_CURSOR_GROUPS_MAX = 4096           # entries in one cursor's `offsets`
 
 
+NO_BROKER = -1   # placement of a streamlet on no broker this one knows (a disowned stream)
+TOMBSTONES_MAX = 1 << 20   # entries accepted in a `deleted` list (the coordinator sends <= 4096)
+
+
+def _tombstones(deleted: list) -> dict[int, int]:
+    """`[[stream id, version], ...]` -> {stream id: version}; malformed entries are refused."""
+    if len(deleted) > TOMBSTONES_MAX:
+        raise BadRequest(f"{len(deleted)} deleted streams exceed {TOMBSTONES_MAX}")
+    out = {}
+    for entry in deleted:
+        if not isinstance(entry, list) or len(entry) != 2 or not all(
+                isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**64 for x in entry):
+            raise BadRequest("'deleted' entries are [stream_id, version]")
+        out[entry[0]] = entry[1]
+    return out
+
+
 @dataclass(slots=True)
 class BrokerConfig:
     virtual_logs: int = config.DEFAULT_VIRTUAL_LOGS
@@ -127,11 +144,16 @@ class Broker:
         it (`epoch << 32 | n`)."""
         self.epoch = epoch
 
-    def apply_metadata(self, descriptors, version: int | None = None) -> None:
-        """The full list of streams with a streamlet here: add new ones, update placement,
-        drop those missing (deleted)."""
-        if not isinstance(descriptors, list):
-            raise BadRequest("stream list is not a list")
+    def apply_metadata(self, descriptors, version: int | None = None, deleted=None) -> int:
+        """The full list of streams with a streamlet here: add new ones, update placement.
+        Drop exactly the streams of `deleted` (the coordinator's tombstones, `[[stream id,
+        version], ...]`), never one merely missing from the list: that one is kept, data and
+        all, but served by no streamlet here (it is not this broker's any more, or the
+        coordinator forgot it). Returns the highest stream id named (kera.identity)."""
+        deleted = [] if deleted is None else deleted
+        if not isinstance(descriptors, list) or not isinstance(deleted, list):
+            raise BadRequest("stream list or deleted list is not a list")
+        tombstones = _tombstones(deleted)
         seen: set[int] = set()
         for d in descriptors:
             try:
@@ -156,7 +178,11 @@ class Broker:
                     continue
                 stream.info = info
         for sid in [sid for sid in self.streams if sid not in seen]:
-            self._drop_stream(sid)
+            if sid in tombstones:
+                self._drop_stream(sid)
+            else:
+                self._disown_stream(sid)
+        self._delete_reloaded(tombstones)
         if version is not None:
             self.metadata_version = version
         if self.reloaded is not None:
@@ -166,6 +192,30 @@ class Broker:
                             "broker's by the coordinator's metadata: kept on disk, not loaded",
                             len(left), sorted({k[0] for k in left}))
             self.reloaded = None
+        return max([*seen, *tombstones, 0])
+
+    def _disown_stream(self, sid: int) -> None:
+        """A stream no longer listed for this broker but not deleted: keep its data, serve it
+        from no streamlet here (produce and fetch answer not_owner)."""
+        stream = self.streams[sid]
+        if any(b != NO_BROKER for b in stream.info.placement):
+            log.warning("stream %s (id %d) is no longer listed for this broker, and was not "
+                        "deleted: its data is kept, not served", stream.info.name, sid)
+            stream.info.placement = [NO_BROKER] * stream.info.streamlets
+
+    def _delete_reloaded(self, tombstones: dict[int, int]) -> None:
+        """Segment files of deleted streams found at startup (deleted while this broker was
+        down) go too."""
+        if self.reloaded is None:
+            return
+        for sid in sorted({k[0] for k in [*self.reloaded.segments, *self.reloaded.first_groups]}
+                          & set(tombstones)):
+            log.info("stream id %d was deleted (version %d): deleting its files", sid,
+                     tombstones[sid])
+            for table in (self.reloaded.segments, self.reloaded.first_groups):
+                for key in [k for k in table if k[0] == sid]:
+                    del table[key]
+            self.tier.delete_stream(sid)
 
     def _drop_stream(self, sid: int) -> None:
         stream = self.streams.pop(sid)

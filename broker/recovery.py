@@ -623,30 +623,31 @@ def _parse_read(header, frames, offset: int):
 # ---------------------------------------------------------------------- a new incarnation
 
 def reset_incarnation(core) -> None:
-    """Forget everything the broker held: its previous incarnation was failed over (it was
-    declared dead, its streamlets moved and were recovered elsewhere), so it comes back empty.
-    Produce requests still waiting are told `not_owner` (retriable: the client asks the
-    coordinator where the streamlet is now)."""
-    from kera.broker.producers import ProducerTable
+    """The broker's previous incarnation was failed over (declared dead): its replicated
+    streams (R >= 2) were fenced, moved and are recovered from their replicas (here too, if
+    still placed here), so it forgets them and their virtual logs. Its R=1 streams were not
+    failed over (no replica holds them; they stay placed on it, kera.coordinator.recovery): it
+    keeps them whole, with their producers. Produce requests still waiting are told
+    `not_owner` (retriable: the client asks the coordinator where the streamlet is now)."""
     from kera.errors import NotOwner
 
     err = NotOwner("this broker's streamlets moved while it was unreachable; ask the "
                    "coordinator again")
-    streams = len(core.streams)
-    for stream in core.streams.values():
-        for streamlet in stream.streamlets.values():
+    replicated = [sid for sid, s in core.streams.items() if s.info.replication > 1]
+    for sid in replicated:
+        for streamlet in core.streams[sid].streamlets.values():
             for waiter in streamlet.release():
                 core._fail(waiter, err)
-    for sid in list(core.streams):
+    for sid in replicated:
         core._drop_stream(sid)
     for p in list(core._pending):
         core._fail(p, err)
     core.vlogs.clear()
     core.vlog_list.clear()
     core._writes.clear()
-    core.producers = ProducerTable(core.cfg.producer_table_max)
     core.recovering.clear()
     core.metadata_version = 0
     core.counters.add("incarnation_resets")
-    log.warning("this broker's previous incarnation was failed over: %d streams dropped, "
-                "starting empty", streams)
+    log.warning("this broker's previous incarnation was failed over: %d replicated streams "
+                "dropped (recovered from their replicas), %d unreplicated kept",
+                len(replicated), len(core.streams))

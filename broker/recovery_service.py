@@ -1,9 +1,10 @@
 """The broker daemon's side of failover: incarnations and recovery jobs on the server loop.
 
 Thin I/O around kera.broker.recovery: applies the epoch the coordinator gives this broker
-(`broker_streams` reply; a new epoch means a new, empty incarnation), starts recovery jobs when
-the metadata marks streamlets recovering here, sends their `list_replicas` / `read_replica`
-requests through Peers (each with a deadline) and the `recovered` reports to the coordinator.
+(`broker_streams` reply; a new epoch means a new incarnation, which keeps only its R=1
+streams), starts recovery jobs when the metadata marks streamlets recovering here, sends their
+`list_replicas` / `read_replica` requests through Peers (each with a deadline) and the
+`recovered` reports to the coordinator.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class RecoveryService:
         if due and self.core.epoch is not None and now >= self._report_at:
             self._report_at = now + REPORT_INTERVAL_S
             fields = {"broker_id": self.core.broker_id, "epoch": self.core.epoch,
-                      "streamlets": due}
+                      "token": self.daemon.identity.token, "streamlets": due}
             self.daemon._call("recovered",
                               fields, lambda header: recovery.reported(due, time.monotonic()))
 

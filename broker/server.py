@@ -4,6 +4,9 @@ It answers `produce` (deferred until durable), `fetch`, `offsets` and `stats`; s
 core's replication writes to backups through Peers; registers with the coordinator, heartbeats,
 and applies stream metadata and the live-backup list as they change. Every wait on another
 daemon is a Peer request with a deadline, so a dead coordinator or backup never blocks the loop.
+Its identity (cluster id, incarnation token, stream-id mark: kera.identity) is presented at every
+register; a refusal of that identity (`id_in_use`, `wrong_cluster`) stops the daemon with exit
+status 1 and nothing deleted.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from kera.broker.recovery_service import RecoveryService
 from kera.broker.tier import TierConfig
 from kera.broker.tier_service import TierService
 from kera.broker.virtual_log import ReplicationWrite
-from kera.errors import KeraError
+from kera.errors import IdInUse, KeraError, WrongCluster
+from kera.identity import Identity
 from kera.metrics import serve_metrics
 from kera.server import DEFERRED, Request, Server
 
@@ -66,7 +70,7 @@ class BrokerDaemon:
                  node: str | None = None, broker_id: int | None = None,
                  cfg: BrokerConfig | None = None,
                  heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
-                 advertise: str | None = None):
+                 advertise: str | None = None, identity: Identity | None = None):
         self.node = node or socket.gethostname()
         self.core = Broker(self.node, cfg)
         self.server = _LoopServer("broker", host, port)
@@ -84,6 +88,8 @@ class BrokerDaemon:
                 advertise = f"{socket.gethostname()}:{self.server.port}"
         self.advertise = advertise
         self.wanted_id = broker_id        # identity to (re-)register with
+        self.identity = identity or Identity()
+        self.exit_code = 0                # 1 once the coordinator refused this identity
         self.snapshot: dict = {}          # replaced whole, read by the metrics thread
         self._in_flight: set[str] = set()  # coordinator ops awaiting an answer
         self._beats = 0
@@ -175,7 +181,18 @@ class BrokerDaemon:
         self.coordinator.request(op, fields, [], timeout_s, done)
 
     def _coordinator_error(self, op: str, error: KeraError) -> None:
-        if op == "heartbeat" and error.code == "not_ready":
+        if isinstance(error, (IdInUse, WrongCluster)):
+            log.error("the coordinator %s refused this broker's identity (%s): %s; stopping, "
+                      "nothing deleted", self.coordinator_address, error.code, error.message)
+            self.exit_code = 1
+            self.server.stop()
+        elif op == "heartbeat" and error.code == "bad_request":
+            # Typically a metadata version the coordinator says it never issued (it was
+            # restored from an older state): take its metadata as it is now.
+            log.warning("the coordinator refused a heartbeat: %s; refetching metadata",
+                        error.message)
+            self._refresh_streams()
+        elif op == "heartbeat" and error.code == "not_ready":
             log.warning("the coordinator does not know broker %s: registering again", self.core.broker_id)
             self._register()
         else:
@@ -183,7 +200,8 @@ class BrokerDaemon:
                         error.code, error.message)
 
     def _register(self) -> None:
-        fields = {"kind": "broker", "address": self.advertise, "node": self.node}
+        fields = {"kind": "broker", "address": self.advertise, "node": self.node,
+                  **self.identity.register_fields(self.wanted_id)}
         if self.wanted_id is not None:
             fields["daemon_id"] = self.wanted_id
         self._call("register", fields, self._registered)
@@ -199,6 +217,11 @@ class BrokerDaemon:
             return
         if self.core.broker_id is not None and self.core.broker_id != bid:
             log.warning("registered as broker %d (was %d)", bid, self.core.broker_id)
+        try:
+            self.identity.registered(bid, header.get("token"), header.get("cluster_id"))
+        except ValueError as bad:
+            log.warning("register reply with a bad token or cluster id: %s", bad)
+            return
         self.wanted_id = bid
         self.core.set_identity(bid)
         # The coordinator forgets a broker's replica map when it registers: report it all again.
@@ -221,6 +244,7 @@ class BrokerDaemon:
             return
         self._beats += 1
         fields = {"kind": "broker", "daemon_id": self.core.broker_id,
+                  "token": self.identity.token, "stream_id_mark": self.identity.stream_id_mark,
                   "metadata_version": self.core.metadata_version, "stats": self.snapshot}
         fields.update(self.recovery.heartbeat_fields())   # `epoch`: which incarnation beats
         report = replica_report.pending(self.core.vlog_list)
@@ -246,8 +270,12 @@ class BrokerDaemon:
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             log.warning("broker_streams reply without a metadata_version")
             return
-        self.recovery.streams_reply(
-            header, lambda: self.core.apply_metadata(header.get("streams"), version))
+        def apply() -> None:
+            highest = self.core.apply_metadata(header.get("streams"), version,
+                                               header.get("deleted", []))
+            self.identity.saw_stream(highest)   # never to be reused (kera.identity)
+
+        self.recovery.streams_reply(header, apply)
 
     def _refresh_cluster(self) -> None:
         self._call("cluster", {}, self._cluster_reply)
@@ -328,8 +356,13 @@ def run(args: argparse.Namespace) -> int:
                        replication_in_flight_max=args.replication_in_flight, tier=tier)
 
     try:
+        identity = Identity.load(args.dir)
         daemon = BrokerDaemon(args.coordinator, host=args.host, port=args.port, node=args.node,
-                              broker_id=args.id, cfg=cfg, advertise=args.advertise)
+                              broker_id=args.id, cfg=cfg, advertise=args.advertise,
+                              identity=identity)
+    except ValueError as exc:                # a damaged identity file
+        log.error("cannot start: %s", exc)
+        return 1
     except (OSError, zmq.ZMQError) as exc:   # port in use, bad interface
         log.error("cannot start: %s", exc)
         return 1
@@ -351,7 +384,7 @@ def run(args: argparse.Namespace) -> int:
         if httpd is not None:
             httpd.shutdown()
     log.info("broker stopped")
-    return 0
+    return daemon.exit_code
 
 
 def main(argv=None) -> int:

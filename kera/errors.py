@@ -110,3 +110,18 @@ def from_reply(code: str, message: str, retriable: bool) -> KeraError:
     if cls is KeraError:
         err.code = code
     return err
+
+
+class IdInUse(KeraError):
+    """The daemon id asked for is held by a live process (one that heartbeats with its own
+    incarnation token): pick another --id, or stop the other process first."""
+    code = "id_in_use"
+
+
+class WrongCluster(KeraError):
+    """The daemon holds data of another cluster than the coordinator's (or the coordinator's
+    metadata directory is empty or wrong)."""
+    code = "wrong_cluster"
+
+
+_BY_CODE.update({cls.code: cls for cls in (IdInUse, WrongCluster)})

@@ -91,7 +91,9 @@ class FakeDaemon:
         fields = {"kind": kind, "address": address, "node": node}
         if daemon_id is not None:
             fields["daemon_id"] = daemon_id
-        self.id = self._conn.call("register", fields)[0]["daemon_id"]
+        self._fields = fields
+        reply = self._conn.call("register", fields)[0]
+        self.id, self.token = reply["daemon_id"], reply["token"]
         self._known_version = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -103,11 +105,22 @@ class FakeDaemon:
             applied = self._known_version if self.applied_version is None else self.applied_version
             try:
                 header, _ = self._conn.call("heartbeat", {"kind": self.kind, "daemon_id": self.id,
+                                                          "token": self.token,
                                                           "metadata_version": applied})
                 self._known_version = header["metadata_version"]
                 self.heartbeats += 1
             except KeraError as err:
                 self.errors.append(err)
+                if err.code == "not_ready":   # as a real daemon: register again, same identity
+                    self._register_again()
+
+    def _register_again(self) -> None:
+        from kera.errors import KeraError
+        fields = {**self._fields, "daemon_id": self.id, "token": self.token}
+        try:
+            self.token = self._conn.call("register", fields)[0]["token"]
+        except KeraError as err:
+            self.errors.append(err)
 
     def stop(self) -> None:
         self._stop.set()

@@ -10,12 +10,29 @@ Versions: `version` (the metadata version) grows on every change of persisted or
 daemon that has applied version v knows it is current when v equals the version it is told.
 A stream's descriptor records the version at which it was created, and is `ready` once every
 broker owning one of its streamlets reports (by heartbeat) having applied at least that version.
+Only this coordinator issues versions: a heartbeat claiming one it never issued is refused.
+
+Identity: every `register` hands the daemon a secret incarnation *token*; its heartbeats,
+re-registrations and `recovered` reports must present it, so a second process started with an
+id that is live (heard from within the dead window) is refused (`id_in_use`) instead of taking
+the identity over. Only a hash of each token is persisted, so identities survive a coordinator
+restart. The cluster has an id (random, persisted); daemons remember it and present it when
+they register, so a coordinator started on an empty directory next to daemons holding data
+stops (`halted`) instead of handing out ids, versions and stream ids that collide with theirs.
+
+Deletion is explicit: a deleted stream leaves a *tombstone* (its id and the version of the
+deletion) that `broker_streams` replies carry; a broker drops exactly those streams, never one
+merely missing from a reply. Stream ids are never reused: brokers report the highest id they
+have seen when they register (`stream_id_mark`) and the next id moves above it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 from bisect import bisect_right
+import os
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
@@ -23,16 +40,24 @@ from kera import config, wire
 from kera.coordinator import validate
 from kera.coordinator.recovery import Failover, parse_streamlets
 from kera.coordinator.validate import KINDS, StreamSpec
-from kera.errors import BadRequest, NotReady, StreamExists, UnknownStream
+from kera.errors import BadRequest, IdInUse, NotReady, StreamExists, UnknownStream, WrongCluster
 from kera.wire import Fields
 
 log = logging.getLogger(__name__)
 
 STATE_FORMAT = 1
 FIRST_STREAM_ID = 1  # 0 is never a stream id, so a zeroed field is never mistaken for one
-# A heartbeat may move the version ahead (see `heartbeat`) but not beyond this: a bogus report
-# must not push it toward the u64 limit of the wire.
-VERSION_JUMP_MAX = 2**62
+# Incarnation tokens and cluster ids: random bytes, sent as hex. 128 bits cannot be guessed
+# or collide by accident.
+TOKEN_BYTES = 16
+TOKEN_CHARS_MAX = 64          # a token or cluster id on the wire: hex of TOKEN_BYTES is 32
+# Deleted streams remembered (oldest forgotten first) and sent in every `broker_streams` reply:
+# about 12 bytes each, so at most ~50 KB of a reply. A broker that missed more deletions than
+# this keeps the forgotten streams' data (it never deletes without a tombstone).
+TOMBSTONES_MAX = 4096
+# A broker's reported stream-id high-water mark is accepted up to this: far more streams than a
+# cluster ever creates (one id per create_stream), yet a bogus mark cannot exhaust the id space.
+STREAM_ID_MARK_MAX = 2**48
 # Virtual segments whose backups the coordinator remembers per broker (oldest forgotten first):
 # 512 GiB of a broker's data at the default 8 MiB virtual segment.
 REPLICA_ENTRIES_PER_BROKER_MAX = 65_536
@@ -70,6 +95,8 @@ class Member:
     registered_version: int = 0            # metadata version of its last register (0: none
                                            # since this coordinator started)
     stats: dict = field(default_factory=dict)
+    token_sha256: str | None = None        # hash of the current incarnation's token (persisted)
+    token: str | None = None               # the token itself, in memory only (register reply)
 
     def summary(self) -> dict:
         # `registered_version` lets a caller that restarted a daemon tell its new registration
@@ -89,7 +116,7 @@ class Stream:
 class Coordinator:
     def __init__(self, now: float, *, heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
                  heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX,
-                 state: dict | None = None):
+                 state: dict | None = None, token_source=None):
         if heartbeat_interval_s <= 0 or heartbeat_missed_max < 1:
             raise ValueError("heartbeat interval and missed count must be positive")
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -102,6 +129,14 @@ class Coordinator:
         self.rotation = 0  # where the next stream's placement starts, mod the live brokers
         self.started_s = now
         self._expiry_checked_s = now
+        # Source of tokens and of the cluster id: `new_token` (the module's, looked up at each
+        # call so a simulation may replace it) unless one is injected (tests use a fixed one).
+        self._token_source = token_source
+        self.cluster_id = self._issue_token()   # replaced by the persisted one on load
+        self.tombstones: dict[int, int] = {}  # deleted stream id -> version of the deletion
+        # Why this coordinator must stop (its state is brand new while daemons hold data of a
+        # cluster): the server shell logs it and exits. None while all is well.
+        self.halted: str | None = None
         # Broker incarnations, failover of dead brokers' streamlets, recovery markers
         # (kera.coordinator.recovery).
         self.failover = Failover()
@@ -149,8 +184,13 @@ class Coordinator:
     def _op_register(self, f: Fields, now: float) -> dict:
         kind = validate.kind(f)
         member_id = f.int("daemon_id", None, hi=validate.CHOSEN_ID_MAX)
-        member = self.register(now, kind, validate.address(f), validate.node(f), member_id)
-        return {"daemon_id": member.id,
+        address, node = validate.address(f), validate.node(f)
+        token = f.str("token", None, hi=TOKEN_CHARS_MAX)
+        mark = f.int("stream_id_mark", 0, hi=STREAM_ID_MARK_MAX)
+        self.check_cluster(kind, address, f.str("cluster_id", None, hi=TOKEN_CHARS_MAX))
+        member = self.register(now, kind, address, node, member_id, token)
+        self.raise_stream_ids(mark, f"{kind} {member.id} at {address}")   # once admitted
+        return {"daemon_id": member.id, "token": member.token, "cluster_id": self.cluster_id,
                 "heartbeat_interval_ms": round(self.heartbeat_interval_s * 1000)}
 
     def _op_heartbeat(self, f: Fields, now: float) -> dict:
@@ -161,9 +201,17 @@ class Coordinator:
         report = validate.vsegs(f)
         if report is not None and kind != "broker":
             raise BadRequest("only brokers report 'vsegs'")
-        if member_id in self.members[kind]:
-            self.failover.check_heartbeat(self, kind, member_id, f, now)
+        mark = f.int("stream_id_mark", 0, hi=STREAM_ID_MARK_MAX)
+        # Everything is checked before anything changes: a refused heartbeat changes nothing.
+        self.authenticate(kind, member_id, f.str("token", None, hi=TOKEN_CHARS_MAX))
+        if applied > self.version:
+            raise BadRequest(f"metadata_version {applied} was never issued (the current one "
+                             f"is {self.version})")
+        self.failover.check_heartbeat(self, kind, member_id, f, now)
         self.heartbeat(now, kind, member_id, applied, stats)
+        # Also in heartbeats: after a restart from an older state, a daemon that only
+        # heartbeats (its token is still valid) never registers again.
+        self.raise_stream_ids(mark, f"{kind} {member_id}")
         if report:
             self.report_replicas(member_id, report)
         reply = {"metadata_version": self.version}
@@ -207,6 +255,8 @@ class Coordinator:
         return self.broker_streams(f.int("broker_id", hi=validate.ID_MAX))
 
     def _op_recovered(self, f: Fields, now: float) -> dict:
+        self.authenticate("broker", f.int("broker_id", hi=validate.ID_MAX),
+                          f.str("token", None, hi=TOKEN_CHARS_MAX))
         cleared = self.failover.recovered(self, f.int("broker_id", hi=validate.ID_MAX),
                                           f.int("epoch", hi=validate.VERSION_MAX),
                                           parse_streamlets(f))
@@ -242,16 +292,101 @@ class Coordinator:
             reply["next"] = entries[limit - 1][:3]   # [broker_id, vlog, vseg]: the next `after`
         return reply
 
+    # ------------------------------------------------------------------ identity
+    @property
+    def fresh(self) -> bool:
+        """Brand-new state: no daemon ever registered, no stream ever created."""
+        return (not any(self.next_member_id.values()) and self.next_stream_id == FIRST_STREAM_ID
+                and not self.streams)
+
+    def check_cluster(self, kind: str, address: str, cluster_id: str | None) -> None:
+        """A registering daemon that holds data of a cluster (it presents that cluster's id)
+        must be of this one. A brand-new coordinator seeing one halts: its directory is empty
+        or wrong, and running on would hand out ids and versions that collide with the data."""
+        if cluster_id is None or cluster_id == self.cluster_id:   # an id, not a secret
+            return
+        if self.fresh:
+            self.halted = (
+                f"this coordinator's metadata directory is empty or wrong: its state is brand "
+                f"new, yet {kind} at {address} holds data of cluster {cluster_id}. To proceed, "
+                f"restore DIR/coordinator.json of that cluster, or restart the coordinator with "
+                f"--dir pointing at that cluster's metadata directory, or (to start a new "
+                f"cluster and lose that data) wipe the data directories of its brokers and "
+                f"backups. The daemons keep their data meanwhile.")
+            raise NotReady("the coordinator has no metadata of this daemon's cluster and stops")
+        raise WrongCluster(
+            f"{kind} at {address} holds data of cluster {cluster_id}, but this coordinator "
+            f"runs cluster {self.cluster_id}: point it at its own cluster's coordinator, or "
+            f"wipe its data directory to join this cluster")
+
+    def raise_stream_ids(self, mark: int, who: str) -> None:
+        """A daemon has seen stream ids up to `mark`: the next one goes above (ids are never
+        reused, so old files of a stream can never resurface in a new one)."""
+        if mark >= self.next_stream_id:
+            log.warning("%s has seen stream id %d, beyond this coordinator's next id %d: "
+                        "moving past it", who, mark, self.next_stream_id)
+            self.next_stream_id = mark + 1
+            self._bump()   # a change of persisted state
+
+    def authenticate(self, kind: str, member_id: int, token: str | None) -> Member:
+        """The member, if `token` is its current incarnation's; raises otherwise."""
+        member = self.members[kind].get(member_id)
+        if member is None:
+            raise NotReady(f"unknown {kind} id {member_id}: register first")
+        if member.token_sha256 is None:
+            raise NotReady(f"{kind} {member_id} has no incarnation token yet: register again")
+        if token is None or not hmac.compare_digest(_sha256(token), member.token_sha256):
+            log.warning("%s %d: refused a request without the token of its incarnation "
+                        "registered at %s", kind, member_id, member.address)
+            raise IdInUse(f"{kind} id {member_id} belongs to another incarnation (registered at "
+                          f"{member.address}); this process no longer holds it: stop it, or "
+                          f"restart it with another --id")
+        return member
+
+    def _holder_live(self, member: Member, now: float) -> bool:
+        """Is a process holding this identity heard from within the dead window? Right after a
+        coordinator restart every holder of a token counts as live until it had time to beat."""
+        if member.token_sha256 is None:
+            return False
+        heard = member.last_heartbeat_s
+        if heard is None:
+            return now - self.started_s <= self.dead_after_s
+        return now - heard <= self.dead_after_s
+
+    def _may_claim(self, member: Member, token: str | None, address: str, now: float) -> bool:
+        if not self._holder_live(member, now):
+            return True   # an ordinary restart: the previous holder is gone
+        if address == member.address:
+            # The live holder's own address: no second process can bind it while the holder
+            # runs, so this is the holder again (a register retried after a lost reply) or
+            # its restart on the same host and port, without the token of a data directory.
+            return True
+        return token is not None and hmac.compare_digest(_sha256(token), member.token_sha256)
+
+    def _refuse_claim(self, member: Member, address: str) -> None:
+        log.warning("%s id %d is live at %s: refused it to a second process at %s (which did "
+                    "not present the live incarnation's token)", member.kind, member.id,
+                    member.address, address)
+        raise IdInUse(f"{member.kind} id {member.id} is in use by a live {member.kind} at "
+                      f"{member.address}: start this process with another --id, or stop the "
+                      f"other process first (its id is free {self.dead_after_s:g} s after it "
+                      f"stops)")
+
     # ------------------------------------------------------------------ membership
     def register(self, now: float, kind: str, address: str, node: str,
-                 member_id: int | None = None) -> Member:
-        """Admit a daemon, or re-admit one under the identity it asks for (a restart)."""
+                 member_id: int | None = None, token: str | None = None) -> Member:
+        """Admit a daemon, or re-admit one under the identity it asks for (a restart): a live
+        identity only to the process presenting its token. Issues a new token."""
         table = self.members[kind]
         if member_id is None:
             member_id = self.next_member_id[kind]
         member = table.get(member_id)
         if member is None and len(table) >= validate.DAEMONS_MAX:
             raise NotReady(f"{validate.DAEMONS_MAX} {kind}s are registered already")
+        if member is not None and not self._may_claim(member, token, address, now):
+            self._refuse_claim(member, address)
+        if kind == "broker":
+            self.failover.check_epochs_left()
         self.next_member_id[kind] = max(self.next_member_id[kind], member_id + 1)
         if member is None:
             member = table[member_id] = Member(kind, member_id, address, node)
@@ -264,6 +399,8 @@ class Coordinator:
         member.alive = True
         member.last_heartbeat_s = now
         member.applied_version = 0  # a (re)started daemon has applied nothing yet
+        member.token = self._issue_token()
+        member.token_sha256 = _sha256(member.token)
         if kind == "broker":
             self.forget_replicas(member_id)  # it reports its virtual segments again
         self._bump()
@@ -276,16 +413,10 @@ class Coordinator:
         member = self.members[kind].get(member_id)
         if member is None:
             raise NotReady(f"unknown {kind} id {member_id}: register first")
-        if applied_version > max(self.version, VERSION_JUMP_MAX):
-            raise BadRequest(f"metadata_version {applied_version} was never issued")
-        member.last_heartbeat_s = now
         if applied_version > self.version:
-            # Only possible if this coordinator lost its data dir: jump past what the daemon
-            # has seen so versions never go backwards from anyone's point of view.
-            log.warning("%s %d reports metadata version %d ahead of %d", kind, member_id,
-                        applied_version, self.version)
-            self.version = applied_version
-            self._bump()
+            raise BadRequest(f"metadata_version {applied_version} was never issued (the "
+                             f"current one is {self.version})")
+        member.last_heartbeat_s = now
         member.applied_version = applied_version
         if stats is not None:
             member.stats = stats
@@ -490,12 +621,16 @@ class Coordinator:
         del self.streams[name]
         self.failover.stream_deleted(stream.id)
         self._bump()
+        self.tombstones[stream.id] = self.version   # brokers drop exactly this stream
+        while len(self.tombstones) > TOMBSTONES_MAX:
+            del self.tombstones[next(iter(self.tombstones))]
         log.info("stream '%s' (id %d) deleted", name, stream.id)
 
     def broker_streams(self, broker_id: int) -> dict:
         reply = {"metadata_version": self.version,
                  "streams": [self.descriptor(s) for _, s in sorted(self.streams.items())
-                             if broker_id in s.placement]}
+                             if broker_id in s.placement],
+                 "deleted": [[sid, v] for sid, v in self.tombstones.items()]}
         epoch = self.failover.epochs.get(broker_id)
         if epoch is not None:
             reply["epoch"] = epoch   # the broker's incarnation (names its replicas)
@@ -527,6 +662,9 @@ class Coordinator:
             raise UnknownStream(f"no stream named '{name}'")
         return stream
 
+    def _issue_token(self) -> str:
+        return (self._token_source or new_token)()
+
     def _bump(self) -> None:
         self.version += 1
 
@@ -545,10 +683,13 @@ class Coordinator:
         return {
             "format": STATE_FORMAT,
             "metadata_version": self.version,
+            "cluster_id": self.cluster_id,
+            "tombstones": [[sid, v] for sid, v in self.tombstones.items()],
             "next_stream_id": self.next_stream_id,
             "next_member_id": dict(self.next_member_id),
             "rotation": self.rotation,
-            "members": {k: [{"id": m.id, "address": m.address, "node": m.node}
+            "members": {k: [{"id": m.id, "address": m.address, "node": m.node,
+                             "token_sha256": m.token_sha256}
                             for _, m in sorted(t.items())] for k, t in self.members.items()},
             "streams": [{"id": s.id, "placement": s.placement, "version": s.version,
                          "name": s.spec.name, "streamlets": s.spec.streamlets,
@@ -571,6 +712,11 @@ class Coordinator:
             if state["format"] != STATE_FORMAT:
                 raise ValueError(f"unsupported state format {state['format']!r}")
             self.version = _nonneg(state["metadata_version"])
+            # Absent in files written before cluster ids and tombstones existed.
+            if "cluster_id" in state:
+                self.cluster_id = _token_hash(state["cluster_id"]) or self.cluster_id
+            for sid, v in state.get("tombstones", []):
+                self.tombstones[_nonneg(sid)] = _nonneg(v)
             self.next_stream_id = _nonneg(state["next_stream_id"])
             self.rotation = _nonneg(state["rotation"])
             for kind in KINDS:
@@ -579,8 +725,9 @@ class Coordinator:
                     member_id = _nonneg(m["id"])
                     if member_id >= self.next_member_id[kind] or member_id in self.members[kind]:
                         raise ValueError(f"{kind} id {member_id} is duplicated or not below the next id")
-                    self.members[kind][member_id] = Member(kind, member_id, str(m["address"]),
-                                                           str(m["node"]))
+                    self.members[kind][member_id] = Member(
+                        kind, member_id, str(m["address"]), str(m["node"]),
+                        token_sha256=_token_hash(m.get("token_sha256")))
             for s in state["streams"]:
                 # Fields added later (retention) may be missing from an older file: defaults.
                 spec = StreamSpec(**{k: s[k] for k in StreamSpec.__slots__ if k in s})
@@ -607,6 +754,22 @@ class Coordinator:
                     table[(_nonneg(vlog), _nonneg(vseg))] = [_nonneg(b) for b in backups]
         except (KeyError, TypeError, AttributeError, BadRequest) as exc:
             raise ValueError(f"malformed coordinator state: {exc.__class__.__name__}: {exc}") from None
+
+
+def new_token() -> str:
+    """A fresh secret: TOKEN_BYTES random bytes, in hex."""
+    return os.urandom(TOKEN_BYTES).hex()
+
+
+def _sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _token_hash(value) -> str | None:
+    """A persisted token hash or cluster id: None or a short string."""
+    if value is None or (isinstance(value, str) and 0 < len(value) <= TOKEN_CHARS_MAX * 2):
+        return value
+    raise ValueError(f"expected a token hash or id, got {value!r}")
 
 
 def _nonneg(value) -> int:

@@ -2,8 +2,9 @@
 
 Sans-IO, driven by kera.coordinator.core (it calls the hooks below and persists `to_state()`).
 
-*Incarnation.* Every `register` of a broker starts a new incarnation, numbered by its *epoch*
-(the metadata version of that register, so epochs only grow). A broker names its replicas with
+*Incarnation.* Every `register` of a broker starts a new incarnation, numbered by its *epoch*:
+a counter of its own, issued only here, persisted, only growing, bounded by EPOCH_MAX (an epoch
+must fit the high 32 bits of a virtual segment number). A broker names its replicas with
 its epoch (`vseg = epoch << 32 | n`, see kera.broker.virtual_log), so the replicas of an
 incarnation that died are never confused with those a restarted process writes.
 
@@ -16,8 +17,9 @@ appended to it. R=1 streamlets stay with b (no replica holds them). The new owne
 `not_ready` for a recovering streamlet while it rebuilds it from the sources' replicas, and
 sends `recovered` once the rebuilt data is re-replicated under its own incarnation; the marker
 then goes. A failed-over incarnation that heartbeats again (it was cut off, not dead) is told
-`not_ready` and must register again, coming back empty, unless no other broker took any of its
-streamlets yet: then it keeps them (`_unfail`).
+`not_ready` and must register again, coming back without its R >= 2 streamlets (it keeps its
+R=1 ones), unless no other broker took any of its streamlets yet: then it keeps them all
+(`_unfail`).
 
 *Replicas.* Backups report in each heartbeat which incarnations they hold replicas of
 (`held`), so the coordinator knows who holds what; it answers with `free`, the incarnations
@@ -44,11 +46,16 @@ RECOVERED_ENTRIES_MAX = 100_000
 # failed over (it may have died while the coordinator was down, and will never heartbeat).
 RESTART_GRACE_ALLOWANCES = 2
 U64_MAX = 2**64 - 1
+# Epochs name virtual segments in their high 32 bits (EPOCH_SHIFT): one register per epoch,
+# 4 billion registers in all; the coordinator refuses registers of brokers beyond.
+EPOCH_MAX = 2**32 - 1
+FIRST_EPOCH = 1           # 0 is never an epoch
 
 
 class Failover:
     def __init__(self):
         self.epochs: dict[int, int] = {}      # broker id -> epoch of its current incarnation
+        self.next_epoch = FIRST_EPOCH
         self.failed: dict[int, int] = {}      # broker id -> epoch of its last failed-over one
         # stream id -> {streamlet: [[broker, epoch], ...]} (sources, oldest first)
         self.recovering: dict[int, dict[int, list[list[int]]]] = {}
@@ -90,7 +97,8 @@ class Failover:
         if member.kind != "broker":
             return
         old = self.epochs.get(member.id)
-        self.epochs[member.id] = member.registered_version
+        self.epochs[member.id] = self.next_epoch
+        self.next_epoch += 1
         if old is not None and self.failed.get(member.id) != old:
             if self._owns(coord, member.id):
                 self._fail_over(coord, member.id, old, now, "registered again")
@@ -98,15 +106,21 @@ class Failover:
                 self.failed[member.id] = old   # nothing to move; its replicas may go
         self.assign_orphans(coord)
 
+    def check_epochs_left(self) -> None:
+        if self.next_epoch > EPOCH_MAX:
+            raise NotReady(f"all {EPOCH_MAX} broker epochs were issued: no broker may register")
+
     def check_heartbeat(self, coord: "Coordinator", kind: str, member_id: int, f: Fields,
                         now: float) -> None:
         """Refuse a heartbeat from a broker incarnation that was failed over, unless nothing
         was taken from it yet (then it simply comes back, see `_unfail`)."""
         if kind != "broker":
             return
-        epoch = f.int("epoch", None)
+        epoch = f.int("epoch", None, hi=EPOCH_MAX)
         current = self.epochs.get(member_id)
-        if epoch is not None and current is not None and epoch != current:
+        if epoch is not None and (current is None or epoch > current):
+            raise BadRequest(f"broker {member_id} epoch {epoch} was never issued")
+        if epoch is not None and epoch != current:
             raise NotReady(f"broker {member_id} incarnation {epoch} is over: register again")
         if self.is_failed(member_id) and not self._unfail(coord, member_id, current):
             raise NotReady(f"broker {member_id} incarnation was failed over: register again")
@@ -115,7 +129,7 @@ class Failover:
         """A failed-over incarnation heartbeats again (it was cut off, not dead). If every
         streamlet recovering from it is still placed on it (no live broker could take one, so
         no other broker read or fenced its replicas), it keeps them, memory intact: its
-        markers go and it is live again. Otherwise it must come back empty."""
+        markers go and it is live again. Otherwise it must come back without them."""
         by_id = {s.id: s for s in coord.streams.values()}
         named = [(sid, sl) for sid, per in self.recovering.items() for sl, srcs in per.items()
                  if [broker_id, epoch] in srcs]
@@ -309,6 +323,7 @@ class Failover:
     # ------------------------------------------------------------------ persistence
     def to_state(self) -> dict:
         return {"epochs": [[b, e] for b, e in sorted(self.epochs.items())],
+                "next_epoch": self.next_epoch,
                 "failed": [[b, e] for b, e in sorted(self.failed.items())],
                 "recovering": [[sid, sl, [list(s) for s in srcs]]
                                for sid, per in sorted(self.recovering.items())
@@ -326,6 +341,9 @@ class Failover:
             for sid, sl, srcs in state["recovering"]:
                 self.recovering.setdefault(_nonneg(sid), {})[_nonneg(sl)] = [
                     [_nonneg(b), _nonneg(e)] for b, e in srcs]
+            # Absent in files written while epochs were metadata versions: above all of those.
+            issued = [*self.epochs.values(), *self.failed.values(), FIRST_EPOCH - 1]
+            self.next_epoch = max(_nonneg(state.get("next_epoch", 0)), max(issued) + 1)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed recovery state: {exc.__class__.__name__}: {exc}") from None
 

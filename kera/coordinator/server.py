@@ -5,6 +5,8 @@ log (kera.coordinator.store) with one fsync, and only then are their replies sen
 acknowledged is lost by a crash. If the metadata cannot be written the coordinator answers
 `storage_error` and stops (fail-stop): serving on with memory ahead of disk would acknowledge
 changes a restart forgets.
+If the core halts (its state is brand new while a daemon holds data of a cluster:
+kera.coordinator.core) the coordinator logs why at CRITICAL and stops with a non-zero exit.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class CoordinatorServer:
         self._saved_version: int | None = None    # the metadata version on disk
         # Replies of this loop turn, sent once its changes are committed (`_commit_turn`).
         self._outbox: list[tuple[Request, dict | KeraError]] = []
+        self.exit_code = 0
         self._persist()
         self.server = Server("coordinator", host, port)
         for op in Coordinator.OPS:
@@ -70,6 +73,10 @@ class CoordinatorServer:
             # validation of a later field.
             outcome = err
         self._outbox.append((req, outcome))
+        if self.core.halted is not None and self.exit_code == 0:
+            log.critical("%s", self.core.halted)
+            self.exit_code = 1
+            self.server.stop()
         return DEFERRED
 
     def _commit_turn(self) -> None:
@@ -207,4 +214,4 @@ def run(args: argparse.Namespace) -> int:
             httpd.shutdown()
     persist_failed = coord.counters.get("persist_errors", 0) > 0
     log.info("coordinator stopped")
-    return 1 if persist_failed else 0
+    return 1 if persist_failed or coord.exit_code else 0

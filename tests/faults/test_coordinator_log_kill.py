@@ -54,12 +54,13 @@ class Coordinator:
 class Workload:
     """Threads sending changes until stopped; each change is `sent` first, `acked` on reply."""
 
-    def __init__(self, address: str, broker_ids: list[int], state: dict):
+    def __init__(self, address: str, tokens: dict[int, str], state: dict):
         self.address = address
         self.state = state
+        self.tokens = tokens
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._heartbeats, args=(b,), daemon=True)
-                        for b in broker_ids]
+                        for b in tokens]
         self.threads.append(threading.Thread(target=self._creates, daemon=True))
         for t in self.threads:
             t.start()
@@ -74,6 +75,7 @@ class Workload:
                 sent.update(seq + k for k in range(3))
                 try:
                     conn.call("heartbeat", {"kind": "broker", "daemon_id": broker_id,
+                                            "token": self.tokens[broker_id],
                                             "metadata_version": 0, "vsegs": entries})
                 except KeraError:
                     continue
@@ -120,14 +122,16 @@ def test_coordinator_log_survives_kill9_at_random_points(tmp_path):
     data_dir, port = tmp_path / "coordinator", free_port()
     log_path = tmp_path / "coordinator.log"
     coord = Coordinator(data_dir, port, log_path)
-    broker_ids = [rpc.call(coord.address, "register", {"kind": "broker", "node": f"n{i}",
-                                                       "address": f"127.0.0.1:{7100 + i}"})[0]
-                  ["daemon_id"] for i in range(BROKERS)]
+    replies = [rpc.call(coord.address, "register", {"kind": "broker", "node": f"n{i}",
+                                                    "address": f"127.0.0.1:{7100 + i}"})[0]
+               for i in range(BROKERS)]
+    tokens = {r["daemon_id"]: r["token"] for r in replies}   # heartbeats must present them
+    broker_ids = list(tokens)
     state = {"sent": {b: set() for b in broker_ids}, "acked": {b: set() for b in broker_ids},
              "next": {b: 0 for b in broker_ids}, "next_stream": 0,
              "streams_sent": set(), "streams_acked": set()}
     for round_no in range(ROUNDS):
-        work = Workload(coord.address, broker_ids, state)
+        work = Workload(coord.address, tokens, state)
         time.sleep(rng.uniform(0.3, 1.5))
         coord.kill()                       # while requests are in flight
         work.join()

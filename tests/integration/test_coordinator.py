@@ -112,10 +112,12 @@ def test_restart_after_kill_keeps_streams_and_identities(coordinator, fake_daemo
         # Ids are never reused, not even the deleted stream's.
         fresh = admin.create_stream("s4", replication=2)
         assert fresh["id"] > max(s["id"] for s in created)
-        # A daemon registering again with its id keeps it; a new one gets a new id.
+        # A daemon registering again with its id and its token (which survived the restart)
+        # keeps it; a new one gets a new id.
         with rpc.Connection(bootstrap) as conn:
             again = conn.call("register", {"kind": "broker", "address": "127.0.0.1:7101",
-                                           "node": "n0", "daemon_id": brokers[0].id})[0]["daemon_id"]
+                                           "node": "n0", "daemon_id": brokers[0].id,
+                                           "token": brokers[0].token})[0]["daemon_id"]
             new = conn.call("register", {"kind": "backup", "address": "127.0.0.1:7202",
                                          "node": "nb2"})[0]["daemon_id"]
         assert again == brokers[0].id and new == backup.id + 1

@@ -34,7 +34,7 @@ from kera.backup.store import StoreConfig
 from kera.broker import server as broker_server
 from kera.broker.core import BrokerConfig
 from kera.broker.server import BrokerDaemon
-from kera.coordinator import server as coordinator_server
+from kera.coordinator import core as coordinator_core, server as coordinator_server
 from kera.coordinator import store as coordinator_store
 from kera.coordinator.server import CoordinatorServer
 from kera.errors import CorruptChunk
@@ -102,6 +102,14 @@ class _MemoryMetadata:
 
     def close(self) -> None:
         pass
+
+
+def _tokens(sched: Scheduler):
+    """Incarnation tokens and cluster ids numbered per run, so a seed replays its run."""
+    def token() -> str:
+        sched.tokens_issued = getattr(sched, "tokens_issued", 0) + 1
+        return f"{sched.tokens_issued:032x}"
+    return token
 
 
 class _NoDirs:
@@ -177,7 +185,7 @@ def sim_environment(sched: Scheduler, store: MemoryStore, clock: SimClock | None
     patches += [
         (broker_server, "_LoopServer", _BrokerShell), (broker_server, "TIMER_S", BROKER_TIMER_S),
         (coordinator_server, "Server", SimServer), (coordinator_server, "store", store),
-        (coordinator_server, "os", _NoDirs()),
+        (coordinator_server, "os", _NoDirs()), (coordinator_core, "new_token", _tokens(sched)),
         (backup_server, "Worker", SimWorker), (backup_server, "disk", DiskFunctions()),
     ]
     saved = [(m, name, getattr(m, name)) for m, name, _ in patches]

@@ -30,8 +30,6 @@ SEEDS = [int(ONE_SEED)] if ONE_SEED else list(range(int(os.environ.get("KERA_SIM
 EXPECTED_TODAY = {
     "wall_clock_step": "issue 10 item 7: retention ages groups by the wall clock, so a forward "
                        "step deletes acknowledged records within the retention bound",
-    "duplicate_id": "issue 10 item 1: a second process registering with a live broker's id is "
-                    "not refused (no incarnation token); it takes the id over",
 }
 
 
@@ -172,7 +170,6 @@ def test_wall_clock_step_deletes_nothing_within_retention():
     assert c.checker.counts.get("records_acked", 0) > 0
 
 
-@pytest.mark.xfail(strict=False, reason=EXPECTED_TODAY["duplicate_id"])
 def test_duplicate_broker_id_is_refused():
     """A second broker process with the id of a live one runs for 1.5 s: the coordinator never
     gives it the id, and the live broker keeps every acknowledged record (R=1 ones included:

@@ -192,7 +192,14 @@ def test_fetch_errors_are_per_read():
 def test_metadata_adds_moves_and_deletes_streams():
     b = broker(desc(1), desc(2))
     b.produce("a", [make(sid=2)], 0.0)
-    b.apply_metadata([desc(1, placement=[99, ME]), {"id": "garbage"}, 17], 5)
+    # Missing from the list but not deleted: kept (data and all), served by no streamlet here.
+    assert b.apply_metadata([desc(1, placement=[99, ME])], 4) == 1
+    assert set(b.streams) == {1, 2}
+    [res] = b.produce("x", [make(sid=2)], 0.0)
+    assert res[0] == "not_owner"
+    assert b.streams[2].streamlets[0].groups    # its record is still held
+    # Dropped only on an explicit, versioned delete (a tombstone).
+    b.apply_metadata([desc(1, placement=[99, ME]), {"id": "garbage"}, 17], 5, [[2, 5]])
     assert b.metadata_version == 5 and set(b.streams) == {1}
     [res] = b.produce("b", [make(sid=2)], 0.0)
     assert res[0] == "unknown_stream"

@@ -381,7 +381,7 @@ def test_deleting_a_stream_fails_its_waiting_requests():
     b = broker(desc(1), desc(2))
     b.produce("a", [make(sid=1)], 0.0)
     b.produce("b", [make(sid=2)], 0.0)
-    b.apply_metadata([desc(2)], 2)
+    b.apply_metadata([desc(2)], 2, [[1, 2]])
     [(token, err)] = b.take_replies()
     assert token == "a" and err.code == "unknown_stream"
     fb = FakeBackups()

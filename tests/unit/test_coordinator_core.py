@@ -11,10 +11,12 @@ from kera.errors import BadRequest, NotReady, StreamExists, UnknownStream
 
 INTERVAL_S = 0.1
 MISSED = 20
+TOKEN = "0123456789abcdef0123456789abcdef"   # every incarnation's token (a fixed source)
 DEAD_AFTER_S = INTERVAL_S * MISSED
 
 
 def make(now=0.0, **kw) -> Coordinator:
+    kw.setdefault("token_source", lambda: TOKEN)
     return Coordinator(now, heartbeat_interval_s=INTERVAL_S, heartbeat_missed_max=MISSED, **kw)
 
 
@@ -29,7 +31,7 @@ def create(c: Coordinator, name: str, now=0.0, **fields) -> dict:
 
 def applied_all(c: Coordinator, now=0.0):
     for b in c.members["broker"]:
-        c.handle("heartbeat", {"kind": "broker", "daemon_id": b, "metadata_version": c.version}, now)
+        c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": b, "metadata_version": c.version}, now)
 
 
 # ---------------------------------------------------------------------- membership
@@ -39,7 +41,8 @@ def test_register_assigns_distinct_ids_per_kind_and_reports_interval():
     assert join(c, "broker", 3) == [0, 1, 2]
     assert join(c, "backup", 2) == [0, 1]
     reply = c.handle("register", {"kind": "broker", "address": "h:1", "node": "n"}, 0.0)
-    assert reply == {"daemon_id": 3, "heartbeat_interval_ms": 100}
+    assert reply == {"daemon_id": 3, "heartbeat_interval_ms": 100, "token": TOKEN,
+                     "cluster_id": TOKEN}
     cluster = c.handle("cluster", {}, 0.0)
     assert [m["id"] for m in cluster["brokers"]] == [0, 1, 2, 3]
     assert cluster["backups"][1] == {"id": 1, "address": "127.0.0.1:9001",
@@ -51,7 +54,7 @@ def test_reregister_keeps_identity_and_new_address():
     c = make()
     join(c, "broker", 2)
     reply = c.handle("register", {"kind": "broker", "address": "10.0.0.9:7001", "node": "x",
-                                  "daemon_id": 1}, 1.0)
+                                  "daemon_id": 1, "token": TOKEN}, 1.0)
     assert reply["daemon_id"] == 1
     brokers = c.cluster()["brokers"]
     assert len(brokers) == 2 and brokers[1]["address"] == "10.0.0.9:7001"
@@ -68,7 +71,7 @@ def test_dead_after_missed_heartbeats_and_alive_again():
     version = c.version
     assert c.tick(DEAD_AFTER_S) == []          # exactly at the allowance: still alive
     for t in (0.5, 1.0, 1.5, 2.0, 2.5):         # broker 0 keeps beating, the others do not
-        c.handle("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": 0}, t)
+        c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 0, "metadata_version": 0}, t)
     dead = c.tick(DEAD_AFTER_S + 0.01)
     assert sorted((m.kind, m.id) for m in dead) == [("backup", 0), ("broker", 1)]
     assert c.version == version + 1            # one change, one bump
@@ -77,7 +80,7 @@ def test_dead_after_missed_heartbeats_and_alive_again():
     assert c.tick(10.0) == [c.members["broker"][0]]
     # A heartbeat brings a daemon back and is a change too.
     v = c.version
-    c.handle("heartbeat", {"kind": "broker", "daemon_id": 1, "metadata_version": 0}, 11.0)
+    c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 1, "metadata_version": 0}, 11.0)
     assert c.members["broker"][1].alive and c.version == v + 1
 
 
@@ -85,25 +88,30 @@ def test_heartbeat_from_unknown_id_asks_to_register():
     c = make()
     join(c, "broker", 1)
     with pytest.raises(NotReady, match="register"):
-        c.handle("heartbeat", {"kind": "broker", "daemon_id": 5, "metadata_version": 0}, 0.0)
+        c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 5, "metadata_version": 0}, 0.0)
     with pytest.raises(NotReady):
-        c.handle("heartbeat", {"kind": "backup", "daemon_id": 0, "metadata_version": 0}, 0.0)
+        c.handle("heartbeat", {"token": TOKEN, "kind": "backup", "daemon_id": 0, "metadata_version": 0}, 0.0)
 
 
 def test_heartbeat_replies_current_version_and_keeps_stats():
     c = make()
     join(c, "broker", 1)
-    reply = c.handle("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": 0,
+    reply = c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 0, "metadata_version": 0,
                                    "stats": {"appends": 5}}, 0.1)
     assert reply == {"metadata_version": c.version}
     assert c.members["broker"][0].stats == {"appends": 5}
 
 
-def test_heartbeat_ahead_of_coordinator_moves_version_past_it():
+def test_heartbeat_with_a_version_never_issued_is_refused_and_changes_nothing():
     c = make()
     join(c, "broker", 1)
-    c.handle("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": 500}, 0.1)
-    assert c.version > 500
+    before = (c.version, c.to_state())
+    for forged in (c.version + 1, 500, 2**62 - 1):
+        with pytest.raises(BadRequest, match="never issued"):
+            c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 0,
+                                   "metadata_version": forged}, 0.1)
+    assert (c.version, c.to_state()) == before
+    assert c.members["broker"][0].applied_version == 0
 
 
 # ---------------------------------------------------------------------- placement
@@ -126,8 +134,8 @@ def test_one_streamlet_streams_spread_evenly():
 def test_placement_skips_dead_brokers():
     c = make()
     join(c, "broker", 3)
-    c.handle("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": 0}, 1.5)
-    c.handle("heartbeat", {"kind": "broker", "daemon_id": 2, "metadata_version": 0}, 1.5)
+    c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 0, "metadata_version": 0}, 1.5)
+    c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 2, "metadata_version": 0}, 1.5)
     c.tick(DEAD_AFTER_S + 0.5)                 # broker 1 is dead
     s = create(c, "a", DEAD_AFTER_S + 0.5, streamlets=6)
     assert set(s["placement"]) == {0, 2} and Counter(s["placement"]) == {0: 3, 2: 3}
@@ -222,7 +230,7 @@ def test_every_change_bumps_the_version():
     v = c.version
     c.handle("list_streams", {}, 0.0)
     c.handle("cluster", {}, 0.0)
-    c.handle("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": v}, 0.1)
+    c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 0, "metadata_version": v}, 0.1)
     assert c.version == v                # reads and routine heartbeats change nothing
 
 
@@ -231,7 +239,7 @@ def test_ready_once_every_owning_broker_applied_the_version():
     join(c, "broker", 3)
     s = create(c, "s", streamlets=2)     # brokers 0 and 1
     assert s["ready"] is False and s["version"] == c.version
-    beat = lambda b, v: c.handle("heartbeat", {"kind": "broker", "daemon_id": b, "metadata_version": v}, 0.1)
+    beat = lambda b, v: c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": b, "metadata_version": v}, 0.1)
     beat(0, s["version"])
     beat(2, s["version"])                 # not an owner: irrelevant
     assert c.describe_stream("s")["ready"] is False
@@ -250,7 +258,8 @@ def test_reregistered_broker_must_apply_again():
     create(c, "s")
     applied_all(c)
     assert c.describe_stream("s")["ready"]
-    c.handle("register", {"kind": "broker", "address": "127.0.0.1:9000", "node": "n", "daemon_id": 0}, 1.0)
+    c.handle("register", {"kind": "broker", "address": "127.0.0.1:9000", "node": "n", "daemon_id": 0,
+                          "token": TOKEN}, 1.0)
     assert not c.describe_stream("s")["ready"]     # a restarted broker has applied nothing
 
 
@@ -309,12 +318,12 @@ def test_accepts_boundary_values_and_name_characters():
     ("register", {"kind": "broker", "address": "h:7000", "node": ""}),
     ("register", {"kind": "broker", "address": "h:7000", "node": "n", "daemon_id": -1}),
     ("register", {"kind": "broker", "address": "h:7000", "node": "n", "daemon_id": "1"}),
-    ("heartbeat", {"kind": "broker", "daemon_id": 0}),
-    ("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": -1}),
-    ("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": 2**63 - 1}),
-    ("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": 2**64}),
-    ("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": 0, "stats": [1]}),
-    ("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": 0,
+    ("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 0}),
+    ("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 0, "metadata_version": -1}),
+    ("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 0, "metadata_version": 2**63 - 1}),
+    ("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 0, "metadata_version": 2**64}),
+    ("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 0, "metadata_version": 0, "stats": [1]}),
+    ("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 0, "metadata_version": 0,
                    "stats": {str(i): i for i in range(1001)}}),
     ("describe_stream", {}),
     ("describe_stream", {"name": ["x"]}),
@@ -354,7 +363,7 @@ def test_state_round_trip_keeps_streams_members_and_counters():
     assert r.cluster()["brokers"] == [dict(m, alive=False, registered_version=0)
                                       for m in c.cluster()["brokers"]]
     # Members come back under their ids, alive once they heartbeat.
-    r.handle("heartbeat", {"kind": "broker", "daemon_id": 2, "metadata_version": 0}, 100.1)
+    r.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 2, "metadata_version": 0}, 100.1)
     assert r.members["broker"][2].alive
     # Counters survive: no id is reused, placement continues its rotation.
     new = create(r, "b", 100.1)
@@ -364,7 +373,7 @@ def test_state_round_trip_keeps_streams_members_and_counters():
     # as they report it again.
     a = r.describe_stream("a")
     for b in set(a["placement"]):
-        r.handle("heartbeat", {"kind": "broker", "daemon_id": b, "metadata_version": a["version"]}, 100.2)
+        r.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": b, "metadata_version": a["version"]}, 100.2)
     assert r.describe_stream("a")["ready"]
 
 
@@ -398,7 +407,7 @@ def test_chosen_ids_leave_room_for_assigned_ones():
                                 "daemon_id": 2**31 - 1}, 0.0)["daemon_id"]
     nxt = c.handle("register", {"kind": "broker", "address": "h:2", "node": "n"}, 0.0)["daemon_id"]
     assert nxt == top + 1
-    c.handle("heartbeat", {"kind": "broker", "daemon_id": nxt, "metadata_version": 0}, 0.1)
+    c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": nxt, "metadata_version": 0}, 0.1)
 
 
 def test_metadata_is_bounded(monkeypatch):
@@ -411,7 +420,8 @@ def test_metadata_is_bounded(monkeypatch):
     with pytest.raises(NotReady, match="registered already"):
         join(c, "broker", 1)
     # Known daemons may still come back.
-    c.handle("register", {"kind": "broker", "address": "h:9", "node": "n", "daemon_id": 1}, 0.0)
+    c.handle("register", {"kind": "broker", "address": "h:9", "node": "n", "daemon_id": 1,
+                          "token": TOKEN}, 0.0)
     create(c, "a", streamlets=8)
     with pytest.raises(BadRequest, match="exceed"):
         create(c, "b", streamlets=3)

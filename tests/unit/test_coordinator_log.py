@@ -42,8 +42,10 @@ def random_changes(c: Coordinator, rng: random.Random, steps: int, s, saved) -> 
         if what < 0.6 and brokers:
             entries = [[rng.randrange(3), rng.randrange(50), [rng.randrange(4)]]
                        for _ in range(rng.randrange(1, 20))]
-            c.handle("heartbeat", {"kind": "broker", "daemon_id": rng.choice(brokers),
-                                   "metadata_version": 0, "vsegs": entries}, 0.0)
+            bid = rng.choice(brokers)
+            c.handle("heartbeat", {"kind": "broker", "daemon_id": bid, "metadata_version": 0,
+                                   "token": c.members["broker"][bid].token, "vsegs": entries},
+                     0.0)
         elif what < 0.75:
             c.handle("create_stream", {"name": f"s{step}", "streamlets": rng.randrange(1, 5)}, 0.0)
         elif what < 0.85 and c.streams:
@@ -88,6 +90,7 @@ def test_a_heartbeat_commit_is_a_small_record(tmp_path):
     c.report_replicas(0, [[0, n, [0, 1]] for n in range(60_000)])
     s, saved = start(tmp_path, c)
     c.handle("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": c.version,
+                           "token": c.members["broker"][0].token,
                            "vsegs": [[0, 60_001, [1, 2]]]}, 0.0)
     assert commit(s, c, saved) < 100   # not a rewrite of the 60,000 entries
 

@@ -145,7 +145,8 @@ def test_a_live_member_never_expires():
     register_many(c, "broker", 1)
     for step in range(1, 5):
         now = step * MEMBER_EXPIRY_S
-        c.handle("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": 0}, now)
+        c.handle("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": 0,
+                               "token": c.members["broker"][0].token}, now)
         c.tick(now)
     assert 0 in c.members["broker"]
 

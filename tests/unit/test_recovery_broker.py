@@ -218,7 +218,7 @@ def test_no_backup_answering_never_installs_an_empty_streamlet():
     assert b.counters["recovery_list_restarts"] >= 1
 
 
-def test_reset_incarnation_forgets_everything_and_fails_waiting_produce_as_not_owner():
+def test_reset_incarnation_forgets_replicated_streams_and_fails_waiting_produce_as_not_owner():
     backups = Backups()
     b, _ = dead_broker(backups, n_chunks=5)
     b.produce("late", [chunk.encode(9, 0, SID, 0, [b"x"])], 1.0)   # waits for replication
@@ -226,6 +226,25 @@ def test_reset_incarnation_forgets_everything_and_fails_waiting_produce_as_not_o
     replies = dict(b.take_replies())
     assert replies["late"].code == "not_owner" and replies["late"].retriable
     assert not b.streams and not b.vlog_list and len(b.producers) == 0
+
+
+def test_reset_incarnation_keeps_unreplicated_streams_whole():
+    # R=1 streamlets are not failed over (no replica holds them): they stay placed on their
+    # broker, which keeps their records and producers through the reset.
+    backups = Backups()
+    b, _ = dead_broker(backups, n_chunks=5)
+    r1 = {**desc(DEAD, R=1), "id": SID + 1, "name": "r1"}
+    b.apply_metadata([desc(DEAD), r1], 2)
+    records = [chunk.encode(4, seq, SID + 1, 0, [b"r1-%d" % seq]) for seq in range(3)]
+    assert [r[0] for r in b.produce("r1", records, 1.0)] == [0, 0, 0]
+    reset_incarnation(b)
+    assert set(b.streams) == {SID + 1}
+    results, frames = b.fetch([[SID + 1, 0, {"low": 0, "offsets": {}}, 1 << 20]])
+    assert results[0][0] is None
+    assert sum(len(bytes(f)) for f in frames) == sum(len(r) for r in records)
+    # A retried chunk is still recognised as a duplicate (the producer table kept it).
+    assert b.produce("again", [records[2]], 2.0)[0][0] == 0
+    assert b.stats()["chunks_appended"] - 5 == 3
 
 
 def test_backup_filter_and_fence():

@@ -9,20 +9,23 @@ from kera.errors import BadRequest, NotReady
 
 INTERVAL_S = 0.1
 MISSED = 20
+TOKEN = "0123456789abcdef0123456789abcdef"   # every incarnation's token (a fixed source)
 DEAD_S = INTERVAL_S * MISSED
 
 
 def make(now=0.0, **kw):
+    kw.setdefault("token_source", lambda: TOKEN)
     return Coordinator(now, heartbeat_interval_s=INTERVAL_S, heartbeat_missed_max=MISSED, **kw)
 
 
 def register(c, kind, i, now=0.0):
     return c.handle("register", {"kind": kind, "address": f"127.0.0.1:{9000 + i}",
-                                 "node": f"{kind}-{i}", "daemon_id": i}, now)["daemon_id"]
+                                 "node": f"{kind}-{i}", "daemon_id": i, "token": TOKEN},
+                    now)["daemon_id"]
 
 
 def beat(c, kind, i, now, **fields):
-    return c.handle("heartbeat", {"kind": kind, "daemon_id": i, "metadata_version": 0, **fields}, now)
+    return c.handle("heartbeat", {"token": TOKEN, "kind": kind, "daemon_id": i, "metadata_version": 0, **fields}, now)
 
 
 def cluster(brokers=3, backups=2):
@@ -61,15 +64,15 @@ def test_dead_broker_streamlets_spread_over_live_brokers_marked_recovering():
     assert reply["epoch"] == epoch(c, 1) and reply["streams"][0]["recovering"]
     # Only the new owner, as its current incarnation, clears a marker.
     with pytest.raises(NotReady):
-        c.handle("recovered", {"broker_id": 1, "epoch": e0, "streamlets": [[1, 0]]}, 3.0)
+        c.handle("recovered", {"token": TOKEN, "broker_id": 1, "epoch": e0, "streamlets": [[1, 0]]}, 3.0)
     v = c.version
-    out = c.handle("recovered", {"broker_id": 2, "epoch": epoch(c, 2), "streamlets": [[1, 0], [1, 3]]}, 3.0)
+    out = c.handle("recovered", {"token": TOKEN, "broker_id": 2, "epoch": epoch(c, 2), "streamlets": [[1, 0], [1, 3]]}, 3.0)
     assert out == {"cleared": 1} and c.version == v + 1
     assert recovering(c, "s") == [[0, [[0, e0]]]]
-    c.handle("recovered", {"broker_id": 1, "epoch": epoch(c, 1), "streamlets": [[1, 0]]}, 3.0)
+    c.handle("recovered", {"token": TOKEN, "broker_id": 1, "epoch": epoch(c, 1), "streamlets": [[1, 0]]}, 3.0)
     assert recovering(c, "s") == []
     with pytest.raises(BadRequest):
-        c.handle("recovered", {"broker_id": 1, "epoch": 1, "streamlets": [[1]]}, 3.0)
+        c.handle("recovered", {"token": TOKEN, "broker_id": 1, "epoch": 1, "streamlets": [[1]]}, 3.0)
 
 
 def test_owner_dying_while_recovering_keeps_the_sources_and_adds_its_own():
@@ -165,7 +168,7 @@ def test_backups_free_replicas_of_finished_incarnations_only():
     beat(c, "broker", 1, 1.5)
     c.tick(2.1)                                  # broker 0 dead, its streamlet recovering
     assert "free" not in beat(c, "backup", 0, 2.2, held=held)
-    c.handle("recovered", {"broker_id": 1, "epoch": e1, "streamlets": [[1, 0]]}, 2.3)
+    c.handle("recovered", {"token": TOKEN, "broker_id": 1, "epoch": e1, "streamlets": [[1, 0]]}, 2.3)
     assert beat(c, "backup", 0, 2.4, held=held)["free"] == [[0, e0]]
     status = c.handle("recovery_status", {}, 2.4)
     assert status["holders"] == [[0, b, e, n, size] for b, e, n, size in sorted(held)]
@@ -219,7 +222,7 @@ def test_cut_off_broker_whose_streamlets_were_taken_must_come_back_empty():
     e0 = epoch(c, 0)
     beat(c, "broker", 1, 1.5)
     c.tick(2.1)
-    c.handle("recovered", {"broker_id": 1, "epoch": epoch(c, 1), "streamlets": [[1, 0]]}, 2.2)
+    c.handle("recovered", {"token": TOKEN, "broker_id": 1, "epoch": epoch(c, 1), "streamlets": [[1, 0]]}, 2.2)
     assert recovering(c, "s") == []
     with pytest.raises(NotReady):
         beat(c, "broker", 0, 2.5, epoch=e0)

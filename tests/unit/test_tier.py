@@ -237,7 +237,10 @@ def test_stream_deletion_frees_memory_and_files(tmp_path):
         b.produce(seq, [make(seq)], 0.0)
         run_jobs(b, tmp_path)
     assert b.tier.disk_bytes > 0
-    b.apply_metadata([], 2)
+    b.apply_metadata([], 2)              # missing, not deleted: nothing goes
+    run_jobs(b, tmp_path)
+    assert b.tier.disk_bytes > 0 and list((tmp_path / "segments").rglob("*.seg"))
+    b.apply_metadata([], 3, [[1, 3]])   # stream 1 deleted at version 3
     run_jobs(b, tmp_path)
     assert b.tier.memory_bytes == 0 and b.tier.disk_bytes == 0
     assert not list((tmp_path / "segments").rglob("*.seg"))
