@@ -48,19 +48,22 @@ MODERATE_ITEMS = 5_000
 
 # Fields of each op (docs/PROTOCOL.md), by role: which ones take daemon ids, which ints, etc.
 COORDINATOR_OPS = {
-    "register": ["kind", "address", "node", "daemon_id"],
-    "heartbeat": ["kind", "daemon_id", "metadata_version", "epoch", "stats", "vsegs", "held"],
+    "register": ["kind", "address", "node", "daemon_id", "token", "cluster_id",
+                 "stream_id_mark"],
+    "heartbeat": ["kind", "daemon_id", "token", "metadata_version", "epoch", "stats", "vsegs",
+                  "held", "stream_id_mark"],
     "cluster": [],
     "create_stream": ["name", "streamlets", "active_groups", "replication", "group_segments",
                       "segment_size_bytes", "durability", "replication_capacity",
                       "retention_ms", "retention_bytes"],
     "describe_stream": ["name"],
-    "list_streams": [],
+    "list_streams": ["after", "limit"],
     "delete_stream": ["name"],
     "alter_stream": ["name", "retention_ms", "retention_bytes"],
     "broker_streams": ["broker_id"],
-    "replicas": ["broker_id", "backup_id"],
-    "recovered": ["broker_id", "epoch", "streamlets"],
+    "replicas": ["broker_id", "backup_id", "after", "limit"],
+    "recovered": ["broker_id", "token", "epoch", "streamlets"],
+    "deregister": ["kind", "daemon_id"],
     "recovery_status": [],
     "stats": [],
 }
@@ -142,7 +145,12 @@ class HostileMessages:
             "streamlets": [[live.junk_stream_id, 0]], "stats": {"produced": 1},
             "vsegs": [[0, rng.randrange(1 << 32), [UNKNOWN_ID]]],
             "held": [[UNKNOWN_ID, 1, 1, 1]],
+            "token": rng.randbytes(16).hex(), "cluster_id": rng.randbytes(16).hex(),
+            "stream_id_mark": rng.randrange(10), "limit": rng.randrange(1, 100),
+            "after": [rng.randrange(3), rng.randrange(9), rng.randrange(1 << 32)],
         }
+        if op == "list_streams":
+            t["after"] = f"fuzz-{rng.randrange(10**6)}"
         if kind == "broker" and op == "fetch" and rng.random() < 0.5:
             sid = rng.choice(list(live.protected_streams.values()))   # reads change nothing
             t["reads"] = [[sid, rng.randrange(2), {"low": 0, "offsets": {}}, 65536]]
