@@ -51,10 +51,12 @@ class BrokerConfig:
     # choice for new ones, for this long.
     backup_exclude_s: float = 5 * config.REPLICATION_TIMEOUT_S
     producer_table_max: int = config.PRODUCER_TABLE_MAX
+    producer_retained_max: int = config.PRODUCER_RETAINED_MAX
     # Produce requests waiting for durability; beyond this new ones are throttled.
     pending_produce_max: int = 20_000
-    # Chunk headers scanned to find a producer forgotten by the bounded table.
-    producer_scan_chunks_max: int = 65_536
+    # Chunk headers scanned to place a retry of a chunk older than its producer's last: a
+    # constant bound (the retried chunk is among the slot's latest), so a duplicate costs O(1).
+    duplicate_scan_chunks_max: int = 256
     # Memory budget and tiering to the broker's data dir (kera.broker.tier); defaults: no
     # directory (nothing tiered), no limit.
     tier: TierConfig | None = None
@@ -89,7 +91,7 @@ class Broker:
         self.broker_id = broker_id
         self.metadata_version = 0
         self.streams: dict[int, Stream] = {}
-        self.producers = ProducerTable(self.cfg.producer_table_max)
+        self.producers = ProducerTable(self.cfg.producer_table_max, self.cfg.producer_retained_max)
         self.pool = BackupPool(node)
         self.counters = Counters()
         self.vlogs: dict[tuple[int, int, str], VirtualLog] = {}   # (index, R, durability)
@@ -307,9 +309,6 @@ class Broker:
         key = (pid, info.id, sl)
         entry = self.producers.get(key)
         verdict = classify(entry, seq)
-        if verdict == GAP and entry is None and self.producers.evictions:
-            entry = self._recall(streamlet, key)
-            verdict = classify(entry, seq)
         if verdict == DUPLICATE:
             return self._duplicate(streamlet, key, entry, seq, waits)
         if verdict == GAP:
@@ -334,22 +333,15 @@ class Broker:
             waits.append((group, group.head))
         return [group.id, seg.number, base]
 
-    def _recall(self, streamlet: Streamlet, key) -> Entry | None:
-        """A producer the bounded table may have forgotten: find its newest chunk."""
-        found = streamlet.find_chunk(key[0], None, self.cfg.producer_scan_chunks_max)
-        self.counters.add("producer_scans")
-        if found is None:
-            return None
-        group, seg, i, seq = found
-        entry = Entry(seq, group.id, seg.number, seg.bases[i], seg.end_offset(i))
-        self.producers.put(key, entry)
-        return entry
-
     def _duplicate(self, streamlet: Streamlet, key, entry: Entry, seq: int, waits: list) -> list:
         self.duplicates += 1
         g, segno, base, end = entry.group, entry.segment, entry.base_offset, entry.end_offset
-        if seq != entry.sequence:  # a retry of an older chunk: find where it went
-            found = streamlet.find_chunk(key[0], seq, self.cfg.producer_scan_chunks_max)
+        if seq != entry.sequence:
+            # A retry of an older chunk: it is among the last few of its slot (the producer's
+            # requests in flight), so a short scan finds it. If not, the newest chunk's place
+            # stands for it: that one durable means every earlier one of the producer is
+            # (one slot's groups become durable in order, kera.broker.core._slot_vlog).
+            found = streamlet.find_chunk(key[0], seq, self.cfg.duplicate_scan_chunks_max)
             if found is not None:
                 group, seg, i, _ = found
                 g, segno, base, end = group.id, seg.number, seg.bases[i], seg.end_offset(i)
@@ -559,6 +551,8 @@ class Broker:
             virtual_segments=sum(len(v.vsegs) for v in self.vlog_list),
             live_backups=self.pool.live_count(),
             producer_entries=len(self.producers),
+            producer_entries_retained=self.producers.retained_count,
+            producer_entries_forgotten=self.producers.forgotten,
             metadata_version=self.metadata_version,
         )
         s.update(self.tier.stats())
