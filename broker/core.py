@@ -18,14 +18,14 @@ from kera.broker.backups import BackupPool
 from kera.broker.group import Group
 from kera.broker.producers import APPEND, DUPLICATE, GAP, Entry, ProducerTable, classify
 from kera.broker.retention import ReplicaDrop, Retention
-from kera.broker.streamlet import Streamlet
+from kera.broker.streamlet import Streamlet, growth
 from kera.broker.tier import TierConfig, TierStore
 from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
 from kera.chunk import FLAG_KEYS, HEADER_SIZE, verify
 from kera.errors import (BadRequest, CorruptChunk, KeraError, NotOwner, NotReady, OffsetOutOfRange,
-                         RecordTooLarge, ReplicationFailed, SequenceGap, Throttled, Timeout,
-                         UnknownStream)
+                         RecordTooLarge, ReplicationFailed, SequenceGap, StorageError,
+                         Throttled, Timeout, UnknownStream)
 from kera.metrics import Counters
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ class BrokerConfig:
     producer_retained_max: int = config.PRODUCER_RETAINED_MAX
     # Produce requests waiting for durability; beyond this new ones are throttled.
     pending_produce_max: int = 20_000
+    groups_per_streamlet_max: int = config.GROUPS_PER_STREAMLET_MAX
     # Chunk headers scanned to place a retry of a chunk older than its producer's last: a
     # constant bound (the retried chunk is among the slot's latest), so a duplicate costs O(1).
     duplicate_scan_chunks_max: int = 256
@@ -106,8 +107,7 @@ class Broker:
         self.duplicates = 0
         # Broker wall clock in ms, set by the caller (set_wall_clock): group ages for retention.
         self.wall_ms = 0
-        self.tier = TierStore(self.cfg.tier, lambda: self.bytes_appended, self.counters,
-                              self.close_group)
+        self.tier = TierStore(self.cfg.tier, self.counters, self.close_group)
         self.retention = Retention(self)
         self.reloaded = None     # kera.broker.reload.Loaded, until the first metadata claims it
         # The data dir was left by an orderly stop: what was reloaded is every durable chunk.
@@ -254,20 +254,20 @@ class Broker:
             raise NotReady("broker is not registered yet")
         if self._pending_count >= self.cfg.pending_produce_max:
             raise Throttled(f"{self._pending_count} produce requests await replication")
-        if not self.tier.admit(sum(map(len, frames))):
-            self.counters.add("produce_throttled_memory")
-            raise Throttled(f"broker memory is full ({self.tier.memory_bytes} of "
-                            f"{self.tier.cfg.memory_limit_bytes} bytes) and cannot go to disk "
-                            f"fast enough")
         self.counters.add("produce_requests")
         results: list = []
         waits: list = []
+        throttled = None
         for buf in frames:
             try:
                 results.append(self._append(buf, waits))
             except KeraError as err:
                 self.counters.add(f"refused_{err.code}")
                 results.append([err.code, err.message, err.retriable])
+                if isinstance(err, Throttled):
+                    throttled = err
+        if throttled is not None and all(r[0] == Throttled.code for r in results):
+            raise throttled   # nothing of the request was stored: refuse it whole
         if not waits or not acks:
             return results
         p = Pending(token, results, now + self.cfg.produce_timeout_s)
@@ -279,6 +279,50 @@ class Broker:
         self._pending.append(p)
         self._pending_count += 1
         return None
+
+    # ------------------------------------------------------------------ admission
+    def _admit(self, stream: Stream, streamlet: Streamlet | None, sl: int, producer_id: int,
+               size: int) -> None:
+        """Refuse a chunk (before anything of it is stored) whose append would open a segment
+        or a group past a bound: the memory budget (a segment counts its mapped capacity),
+        segments in memory, groups per streamlet. Retriable `throttled` while something
+        (tiering, retention) can make room, non-retriable when nothing ever will."""
+        info = stream.info
+        group = None if streamlet is None else streamlet.slots[producer_id % info.active_groups]
+        segments, groups = growth(group, (size,), info.segment_size_bytes, info.group_segments)
+        if groups:
+            self._check_groups(stream, streamlet, sl, groups)
+        if not segments:
+            return
+        tier = self.tier
+        capacity = info.segment_size_bytes
+        if tier.admit(segments, segments * capacity):
+            return
+        if tier.never_fits(capacity):
+            raise StorageError(f"a {capacity}-byte segment is larger than the broker's whole "
+                               f"memory limit ({tier.cfg.memory_limit_bytes} bytes): raise "
+                               f"--memory-limit or use smaller segments", retriable=False)
+        tier.wanted(capacity)
+        self.counters.add("produce_throttled_memory")
+        raise Throttled(f"broker memory is full ({tier.memory_bytes} of "
+                        f"{tier.cfg.memory_limit_bytes} bytes mapped, {len(tier.resident)} of "
+                        f"{tier.segments_max} segments in memory) and cannot go to disk fast "
+                        f"enough")
+
+    def _check_groups(self, stream: Stream, streamlet: Streamlet | None, sl: int,
+                      more: int) -> None:
+        held = len(streamlet.groups) if streamlet is not None else 0
+        bound = self.cfg.groups_per_streamlet_max
+        if held + more <= bound:
+            return
+        info = stream.info
+        self.counters.add("produce_throttled_groups")
+        msg = f"streamlet {sl} of {info.name!r} holds {held} groups, at most {bound}"
+        if info.retention_ms or info.retention_bytes:
+            raise Throttled(f"{msg}: retry once retention deleted old ones")
+        raise StorageError(f"{msg}, and its stream has no retention to make room: write to "
+                           f"another stream, or create streams with larger groups",
+                           retriable=False)
 
     def _append(self, buf, waits: list) -> list:
         h = verify(buf)
@@ -315,9 +359,10 @@ class Broker:
             last = "none" if entry is None else entry.sequence
             raise SequenceGap(f"producer {pid}: sequence {seq} after {last}")
         assert verdict == APPEND
+        self._admit(stream, streamlet, sl, pid, size)
         group, seg, idx = streamlet.append(buf, size, h.record_count, pid)
         if idx == 0:
-            self.tier.opened(seg, size)
+            self.tier.opened(seg)
 
         group.last_ms = self.wall_ms
         base = group.head - h.record_count
