@@ -105,7 +105,8 @@ class Broker:
         self.chunks_appended = 0
         self.bytes_appended = 0
         self.duplicates = 0
-        # Broker wall clock in ms, set by the caller (set_wall_clock): group ages for retention.
+        # The retention clock in ms (kera.broker.retention.RetentionClock), read by the caller
+        # (set_wall_clock): group stamps and ages for retention.
         self.wall_ms = 0
         self.tier = TierStore(self.cfg.tier, self.counters, self.close_group)
         self.retention = Retention(self)
@@ -553,9 +554,11 @@ class Broker:
         return [g.describe() for g in groups]
 
     # ================================================================== tiering, retention
-    def set_wall_clock(self, wall_ms: int) -> None:
-        """The broker's wall clock (ms since the epoch): group ages for retention."""
-        self.wall_ms = wall_ms
+    def set_wall_clock(self, wall_ms: int, mono_ms: int | None = None) -> None:
+        """The broker's wall clock (ms since the epoch) and monotonic clock (ms): group ages
+        for retention (kera.broker.retention.RetentionClock; no monotonic reading: the wall
+        clock is trusted, as tests do)."""
+        self.wall_ms = self.retention.clock.update(wall_ms, mono_ms)
 
     def take_tier_jobs(self, now: float) -> list:
         """Jobs for the tier thread (kera.broker.tier_files.run): segment writes while memory
@@ -565,10 +568,10 @@ class Broker:
     def tier_job_done(self, job, error: Exception | None, now: float) -> None:
         self.tier.job_done(job, error, now)
 
-    def enforce_retention(self, wall_ms: int | None = None) -> int:
+    def enforce_retention(self, wall_ms: int | None = None, mono_ms: int | None = None) -> int:
         """Delete expired groups (see kera.broker.retention); returns how many."""
         if wall_ms is not None:
-            self.wall_ms = wall_ms
+            self.set_wall_clock(wall_ms, mono_ms)
         self.counters.add("retention_passes")
         return self.retention.enforce(self.wall_ms)
 

@@ -2,7 +2,7 @@
 sans-IO core's kera.broker.tier / retention / reload):
 
 - at start: the segment files found in the data dir, verified (kera.broker.reload);
-- every loop turn: the wall clock into the core, tier jobs to the tier thread, their outcomes
+- every loop turn: the wall and monotonic clocks into the core (retention's clock), tier jobs to the tier thread, their outcomes
   back;
 - every RETENTION_INTERVAL_S: retention, and `drop_replica` requests to backups (retried a few
   times: a backup that never hears of a drop keeps a useless replica, nothing worse);
@@ -65,7 +65,7 @@ class TierService:
     # ------------------------------------------------------------------ every turn
     def pump(self) -> None:
         core = self.core
-        core.set_wall_clock(int(time.time() * 1000))
+        core.set_wall_clock(int(time.time() * 1000), int(time.monotonic() * 1000))
         if self.worker is None:
             return
         now = time.monotonic()
@@ -77,7 +77,7 @@ class TierService:
     # ------------------------------------------------------------------ retention
     def retention(self) -> None:
         core = self.core
-        core.enforce_retention(int(time.time() * 1000))
+        core.enforce_retention(int(time.time() * 1000), int(time.monotonic() * 1000))
         now = time.monotonic()
         for drop in core.take_replica_drops():
             self._drops.append((now, 1, drop))
