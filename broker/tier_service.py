@@ -19,6 +19,7 @@ from pathlib import Path
 import zmq
 
 from kera.backup.worker import Worker
+from kera import durable
 from kera.broker import reload, tier_files
 from kera.broker.retention import ReplicaDrop
 
@@ -47,8 +48,8 @@ class TierService:
         if self.root is not None:
             self.root.mkdir(parents=True, exist_ok=True)
             marker = self.root / CLEAN_SHUTDOWN_FILE
-            self.clean_restart = marker.exists()
-            marker.unlink(missing_ok=True)
+            self.clean_restart = tier_files.marker_ok(marker)
+            durable.unlink_durable(marker)
             core.clean_restart = self.clean_restart
             loaded = reload.load_dir(self.root)
             if not loaded.empty:
