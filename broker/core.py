@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from kera import config, wire
 from kera.broker.backups import BackupPool
 from kera.broker.group import Group
+from kera.broker.repair import RepairRead, Repairs
 from kera.broker.producers import APPEND, DUPLICATE, GAP, Entry, ProducerTable, classify
 from kera.broker.retention import ReplicaDrop, Retention
 from kera.broker.streamlet import Streamlet, growth
@@ -110,6 +111,8 @@ class Broker:
         self.wall_ms = 0
         self.tier = TierStore(self.cfg.tier, self.counters, self.close_group)
         self.retention = Retention(self)
+        self.repairs = Repairs(self)
+        self.tier.repairer = self.repairs.start
         self.reloaded = None     # kera.broker.reload.Loaded, until the first metadata claims it
         # The data dir was left by an orderly stop: what was reloaded is every durable chunk.
         self.clean_restart = False
@@ -567,6 +570,13 @@ class Broker:
 
     def tier_job_done(self, job, error: Exception | None, now: float) -> None:
         self.tier.job_done(job, error, now)
+
+    def take_repair_reads(self) -> list[RepairRead]:
+        """`read_replica` requests for damaged tiered chunks (kera.broker.repair)."""
+        return self.repairs.take_requests()
+
+    def repair_read_done(self, req: RepairRead, header, frames, error: KeraError | None) -> None:
+        self.repairs.done(req, header, frames, error)
 
     def enforce_retention(self, wall_ms: int | None = None, mono_ms: int | None = None) -> int:
         """Delete expired groups (see kera.broker.retention); returns how many."""

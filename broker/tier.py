@@ -32,6 +32,8 @@ from typing import Callable
 from kera.broker import tier_files
 from kera.broker.tier_files import (DeleteJob, DeleteStreamJob, FirstGroupJob, SegmentRecord,
                                     WriteJob)
+from kera.chunk import verify
+from kera.errors import CorruptChunk, KeraError, NotReady
 from kera.metrics import Counters
 
 log = logging.getLogger(__name__)
@@ -62,16 +64,62 @@ class TierConfig:
 
 
 class TierFile:
-    """What a tiered segment keeps of its file."""
-    __slots__ = ("store", "key", "length")
+    """What a tiered segment keeps of its file.
+
+    Every chunk read from the file is verified (both checksums, the broker's stamps) the first
+    time it is read after the file is mapped: a damaged chunk is never served. It is read back
+    from a backup replica when one holds it (kera.broker.repair) and served from memory then."""
+    __slots__ = ("store", "key", "length", "checked", "bad", "repairing", "repaired")
 
     def __init__(self, store: "TierStore", key: tuple, length: int):
         self.store = store
         self.key = key          # (stream id, streamlet, group, segment)
         self.length = length
+        self.checked: bytearray | None = None   # per chunk: verified since the file was mapped
+        self.bad: set[int] = set()              # chunks that failed verification
+        self.repairing: set[int] = set()        # of those, being read from a replica
+        self.repaired: dict[int, memoryview] = {}   # verified copies from a replica
 
     def map(self, seg):
         return self.store.map(seg)
+
+    @property
+    def path(self) -> Path | None:
+        root = self.store.root
+        return None if root is None else tier_files.seg_path(root, self.key)
+
+    def good(self, seg, index: int, view) -> bool:
+        """Is chunk `index` of the mapped file whole? Verified once per mapping."""
+        checked = self.checked
+        if checked is None:
+            checked = self.checked = bytearray(len(seg))
+        if checked[index]:
+            return True
+        if index in self.bad:
+            return False
+        g = seg.group
+        try:
+            h = verify(view)
+            if (h.stream_id, h.streamlet, h.group, h.segment, h.base_offset) != (
+                    g.stream_id, g.streamlet, g.id, seg.number, seg.bases[index]):
+                raise CorruptChunk(f"stamped group {h.group} segment {h.segment} "
+                                   f"offset {h.base_offset}")
+        except CorruptChunk as err:
+            self.store.corrupt(seg, index, err)
+            return False
+        checked[index] = 1
+        return True
+
+    def error(self, seg, index: int) -> KeraError | None:
+        """Why chunk `index` cannot be served (None: it can, or it is not a damaged one)."""
+        if index not in self.bad or index in self.repaired:
+            return None
+        where = f"chunk {index} (byte {seg.positions[index]}) of segment file {self.path}"
+        if index in self.repairing:
+            return NotReady(f"{where} failed its checksum; it is being read from a backup replica")
+        return CorruptChunk(f"{where} failed its checksum and no replica holds it (R=1, or its "
+                            f"replicas are gone): its records cannot be served; read past it by "
+                            f"moving the position to the next chunk", retriable=False)
 
 
 def segment_key(seg) -> tuple[int, int, int, int]:
@@ -97,6 +145,8 @@ class TierStore:
         self.cfg.check()
         self.root = Path(self.cfg.root) if self.cfg.root is not None else None
         self.close_group = close_group        # closes a group (memory pressure, see module doc)
+        # Starts reading a damaged chunk from a replica (kera.broker.repair); False: none can.
+        self.repairer: Callable[[object, int], bool] | None = None
         self.counters = counters if counters is not None else Counters()
         self.resident: dict = {}              # segments holding memory, oldest opened first
         self.writing: dict = {}               # segment -> WriteJob out on the tier thread
@@ -318,6 +368,7 @@ class TierStore:
             log.error("cannot map segment file %s: %s", tf.key, err)
             return None
         seg.buf, seg.mv = mm, mv
+        tf.checked = None                     # verify again what is read through this map
         self.maps[seg] = None
         self.counters.add("tier_maps")
         while len(self.maps) > self.cfg.maps_max:
@@ -326,6 +377,32 @@ class TierStore:
             old.mv = None
             old.buf = None
         return mv
+
+    # ------------------------------------------------------------------ damaged chunks
+    def corrupt(self, seg, index: int, err: CorruptChunk) -> None:
+        tf = seg.tier
+        tf.bad.add(index)
+        self.counters.add("tier_corrupt_chunks")
+        repairing = self.repairer is not None and self.repairer(seg, index)
+        if repairing:
+            tf.repairing.add(index)
+        log.error("chunk %d (byte %d) of segment file %s failed verification (%s): not served; "
+                  "%s", index, seg.positions[index], tf.path, err.message,
+                  "reading it from a backup replica" if repairing else "no replica holds it")
+
+    def repaired(self, seg, index: int, data: bytes) -> None:
+        tf = seg.tier
+        tf.repaired[index] = memoryview(data)
+        tf.repairing.discard(index)
+        self.counters.add("tier_chunks_repaired")
+        log.warning("chunk %d of segment file %s read back from a backup replica: served from "
+                    "memory from now on (the file is left as it is)", index, tf.path)
+
+    def repair_failed(self, seg, index: int) -> None:
+        seg.tier.repairing.discard(index)
+        self.counters.add("tier_repairs_failed")
+        log.error("chunk %d of segment file %s: no replica could give it back; readers get "
+                  "corrupt_chunk", index, seg.tier.path)
 
     # ------------------------------------------------------------------ shutdown
     def shutdown_jobs(self) -> list[WriteJob]:

@@ -2,6 +2,7 @@
 sans-IO core's kera.broker.tier / retention / reload):
 
 - at start: the segment files found in the data dir, verified (kera.broker.reload);
+- every loop turn: `read_replica` requests for damaged tiered chunks (kera.broker.repair);
 - every loop turn: the wall and monotonic clocks into the core (retention's clock), tier jobs to the tier thread, their outcomes
   back;
 - every RETENTION_INTERVAL_S: retention, and `drop_replica` requests to backups (retried a few
@@ -21,6 +22,7 @@ import zmq
 from kera.backup.worker import Worker
 from kera import durable
 from kera.broker import reload, tier_files
+from kera.broker.repair import REPAIR_READ_TIMEOUT_S, RepairRead
 from kera.broker.retention import ReplicaDrop
 
 
@@ -69,6 +71,8 @@ class TierService:
         core.set_wall_clock(int(time.time() * 1000), int(time.monotonic() * 1000))
         if self.worker is None:
             return
+        for req in core.take_repair_reads():
+            self._send_repair(req)
         now = time.monotonic()
         for job, _, error in self.worker.completions():
             core.tier_job_done(job, error, now)
@@ -103,6 +107,13 @@ class TierService:
             self._drops.append((time.monotonic() + DROP_RETRY_S, attempt + 1, drop))
 
         self.server.peer(drop.address).request("drop_replica", drop.fields, [], DROP_TIMEOUT_S, done)
+
+    def _send_repair(self, req: RepairRead) -> None:
+        def done(header, frames, error, req=req):
+            self.core.repair_read_done(req, header, frames, error)
+
+        self.server.peer(req.address).request("read_replica", req.fields, [],
+                                              REPAIR_READ_TIMEOUT_S, done)
 
     # ------------------------------------------------------------------ stop
     def shutdown(self) -> None:
