@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from kera import config, wire
 from kera.broker.backups import BackupPool
 from kera.broker.group import Group
-from kera.broker.repair import RepairRead, Repairs
 from kera.broker.producers import APPEND, DUPLICATE, GAP, Entry, ProducerTable, classify
+from kera.broker.repair import RepairRead, Repairs
 from kera.broker.retention import ReplicaDrop, Retention
 from kera.broker.streamlet import Streamlet, growth
 from kera.broker.tier import TierConfig, TierStore
