@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from kera import chunk
-from kera.durable import fsync_dir, remove_durable, write_atomic
+from kera.durable import fsync_dir, unlink_durable, write_atomic
 from kera.errors import CorruptChunk
 
 from kera.backup import meta as meta_codec
@@ -76,7 +76,7 @@ def remove(root: Path, key: Key) -> None:
     `.seg` file no record names (ignored by `scan`). Each unlink is made durable (directory
     fsync) before the next, so that order holds after a machine crash too."""
     for path in (meta_path(root, key), segment_path(root, key)):
-        remove_durable(path)
+        unlink_durable(path)
 
 
 def _pwrite_all(fd: int, buffers, offset: int) -> None:

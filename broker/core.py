@@ -17,15 +17,16 @@ from kera import config, wire
 from kera.broker.backups import BackupPool
 from kera.broker.group import Group
 from kera.broker.producers import APPEND, DUPLICATE, GAP, Entry, ProducerTable, classify
+from kera.broker.repair import RepairRead, Repairs
 from kera.broker.retention import ReplicaDrop, Retention
-from kera.broker.streamlet import Streamlet
+from kera.broker.streamlet import Streamlet, growth
 from kera.broker.tier import TierConfig, TierStore
 from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
 from kera.chunk import FLAG_KEYS, HEADER_SIZE, verify
 from kera.errors import (BadRequest, CorruptChunk, KeraError, NotOwner, NotReady, OffsetOutOfRange,
-                         RecordTooLarge, ReplicationFailed, SequenceGap, Throttled, Timeout,
-                         UnknownStream)
+                         RecordTooLarge, ReplicationFailed, SequenceGap, StorageError,
+                         Throttled, Timeout, UnknownStream)
 from kera.metrics import Counters
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,13 @@ class BrokerConfig:
     # choice for new ones, for this long.
     backup_exclude_s: float = 5 * config.REPLICATION_TIMEOUT_S
     producer_table_max: int = config.PRODUCER_TABLE_MAX
+    producer_retained_max: int = config.PRODUCER_RETAINED_MAX
     # Produce requests waiting for durability; beyond this new ones are throttled.
     pending_produce_max: int = 20_000
-    # Chunk headers scanned to find a producer forgotten by the bounded table.
-    producer_scan_chunks_max: int = 65_536
+    groups_per_streamlet_max: int = config.GROUPS_PER_STREAMLET_MAX
+    # Chunk headers scanned to place a retry of a chunk older than its producer's last: a
+    # constant bound (the retried chunk is among the slot's latest), so a duplicate costs O(1).
+    duplicate_scan_chunks_max: int = 256
     # Memory budget and tiering to the broker's data dir (kera.broker.tier); defaults: no
     # directory (nothing tiered), no limit.
     tier: TierConfig | None = None
@@ -106,7 +110,7 @@ class Broker:
         self.broker_id = broker_id
         self.metadata_version = 0
         self.streams: dict[int, Stream] = {}
-        self.producers = ProducerTable(self.cfg.producer_table_max)
+        self.producers = ProducerTable(self.cfg.producer_table_max, self.cfg.producer_retained_max)
         self.pool = BackupPool(node)
         self.counters = Counters()
         self.vlogs: dict[tuple[int, int, str], VirtualLog] = {}   # (index, R, durability)
@@ -119,11 +123,13 @@ class Broker:
         self.chunks_appended = 0
         self.bytes_appended = 0
         self.duplicates = 0
-        # Broker wall clock in ms, set by the caller (set_wall_clock): group ages for retention.
+        # The retention clock in ms (kera.broker.retention.RetentionClock), read by the caller
+        # (set_wall_clock): group stamps and ages for retention.
         self.wall_ms = 0
-        self.tier = TierStore(self.cfg.tier, lambda: self.bytes_appended, self.counters,
-                              self.close_group)
+        self.tier = TierStore(self.cfg.tier, self.counters, self.close_group)
         self.retention = Retention(self)
+        self.repairs = Repairs(self)
+        self.tier.repairer = self.repairs.start
         self.reloaded = None     # kera.broker.reload.Loaded, until the first metadata claims it
         # The data dir was left by an orderly stop: what was reloaded is every durable chunk.
         self.clean_restart = False
@@ -302,20 +308,20 @@ class Broker:
             raise NotReady("broker is not registered yet")
         if self._pending_count >= self.cfg.pending_produce_max:
             raise Throttled(f"{self._pending_count} produce requests await replication")
-        if not self.tier.admit(sum(map(len, frames))):
-            self.counters.add("produce_throttled_memory")
-            raise Throttled(f"broker memory is full ({self.tier.memory_bytes} of "
-                            f"{self.tier.cfg.memory_limit_bytes} bytes) and cannot go to disk "
-                            f"fast enough")
         self.counters.add("produce_requests")
         results: list = []
         waits: list = []
+        throttled = None
         for buf in frames:
             try:
                 results.append(self._append(buf, waits))
             except KeraError as err:
                 self.counters.add(f"refused_{err.code}")
                 results.append([err.code, err.message, err.retriable])
+                if isinstance(err, Throttled):
+                    throttled = err
+        if throttled is not None and all(r[0] == Throttled.code for r in results):
+            raise throttled   # nothing of the request was stored: refuse it whole
         if not waits or not acks:
             return results
         p = Pending(token, results, now + self.cfg.produce_timeout_s)
@@ -327,6 +333,50 @@ class Broker:
         self._pending.append(p)
         self._pending_count += 1
         return None
+
+    # ------------------------------------------------------------------ admission
+    def _admit(self, stream: Stream, streamlet: Streamlet | None, sl: int, producer_id: int,
+               size: int) -> None:
+        """Refuse a chunk (before anything of it is stored) whose append would open a segment
+        or a group past a bound: the memory budget (a segment counts its mapped capacity),
+        segments in memory, groups per streamlet. Retriable `throttled` while something
+        (tiering, retention) can make room, non-retriable when nothing ever will."""
+        info = stream.info
+        group = None if streamlet is None else streamlet.slots[producer_id % info.active_groups]
+        segments, groups = growth(group, (size,), info.segment_size_bytes, info.group_segments)
+        if groups:
+            self._check_groups(stream, streamlet, sl, groups)
+        if not segments:
+            return
+        tier = self.tier
+        capacity = info.segment_size_bytes
+        if tier.admit(segments, segments * capacity):
+            return
+        if tier.never_fits(capacity):
+            raise StorageError(f"a {capacity}-byte segment is larger than the broker's whole "
+                               f"memory limit ({tier.cfg.memory_limit_bytes} bytes): raise "
+                               f"--memory-limit or use smaller segments", retriable=False)
+        tier.wanted(capacity)
+        self.counters.add("produce_throttled_memory")
+        raise Throttled(f"broker memory is full ({tier.memory_bytes} of "
+                        f"{tier.cfg.memory_limit_bytes} bytes mapped, {len(tier.resident)} of "
+                        f"{tier.segments_max} segments in memory) and cannot go to disk fast "
+                        f"enough")
+
+    def _check_groups(self, stream: Stream, streamlet: Streamlet | None, sl: int,
+                      more: int) -> None:
+        held = len(streamlet.groups) if streamlet is not None else 0
+        bound = self.cfg.groups_per_streamlet_max
+        if held + more <= bound:
+            return
+        info = stream.info
+        self.counters.add("produce_throttled_groups")
+        msg = f"streamlet {sl} of {info.name!r} holds {held} groups, at most {bound}"
+        if info.retention_ms or info.retention_bytes:
+            raise Throttled(f"{msg}: retry once retention deleted old ones")
+        raise StorageError(f"{msg}, and its stream has no retention to make room: write to "
+                           f"another stream, or create streams with larger groups",
+                           retriable=False)
 
     def _append(self, buf, waits: list) -> list:
         h = verify(buf)
@@ -357,18 +407,16 @@ class Broker:
         key = (pid, info.id, sl)
         entry = self.producers.get(key)
         verdict = classify(entry, seq)
-        if verdict == GAP and entry is None and self.producers.evictions:
-            entry = self._recall(streamlet, key)
-            verdict = classify(entry, seq)
         if verdict == DUPLICATE:
             return self._duplicate(streamlet, key, entry, seq, waits)
         if verdict == GAP:
             last = "none" if entry is None else entry.sequence
             raise SequenceGap(f"producer {pid}: sequence {seq} after {last}")
         assert verdict == APPEND
+        self._admit(stream, streamlet, sl, pid, size)
         group, seg, idx = streamlet.append(buf, size, h.record_count, pid)
         if idx == 0:
-            self.tier.opened(seg, size)
+            self.tier.opened(seg)
 
         group.last_ms = self.wall_ms
         base = group.head - h.record_count
@@ -384,22 +432,15 @@ class Broker:
             waits.append((group, group.head))
         return [group.id, seg.number, base]
 
-    def _recall(self, streamlet: Streamlet, key) -> Entry | None:
-        """A producer the bounded table may have forgotten: find its newest chunk."""
-        found = streamlet.find_chunk(key[0], None, self.cfg.producer_scan_chunks_max)
-        self.counters.add("producer_scans")
-        if found is None:
-            return None
-        group, seg, i, seq = found
-        entry = Entry(seq, group.id, seg.number, seg.bases[i], seg.end_offset(i))
-        self.producers.put(key, entry)
-        return entry
-
     def _duplicate(self, streamlet: Streamlet, key, entry: Entry, seq: int, waits: list) -> list:
         self.duplicates += 1
         g, segno, base, end = entry.group, entry.segment, entry.base_offset, entry.end_offset
-        if seq != entry.sequence:  # a retry of an older chunk: find where it went
-            found = streamlet.find_chunk(key[0], seq, self.cfg.producer_scan_chunks_max)
+        if seq != entry.sequence:
+            # A retry of an older chunk: it is among the last few of its slot (the producer's
+            # requests in flight), so a short scan finds it. If not, the newest chunk's place
+            # stands for it: that one durable means every earlier one of the producer is
+            # (one slot's groups become durable in order, kera.broker.core._slot_vlog).
+            found = streamlet.find_chunk(key[0], seq, self.cfg.duplicate_scan_chunks_max)
             if found is not None:
                 group, seg, i, _ = found
                 g, segno, base, end = group.id, seg.number, seg.bases[i], seg.end_offset(i)
@@ -566,9 +607,11 @@ class Broker:
         return [g.describe() for g in groups]
 
     # ================================================================== tiering, retention
-    def set_wall_clock(self, wall_ms: int) -> None:
-        """The broker's wall clock (ms since the epoch): group ages for retention."""
-        self.wall_ms = wall_ms
+    def set_wall_clock(self, wall_ms: int, mono_ms: int | None = None) -> None:
+        """The broker's wall clock (ms since the epoch) and monotonic clock (ms): group ages
+        for retention (kera.broker.retention.RetentionClock; no monotonic reading: the wall
+        clock is trusted, as tests do)."""
+        self.wall_ms = self.retention.clock.update(wall_ms, mono_ms)
 
     def take_tier_jobs(self, now: float) -> list:
         """Jobs for the tier thread (kera.broker.tier_files.run): segment writes while memory
@@ -578,10 +621,17 @@ class Broker:
     def tier_job_done(self, job, error: Exception | None, now: float) -> None:
         self.tier.job_done(job, error, now)
 
-    def enforce_retention(self, wall_ms: int | None = None) -> int:
+    def take_repair_reads(self) -> list[RepairRead]:
+        """`read_replica` requests for damaged tiered chunks (kera.broker.repair)."""
+        return self.repairs.take_requests()
+
+    def repair_read_done(self, req: RepairRead, header, frames, error: KeraError | None) -> None:
+        self.repairs.done(req, header, frames, error)
+
+    def enforce_retention(self, wall_ms: int | None = None, mono_ms: int | None = None) -> int:
         """Delete expired groups (see kera.broker.retention); returns how many."""
         if wall_ms is not None:
-            self.wall_ms = wall_ms
+            self.set_wall_clock(wall_ms, mono_ms)
         self.counters.add("retention_passes")
         return self.retention.enforce(self.wall_ms)
 
@@ -609,6 +659,8 @@ class Broker:
             virtual_segments=sum(len(v.vsegs) for v in self.vlog_list),
             live_backups=self.pool.live_count(),
             producer_entries=len(self.producers),
+            producer_entries_retained=self.producers.retained_count,
+            producer_entries_forgotten=self.producers.forgotten,
             metadata_version=self.metadata_version,
         )
         s.update(self.tier.stats())

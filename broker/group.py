@@ -108,7 +108,8 @@ class Group:
 
     def read(self, offset: int, max_bytes: int, at_least_one: bool) -> tuple[list, int]:
         """Whole durable chunks from the one holding `offset` on, up to `max_bytes` (one chunk
-        over the budget when `at_least_one`); returns (views, bytes)."""
+        over the budget when `at_least_one`); returns (views, bytes). Raises the chunk's error
+        (not_ready, corrupt_chunk) when the first one is a damaged chunk of a segment file."""
         limit = self.durable
         if offset >= limit:
             return [], 0
@@ -128,6 +129,9 @@ class Group:
                     return frames, total
                 view = seg.view(ci)
                 if view is None:
+                    err = seg.read_error(ci)   # a damaged chunk on disk: say so, do not loop
+                    if err is not None and not frames:
+                        raise err
                     return frames, total
                 frames.append(view)
                 total += size

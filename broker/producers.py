@@ -1,10 +1,21 @@
-"""The duplicate-detection table: per (producer id, stream id, streamlet), the last sequence
+"""The duplicate-detection index: per (producer id, stream id, streamlet), the last sequence
 stored and where that chunk went.
 
 A chunk with `sequence <= last` is a retry of something stored: acknowledge it, store nothing.
-`last + 1` (or 0 for a producer never seen) is appended; anything further ahead is a gap. The
-table is bounded (least recently used entries are evicted); `evictions` tells the caller that an
-unknown producer may be one it forgot, so it can look the producer up in the stored chunks.
+`last + 1` (or 0 for a producer never seen) is appended; anything further ahead is a gap.
+
+Two hash tables, so every operation is O(1) whatever the number of producers:
+
+- `hot`: the recently used entries, LRU-bounded (`max_entries`);
+- `retained`: entries evicted from `hot`, kept (even once retention deleted the chunks: an
+  idle producer resuming with `last + 1` must not see a gap). Bounded by `retained_max`
+  (oldest evicted first) so that a flood of one-chunk producers cannot take the broker's
+  memory; past both bounds a producer is forgotten (`forgotten` counts them): its retry of
+  sequence 0 would be stored again, and any later sequence is a gap.
+
+The table is rebuilt from the chunk headers when a broker reloads its disk (kera.broker.reload)
+or rebuilds a streamlet (kera.broker.rebuild): each header carries producer id and sequence.
+`probes` counts hash-table operations, so tests can check the O(1) cost without timing.
 """
 
 from __future__ import annotations
@@ -18,6 +29,8 @@ APPEND = 0
 DUPLICATE = 1
 GAP = 2
 
+Key = tuple[int, int, int]   # (producer id, stream id, streamlet)
+
 
 class Entry(NamedTuple):
     sequence: int
@@ -28,37 +41,66 @@ class Entry(NamedTuple):
 
 
 class ProducerTable:
-    __slots__ = ("max_entries", "_entries", "evictions")
+    __slots__ = ("max_entries", "retained_max", "_entries", "_retained", "evictions",
+                 "forgotten", "probes")
 
-    def __init__(self, max_entries: int = config.PRODUCER_TABLE_MAX):
-        assert max_entries >= 1
+    def __init__(self, max_entries: int = config.PRODUCER_TABLE_MAX,
+                 retained_max: int = config.PRODUCER_RETAINED_MAX):
+        assert max_entries >= 1 and retained_max >= 0
         self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[int, int, int], Entry] = OrderedDict()
-        self.evictions = 0
+        self.retained_max = retained_max
+        self._entries: OrderedDict[Key, Entry] = OrderedDict()
+        self._retained: dict[Key, Entry] = {}     # insertion order: oldest evicted first
+        self.evictions = 0     # entries moved from `hot` to `retained`
+        self.forgotten = 0     # entries dropped from `retained` (its bound)
+        self.probes = 0
 
     def __len__(self) -> int:
+        """Entries in the hot table (the retained ones: `retained_count`)."""
         return len(self._entries)
 
-    def get(self, key: tuple[int, int, int]) -> Entry | None:
+    @property
+    def retained_count(self) -> int:
+        return len(self._retained)
+
+    def get(self, key: Key) -> Entry | None:
+        """The producer's entry (moved back to the hot table if it was evicted)."""
+        self.probes += 1
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
+            return entry
+        self.probes += 1
+        entry = self._retained.pop(key, None)
+        if entry is not None:
+            self.put(key, entry)
         return entry
 
-    def put(self, key: tuple[int, int, int], entry: Entry) -> None:
+    def put(self, key: Key, entry: Entry) -> None:
+        self.probes += 1
         entries = self._entries
         if key in entries:
             entries.move_to_end(key)
         entries[key] = entry
         if len(entries) > self.max_entries:
-            entries.popitem(last=False)
-            self.evictions += 1
+            self._evict(*entries.popitem(last=False))
+
+    def _evict(self, key: Key, entry: Entry) -> None:
+        self.probes += 1
+        self.evictions += 1
+        retained = self._retained
+        retained.pop(key, None)
+        retained[key] = entry
+        if len(retained) > self.retained_max:
+            del retained[next(iter(retained))]
+            self.forgotten += 1
 
     def drop_stream(self, stream_id: int) -> None:
         """Forget a deleted stream's producers (stream ids are never reused, so this only
-        frees room)."""
-        for key in [k for k in self._entries if k[1] == stream_id]:
-            del self._entries[key]
+        frees room). A scan, but only on a stream deletion, never per chunk."""
+        for table in (self._entries, self._retained):
+            for key in [k for k in table if k[1] == stream_id]:
+                del table[key]
 
 
 def classify(entry: Entry | None, sequence: int) -> int:

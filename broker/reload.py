@@ -140,4 +140,10 @@ def _group(broker, info, sl: int, gid: int, segs: list[LoadedSegment], newest: d
     if not group.segments:
         log.warning("stream %s streamlet %d group %d: no segment on disk (lost)", info.name, sl, gid)
     group.head = group.durable = end
+    now = broker.wall_ms
+    if now:
+        # Stamps later than the retention clock (a clock that stepped back while the broker was
+        # down) are clamped to it: an age is never more than the files say, nor negative.
+        group.created_ms = min(group.created_ms, now)
+        group.last_ms = min(group.last_ms, now)
     return group

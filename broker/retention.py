@@ -8,12 +8,24 @@ limit):
   one up: the retained groups of a streamlet always are `first_group, first_group + 1, ...`,
   so a reader's position is either retained or before `first_group` (refused with
   `offset_out_of_range`).
-- By time: a group whose last append (broker wall clock) is more than `retention_ms` ago.
+- By time: a group whose last append is more than `retention_ms` ago, by the retention clock
+  (below).
   So that an open group cannot keep data forever, an active group whose first append is more
   than `retention_ms` ago is closed (its slot's next chunk opens a new group): data lives at
   most about twice `retention_ms`.
 - By size: the oldest groups while the streamlet still holds at least `retention_bytes`
   without them (as Kafka's retention.bytes: a streamlet may exceed it by up to one group).
+
+The retention clock (`RetentionClock`) is the wall clock at the broker's start advanced by the
+monotonic clock, so a wall-clock step cannot collapse ages: group stamps and ages come from it.
+When the wall clock moves more than `CLOCK_STEP_THRESHOLD_MS` faster or slower than the
+monotonic clock, the step is logged and the clock follows the wall clock again (an operator or
+NTP may have corrected a wrong clock), but from then on, until it caught up, one pass deletes
+at most `GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX` groups by age, each such pass with a warning:
+a mistaken step is noticed before it deleted much. The same holds after a restart (a step
+while the broker was down cannot be told from downtime), and reloaded stamps later than the
+clock are clamped to it (kera.broker.reload), so a reloaded group's age is never more than
+its files say.
 
 A deleted group's segments leave memory or disk (kera.broker.tier). A virtual segment whose
 every referenced chunk is gone (retention, or its stream deleted) is of no use on its backups:
@@ -30,6 +42,45 @@ from typing import NamedTuple
 log = logging.getLogger(__name__)
 
 DELETED_ENDS_MAX = 256   # per streamlet: ends of the latest deleted groups (see `gone`)
+# Wall and monotonic clocks drifting apart by more than this between two readings is a step,
+# not a slew: NTP slews by at most 0.5 ms/s, and readings are a loop turn (well under 1 s) apart.
+CLOCK_STEP_THRESHOLD_MS = 5_000
+# Groups one retention pass (every 0.5 s) may delete by age after a step or a restart, until
+# it deletes fewer: ~16 groups/s, so a mistaken step of the clock is in the log well before a
+# streamlet of hundreds of groups is gone; data past retention is still deleted, slowly.
+GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX = 8
+
+
+class RetentionClock:
+    """Retention's time in ms: the wall clock at the last anchor plus the monotonic time since."""
+    __slots__ = ("wall0_ms", "mono0_ms", "now_ms", "suspect", "steps")
+
+    def __init__(self):
+        self.wall0_ms: int | None = None
+        self.mono0_ms = 0
+        self.now_ms = 0
+        # After a step or a restart: deletions by age are bounded until they caught up.
+        self.suspect = True
+        self.steps = 0
+
+    def update(self, wall_ms: int, mono_ms: int | None = None) -> int:
+        """Read both clocks; `mono_ms` None: the caller has one clock only (tests), trusted."""
+        if mono_ms is None:
+            self.wall0_ms, self.mono0_ms = wall_ms, wall_ms
+        elif self.wall0_ms is None:
+            self.wall0_ms, self.mono0_ms = wall_ms, mono_ms
+        now = self.wall0_ms + (mono_ms if mono_ms is not None else wall_ms) - self.mono0_ms
+        step = wall_ms - now
+        if abs(step) > CLOCK_STEP_THRESHOLD_MS:
+            self.steps += 1
+            self.suspect = True
+            log.warning("the wall clock stepped %+.1f s against the monotonic clock: retention "
+                        "follows it from now on, deleting at most %d groups by age per pass "
+                        "until it caught up", step / 1000, GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX)
+            self.wall0_ms, self.mono0_ms = wall_ms, mono_ms
+            now = wall_ms
+        self.now_ms = now
+        return now
 
 
 class ReplicaDrop(NamedTuple):
@@ -46,6 +97,8 @@ def group_bytes(group) -> int:
 class Retention:
     def __init__(self, broker):
         self.broker = broker
+        self.clock = RetentionClock()
+        self._by_age_left: int | None = None   # deletions by age left in this pass (bounded)
         # (sid, sl) -> {group id: its end offset}, for the latest deleted groups only.
         self.deleted_ends: dict[tuple[int, int], OrderedDict] = {}
         self._vseg_segs: dict = {}       # VirtualSegment -> distinct segments it references
@@ -57,6 +110,8 @@ class Retention:
     def enforce(self, wall_ms: int) -> int:
         """One pass over every stream with a limit; returns how many groups were deleted."""
         deleted = 0
+        clock = self.clock
+        self._by_age_left = GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX if clock.suspect else None
         for stream in list(self.broker.streams.values()):
             info = stream.info
             if not info.retention_ms and not info.retention_bytes:
@@ -69,6 +124,14 @@ class Retention:
                     deleted += n
                     self.broker.tier.record_first_group(streamlet.stream_id, streamlet.index,
                                                         streamlet.first_group)
+        if clock.suspect:
+            if self._by_age_left == 0:
+                self.broker.counters.add("retention_passes_bounded")
+                log.warning("retention deleted %d groups by age this pass, the most allowed "
+                            "after a clock step or a restart; more are due", 
+                            GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX)
+            else:
+                clock.suspect = False   # caught up: ages are trusted again
         if deleted:
             self.broker.counters.add("groups_deleted", deleted)
             self.scan_vsegs = True
@@ -93,6 +156,10 @@ class Retention:
             size = group_bytes(g) if info.retention_bytes else 0
             expired = info.retention_ms and g.last_ms + info.retention_ms <= wall_ms
             over = info.retention_bytes and total - size >= info.retention_bytes
+            if not over and expired and self._by_age_left is not None:
+                if self._by_age_left == 0:
+                    break
+                self._by_age_left -= 1
             if not (expired or over):
                 break
             total -= size

@@ -86,7 +86,15 @@ class Segment:
             if mv is None:
                 return None
         pos = self.positions[index]
-        return mv[pos:pos + self.sizes[index]]
+        view = mv[pos:pos + self.sizes[index]]
+        tier = self.tier
+        if tier is not None and not tier.good(self, index, view):
+            return tier.repaired.get(index)   # a damaged chunk: its replica's copy, or None
+        return view
+
+    def read_error(self, index: int):
+        """Why `view(index)` gave None for a damaged chunk (kera.broker.tier.TierFile.error)."""
+        return None if self.tier is None else self.tier.error(self, index)
 
     def end_offset(self, index: int) -> int:
         """Record offset just past chunk `index`."""

@@ -16,6 +16,30 @@ from kera.broker.segment import Segment
 _PRODUCER_SEQ = struct.Struct("<QQ")  # producer_id, sequence at byte 16 of a chunk header
 
 
+def growth(group: Group | None, sizes, segment_size_bytes: int, group_segments: int) -> tuple[int, int]:
+    """(segments, groups) that appending chunks of `sizes` bytes, in order, to a slot whose open
+    group is `group` (None or closed: the slot has none) would open; the same rule as
+    Streamlet.append, without appending. Chunks larger than a segment are refused anyway."""
+    room = segs_left = 0
+    if group is not None and not group.closed:
+        segs_left = group_segments - len(group.segments)
+        if group.segments:
+            last = group.segments[-1]
+            room = last.capacity_bytes - last.used_bytes
+    segments = groups = 0
+    for size in sizes:
+        if size <= room:
+            room -= size
+        elif size <= segment_size_bytes:
+            if segs_left == 0:
+                groups += 1
+                segs_left = group_segments
+            segs_left -= 1
+            segments += 1
+            room = segment_size_bytes - size
+    return segments, groups
+
+
 class GroupListener(Protocol):
     def group_opened(self, group: Group) -> None: ...
     def group_closed(self, group: Group) -> None: ...

@@ -1,6 +1,9 @@
 """Tiering: keeping the chunk bytes a broker holds in memory under its budget.
 
-Segments are registered as they open (`opened`). When the bytes in memory pass `tier_at`
+Segments are registered as they open (`opened`). Memory is counted as the *mapped capacity*
+of the segments held in memory, not the chunk bytes in them: an open segment maps its whole
+capacity (and costs at least a page of RSS and a kernel map area however little it holds), so
+many tiny groups cannot take more memory than `--memory-limit` says. When that passes `tier_at`
 (a share of `memory_limit_bytes`), the oldest *sealed, durable* segments — no more appends
 (a later segment of its group exists, or the group closed) and every chunk acknowledged by
 every copy the stream asks for — are handed out as WriteJobs (kera.broker.tier_files: the tier
@@ -10,8 +13,9 @@ through a bounded set of maps (`maps_max`, least recently mapped unmapped first)
 broker's readers never see the difference.
 
 Sans-IO but for `map` (an mmap of a file, done in the loop: cheap, pages fault in as they are
-read). Backpressure: `admit` refuses bytes that would take memory past the limit; producers
-are then answered `throttled` (retriable). If memory is full of open segments nothing could
+read). Backpressure: `admit` refuses new segments that would take memory past the limit, or
+the number of segments in memory past `SEGMENTS_RESIDENT_MAX`; producers are then answered
+`throttled` (retriable). If memory is full of open segments nothing could
 ever tier, so under that pressure the group of the largest durable open segment is closed
 (its next chunk opens a new group), which makes the segment sealed.
 """
@@ -28,11 +32,18 @@ from typing import Callable
 from kera.broker import tier_files
 from kera.broker.tier_files import (DeleteJob, DeleteStreamJob, FirstGroupJob, SegmentRecord,
                                     WriteJob)
+from kera.chunk import verify
+from kera.errors import CorruptChunk, KeraError, NotReady
 from kera.metrics import Counters
 
 log = logging.getLogger(__name__)
 
 SCAN_BACKOFF_S = 0.02   # after a scan found nothing to tier, wait this long before the next
+# Segments held in memory at once, per broker. Each is one anonymous mapping (two once huge
+# pages are advised for its tail), and Linux refuses mappings past vm.max_map_count (65,530 by
+# default): 16,384 segments stay within half of it, leaving room for the tier's file maps
+# (`maps_max`), libraries and zmq.
+SEGMENTS_RESIDENT_MAX = 16_384
 
 
 @dataclass(slots=True)
@@ -53,16 +64,62 @@ class TierConfig:
 
 
 class TierFile:
-    """What a tiered segment keeps of its file."""
-    __slots__ = ("store", "key", "length")
+    """What a tiered segment keeps of its file.
+
+    Every chunk read from the file is verified (both checksums, the broker's stamps) the first
+    time it is read after the file is mapped: a damaged chunk is never served. It is read back
+    from a backup replica when one holds it (kera.broker.repair) and served from memory then."""
+    __slots__ = ("store", "key", "length", "checked", "bad", "repairing", "repaired")
 
     def __init__(self, store: "TierStore", key: tuple, length: int):
         self.store = store
         self.key = key          # (stream id, streamlet, group, segment)
         self.length = length
+        self.checked: bytearray | None = None   # per chunk: verified since the file was mapped
+        self.bad: set[int] = set()              # chunks that failed verification
+        self.repairing: set[int] = set()        # of those, being read from a replica
+        self.repaired: dict[int, memoryview] = {}   # verified copies from a replica
 
     def map(self, seg):
         return self.store.map(seg)
+
+    @property
+    def path(self) -> Path | None:
+        root = self.store.root
+        return None if root is None else tier_files.seg_path(root, self.key)
+
+    def good(self, seg, index: int, view) -> bool:
+        """Is chunk `index` of the mapped file whole? Verified once per mapping."""
+        checked = self.checked
+        if checked is None:
+            checked = self.checked = bytearray(len(seg))
+        if checked[index]:
+            return True
+        if index in self.bad:
+            return False
+        g = seg.group
+        try:
+            h = verify(view)
+            if (h.stream_id, h.streamlet, h.group, h.segment, h.base_offset) != (
+                    g.stream_id, g.streamlet, g.id, seg.number, seg.bases[index]):
+                raise CorruptChunk(f"stamped group {h.group} segment {h.segment} "
+                                   f"offset {h.base_offset}")
+        except CorruptChunk as err:
+            self.store.corrupt(seg, index, err)
+            return False
+        checked[index] = 1
+        return True
+
+    def error(self, seg, index: int) -> KeraError | None:
+        """Why chunk `index` cannot be served (None: it can, or it is not a damaged one)."""
+        if index not in self.bad or index in self.repaired:
+            return None
+        where = f"chunk {index} (byte {seg.positions[index]}) of segment file {self.path}"
+        if index in self.repairing:
+            return NotReady(f"{where} failed its checksum; it is being read from a backup replica")
+        return CorruptChunk(f"{where} failed its checksum and no replica holds it (R=1, or its "
+                            f"replicas are gone): its records cannot be served; read past it by "
+                            f"moving the position to the next chunk", retriable=False)
 
 
 def segment_key(seg) -> tuple[int, int, int, int]:
@@ -81,20 +138,24 @@ def sealed(seg) -> bool:
 
 
 class TierStore:
-    def __init__(self, cfg: TierConfig | None = None, appended: Callable[[], int] = lambda: 0,
-                 counters: Counters | None = None,
-                 close_group: Callable[[object], None] | None = None):
+    def __init__(self, cfg: TierConfig | None = None, counters: Counters | None = None,
+                 close_group: Callable[[object], None] | None = None,
+                 segments_max: int = SEGMENTS_RESIDENT_MAX):
         self.cfg = cfg or TierConfig()
         self.cfg.check()
         self.root = Path(self.cfg.root) if self.cfg.root is not None else None
-        self._appended = appended             # chunk bytes ever appended (the broker's counter)
         self.close_group = close_group        # closes a group (memory pressure, see module doc)
+        # Starts reading a damaged chunk from a replica (kera.broker.repair); False: none can.
+        self.repairer: Callable[[object, int], bool] | None = None
         self.counters = counters if counters is not None else Counters()
         self.resident: dict = {}              # segments holding memory, oldest opened first
         self.writing: dict = {}               # segment -> WriteJob out on the tier thread
         self.maps: OrderedDict = OrderedDict()  # tiered segments mapped now
-        self.left_bytes = 0                   # appended bytes that left memory (tiered, deleted)
-        self.adopted_bytes = 0                # bytes of segments filled other than by appends
+        self.mapped_bytes = 0                 # capacity of the segments in `resident`
+        # Capacity a refused chunk wanted: tiering makes that much room below `tier_at` too,
+        # or a request refused below the threshold would wait forever.
+        self.wanted_bytes = 0
+        self.segments_max = segments_max
 
         self.disk_bytes = 0                   # bytes of segment files on disk
         self.jobs_out = 0
@@ -111,19 +172,35 @@ class TierStore:
 
     @property
     def memory_bytes(self) -> int:
-        return self._appended() + self.adopted_bytes - self.left_bytes
+        return self.mapped_bytes
 
-    def admit(self, nbytes: int) -> bool:
-        """May `nbytes` more chunk bytes come into memory?"""
+    def admit(self, segments: int, nbytes: int) -> bool:
+        """May `segments` more segments of `nbytes` mapped capacity in all come into memory?"""
+        if len(self.resident) + segments > self.segments_max:
+            return False
         limit = self.cfg.memory_limit_bytes
-        return not limit or self.memory_bytes + nbytes <= limit
+        return not limit or self.mapped_bytes + nbytes <= limit
 
-    def opened(self, seg, counted: int = 0) -> None:
-        """A segment now holds memory; `counted` of its bytes are in the broker's appended
-        counter already (the first chunk of a segment opened by an append). The rest (a
-        segment filled another way: a recovery rebuild) is accounted here."""
-        self.resident[seg] = None
-        self.adopted_bytes += seg.used_bytes - counted
+    def wanted(self, nbytes: int) -> None:
+        """A chunk was refused for want of `nbytes` of room: tier that much more."""
+        self.wanted_bytes = max(self.wanted_bytes, nbytes)
+
+    def never_fits(self, capacity_bytes: int) -> bool:
+        """A segment of this capacity is larger than the whole memory budget."""
+        limit = self.cfg.memory_limit_bytes
+        return bool(limit) and capacity_bytes > limit
+
+    def opened(self, seg) -> None:
+        """A segment now maps its capacity in memory."""
+        if seg not in self.resident:
+            self.resident[seg] = None
+            self.mapped_bytes += seg.capacity_bytes
+            self.wanted_bytes = 0
+
+    def _left(self, seg) -> None:
+        """A segment no longer holds memory (tiered, deleted, released)."""
+        if self.resident.pop(seg, 0) is None:
+            self.mapped_bytes -= seg.capacity_bytes
 
     # ------------------------------------------------------------------ planning
     def take_jobs(self, now: float) -> list:
@@ -136,8 +213,8 @@ class TierStore:
             self.jobs_out += 1
         if self.root is None or not self.tier_at_bytes or self.jobs_out >= jobs_max:
             return jobs
-        in_flight = sum(j.nbytes for j in self.writing.values())
-        excess = self.memory_bytes - in_flight - self.tier_at_bytes
+        in_flight = sum(seg.capacity_bytes for seg in self.writing)
+        excess = self.memory_bytes + self.wanted_bytes - in_flight - self.tier_at_bytes
         if excess <= 0 or now < self._retry_at or now < self._scan_at:
             return jobs
         found = False
@@ -162,18 +239,19 @@ class TierStore:
             self.writing[seg] = job
             jobs.append(job)
             self.jobs_out += 1
-            in_flight += job.nbytes
-            excess -= job.nbytes
+            in_flight += seg.capacity_bytes
+            excess -= seg.capacity_bytes
+            self.wanted_bytes = max(0, self.wanted_bytes - seg.capacity_bytes)
         for seg in stale:
-            del self.resident[seg]
-            self.left_bytes += seg.used_bytes
+            self._left(seg)
 
         if not found:
             self._scan_at = now + SCAN_BACKOFF_S
             # Half way from tier_at to the limit with nothing to tier and no write to wait
             # for: producers are about to be throttled with no way out but a group closing.
             pressure = (self.tier_at_bytes + self.cfg.memory_limit_bytes) // 2
-            if not self.writing and self.memory_bytes >= pressure and self._relieve():
+            if not self.writing and self.memory_bytes + self.wanted_bytes >= pressure \
+                    and self._relieve():
                 jobs += self.take_jobs(now)   # the segment just sealed goes now
         return jobs
 
@@ -232,8 +310,7 @@ class TierStore:
 
     def _tiered(self, seg, key, length: int) -> None:
         """The segment's bytes are on disk: let its memory go (once the last view is gone)."""
-        self.resident.pop(seg, None)
-        self.left_bytes += seg.used_bytes
+        self._left(seg)
         self.disk_bytes += length
         seg.tier = TierFile(self, key, length)
         seg.mv = None
@@ -248,8 +325,7 @@ class TierStore:
     def segment_deleted(self, seg) -> None:
         """Retention deleted the segment's group: free its memory or its files."""
         if seg in self.resident:
-            del self.resident[seg]
-            self.left_bytes += seg.used_bytes
+            self._left(seg)
         elif seg.tier is not None:
             self.maps.pop(seg, None)
             self._delete_files(seg.tier.key, seg.tier.length)
@@ -262,8 +338,7 @@ class TierStore:
             for group in streamlet.groups:
                 for seg in group.segments:
                     if seg in self.resident:
-                        del self.resident[seg]
-                        self.left_bytes += seg.used_bytes
+                        self._left(seg)
                     elif seg.tier is not None:
                         self.maps.pop(seg, None)
                         self.disk_bytes -= seg.tier.length
@@ -293,6 +368,7 @@ class TierStore:
             log.error("cannot map segment file %s: %s", tf.key, err)
             return None
         seg.buf, seg.mv = mm, mv
+        tf.checked = None                     # verify again what is read through this map
         self.maps[seg] = None
         self.counters.add("tier_maps")
         while len(self.maps) > self.cfg.maps_max:
@@ -301,6 +377,32 @@ class TierStore:
             old.mv = None
             old.buf = None
         return mv
+
+    # ------------------------------------------------------------------ damaged chunks
+    def corrupt(self, seg, index: int, err: CorruptChunk) -> None:
+        tf = seg.tier
+        tf.bad.add(index)
+        self.counters.add("tier_corrupt_chunks")
+        repairing = self.repairer is not None and self.repairer(seg, index)
+        if repairing:
+            tf.repairing.add(index)
+        log.error("chunk %d (byte %d) of segment file %s failed verification (%s): not served; "
+                  "%s", index, seg.positions[index], tf.path, err.message,
+                  "reading it from a backup replica" if repairing else "no replica holds it")
+
+    def repaired(self, seg, index: int, data: bytes) -> None:
+        tf = seg.tier
+        tf.repaired[index] = memoryview(data)
+        tf.repairing.discard(index)
+        self.counters.add("tier_chunks_repaired")
+        log.warning("chunk %d of segment file %s read back from a backup replica: served from "
+                    "memory from now on (the file is left as it is)", index, tf.path)
+
+    def repair_failed(self, seg, index: int) -> None:
+        seg.tier.repairing.discard(index)
+        self.counters.add("tier_repairs_failed")
+        log.error("chunk %d of segment file %s: no replica could give it back; readers get "
+                  "corrupt_chunk", index, seg.tier.path)
 
     # ------------------------------------------------------------------ shutdown
     def shutdown_jobs(self) -> list[WriteJob]:
@@ -325,5 +427,6 @@ class TierStore:
             "tiered_bytes": self.disk_bytes,
             "tier_jobs_out": self.jobs_out,
             "segments_resident": len(self.resident),
+            "segments_resident_max": self.segments_max,
             "segments_mapped": len(self.maps),
         }

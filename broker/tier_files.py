@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kera import chunk
-from kera.durable import fsync_dir, write_atomic
+from kera.durable import fsync_dir, read_checked, unlink_durable, write_atomic, write_checked
 from kera.errors import CorruptChunk, StorageError
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ FIRST_GROUP_FILE = "first_group"
 def write_first_group(root: Path, stream_id: int, streamlet: int, first_group: int) -> None:
     directory = streamlet_dir(root, stream_id, streamlet)
     directory.mkdir(parents=True, exist_ok=True)
-    write_atomic(directory / FIRST_GROUP_FILE, f"{first_group}\n".encode())
+    write_checked(directory / FIRST_GROUP_FILE, str(first_group))
 
 
 def read_first_groups(root: Path) -> dict[tuple[int, int], int]:
@@ -204,21 +204,22 @@ def read_first_groups(root: Path) -> dict[tuple[int, int], int]:
         if not (sid.isdigit() and sl.isdigit()) or not path.is_file():
             continue
         try:
-            text = path.read_text().strip()
-            if text.isdigit() and len(text) <= 10:
-                out[(int(sid), int(sl))] = int(text)
+            text = read_checked(path)
         except OSError as err:
             log.error("cannot read %s: %s", path, err)
+            continue
+        if text is None or not (text.isdigit() and len(text) <= 10):
+            # Without it, group numbers restart after the oldest group on disk: what retention
+            # deleted below it is then reported lost, not silently renumbered.
+            log.error("%s is damaged (checksum or content): ignored", path)
+            continue
+        out[(int(sid), int(sl))] = int(text)
     return out
 
 
 def delete_segment(root: Path, key) -> None:
-
-    for path in (meta_path(root, key), seg_path(root, key)):  # the commit record first
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
+    unlink_durable(meta_path(root, key))     # the commit record first: a crash leaves an orphan
+    unlink_durable(seg_path(root, key))
 
 
 def delete_stream(root: Path, stream_id: int) -> None:
@@ -228,19 +229,31 @@ def delete_stream(root: Path, stream_id: int) -> None:
     prefix = f"{stream_id:020d}-"
     for directory in base.iterdir():
         if directory.name.startswith(prefix):
-            for path in directory.glob("*.meta"):  # records first: a crash leaves orphans only
-                path.unlink(missing_ok=True)
+            unlink_durable(*directory.glob("*.meta"))  # records first: a crash leaves orphans
             shutil.rmtree(directory, ignore_errors=True)
+            fsync_dir(base)
+
+
+MARKER_TEXT = "kera broker"
 
 
 def write_marker(path: Path) -> None:
-    """An empty file, durably created."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    """A marker file, durably created, with a checksum (`marker_ok` checks it)."""
+    write_checked(path, MARKER_TEXT)
+
+
+def marker_ok(path: Path) -> bool:
+    """The marker exists and is whole (a torn or damaged one counts as absent)."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    fsync_dir(path.parent)
+        text = read_checked(path)
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        log.error("cannot read marker %s: %s", path, err)
+        return False
+    if text != MARKER_TEXT:
+        log.error("marker %s is damaged: ignored", path)
+    return text == MARKER_TEXT
 
 
 
@@ -277,10 +290,10 @@ def scan(root: Path) -> list[SegmentRecord]:
             continue
         for path in sorted(directory.iterdir()):
             if path.name.endswith(".meta.tmp"):
-                path.unlink(missing_ok=True)
+                unlink_durable(path)
             elif path.suffix == ".seg" and not path.with_suffix(".meta").exists():
                 log.warning("removing %s: no commit record (a write cut short)", path)
-                path.unlink(missing_ok=True)
+                unlink_durable(path)
             elif path.suffix == ".meta":
                 try:
                     with open(path, "rb") as f:

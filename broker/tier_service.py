@@ -2,7 +2,8 @@
 sans-IO core's kera.broker.tier / retention / reload):
 
 - at start: the segment files found in the data dir, verified (kera.broker.reload);
-- every loop turn: the wall clock into the core, tier jobs to the tier thread, their outcomes
+- every loop turn: `read_replica` requests for damaged tiered chunks (kera.broker.repair);
+- every loop turn: the wall and monotonic clocks into the core (retention's clock), tier jobs to the tier thread, their outcomes
   back;
 - every RETENTION_INTERVAL_S: retention, and `drop_replica` requests to backups (retried a few
   times: a backup that never hears of a drop keeps a useless replica, nothing worse);
@@ -19,7 +20,9 @@ from pathlib import Path
 import zmq
 
 from kera.backup.worker import Worker
+from kera import durable
 from kera.broker import reload, tier_files
+from kera.broker.repair import REPAIR_READ_TIMEOUT_S, RepairRead
 from kera.broker.retention import ReplicaDrop
 
 
@@ -47,8 +50,8 @@ class TierService:
         if self.root is not None:
             self.root.mkdir(parents=True, exist_ok=True)
             marker = self.root / CLEAN_SHUTDOWN_FILE
-            self.clean_restart = marker.exists()
-            marker.unlink(missing_ok=True)
+            self.clean_restart = tier_files.marker_ok(marker)
+            durable.unlink_durable(marker)
             core.clean_restart = self.clean_restart
             loaded = reload.load_dir(self.root)
             if not loaded.empty:
@@ -65,9 +68,11 @@ class TierService:
     # ------------------------------------------------------------------ every turn
     def pump(self) -> None:
         core = self.core
-        core.set_wall_clock(int(time.time() * 1000))
+        core.set_wall_clock(int(time.time() * 1000), int(time.monotonic() * 1000))
         if self.worker is None:
             return
+        for req in core.take_repair_reads():
+            self._send_repair(req)
         now = time.monotonic()
         for job, _, error in self.worker.completions():
             core.tier_job_done(job, error, now)
@@ -77,7 +82,7 @@ class TierService:
     # ------------------------------------------------------------------ retention
     def retention(self) -> None:
         core = self.core
-        core.enforce_retention(int(time.time() * 1000))
+        core.enforce_retention(int(time.time() * 1000), int(time.monotonic() * 1000))
         now = time.monotonic()
         for drop in core.take_replica_drops():
             self._drops.append((now, 1, drop))
@@ -102,6 +107,13 @@ class TierService:
             self._drops.append((time.monotonic() + DROP_RETRY_S, attempt + 1, drop))
 
         self.server.peer(drop.address).request("drop_replica", drop.fields, [], DROP_TIMEOUT_S, done)
+
+    def _send_repair(self, req: RepairRead) -> None:
+        def done(header, frames, error, req=req):
+            self.core.repair_read_done(req, header, frames, error)
+
+        self.server.peer(req.address).request("read_replica", req.fields, [],
+                                              REPAIR_READ_TIMEOUT_S, done)
 
     # ------------------------------------------------------------------ stop
     def shutdown(self) -> None:

@@ -19,6 +19,15 @@ DEFAULT_VIRTUAL_SEGMENT_BYTES = 8 * MiB
 REPLICATION_TIMEOUT_S = 2.0        # a backup slower than this is replaced for the open segment
 REPLICATION_IN_FLIGHT_MAX = 1      # replication writes in flight per virtual log
 PRODUCER_TABLE_MAX = 100_000       # (producer, streamlet) entries kept for duplicate detection
+# Entries evicted from that table but kept while their chunks are retained, so a retry of
+# any sequence (0 included) is still recognised: ~370 bytes each (measured with tracemalloc),
+# so 2 M is ~0.7 GiB at most; past it the oldest evicted producers are forgotten.
+PRODUCER_RETAINED_MAX = 2_000_000
+# Groups a streamlet retains at once on a broker. Each costs a Python object and its index,
+# and `offsets` describes every one in a reply under the 4 MiB header limit (~16 bytes each):
+# 65,536 keep that reply near 1 MiB. With the default 16 x 8 MiB groups this is 8 PiB per
+# streamlet: only floods of tiny groups reach it.
+GROUPS_PER_STREAMLET_MAX = 65_536
 
 # Producer
 DEFAULT_CHUNK_SIZE_BYTES = 16 * KiB

@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 
 from kera.chunk import crc32c
-from kera.durable import fsync_dir, remove_durable, write_atomic
+from kera.durable import fsync_dir, unlink_durable, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class MetadataStore:
                                   for bid, t in sorted(replica_tables.items()) if t}}
             data = json.dumps(state, separators=(",", ":"), sort_keys=True).encode()
             write_atomic(self.dir / STATE_FILE, data)
-            remove_durable(self.dir / log_name(generation - 1))
+            unlink_durable(self.dir / log_name(generation - 1))
             log.info("metadata snapshot %d written (%d bytes)", generation, len(data))
         except OSError as exc:
             self._writer_error = exc
@@ -260,7 +260,7 @@ class MetadataStore:
     def _remove_stale_logs(self, keep: int) -> None:
         for path in self.dir.glob("coordinator-*.log"):
             if path.name != log_name(keep):
-                remove_durable(path)
+                unlink_durable(path)
 
 
 def _create_log(path: Path) -> int:

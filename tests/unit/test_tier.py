@@ -146,7 +146,8 @@ def test_a_disk_limit_stops_tiering(tmp_path):
 
 def test_memory_full_of_open_groups_closes_one(tmp_path):
     # Four slots, each with an open segment: nothing is sealed, yet memory must go somewhere.
-    b = broker(tmp_path, 24 * KiB, desc(Q=4, seg=16 * KiB), tier_at_fraction=0.5)
+    # (Memory counts each segment's mapped capacity: four 16 KiB segments fill 64 KiB.)
+    b = broker(tmp_path, 64 * KiB, desc(Q=4, seg=16 * KiB), tier_at_fraction=0.5)
     seq = [0] * 4
     for i in range(24):
         p = i % 4
