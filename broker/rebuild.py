@@ -31,22 +31,19 @@ copy: R copies); otherwise once the broker's own replication of it is acknowledg
 from __future__ import annotations
 
 import logging
-import struct
 from array import array
 
 from kera.broker.group import Group
 from kera.broker.producers import Entry
 from kera.broker.streamlet import Streamlet
-from kera.chunk import HEADER_SIZE, UNSET_U32, UNSET_U64, ChunkHeader
+from kera.chunk import UNSET_U32, UNSET_U64, ChunkHeader
 
 log = logging.getLogger(__name__)
 
-_I64 = struct.Struct("<q")
 
 
 class _GroupBuild:
-    __slots__ = ("group", "pending", "pids", "seqs", "durable_end", "durable_open",
-                 "first_ms", "last_ms")
+    __slots__ = ("group", "pending", "pids", "seqs", "durable_end", "durable_open")
 
     def __init__(self, group: Group):
         self.group = group
@@ -55,8 +52,6 @@ class _GroupBuild:
         self.seqs = array("Q")                 # its sequence
         self.durable_end = 0                   # end of the leading run of readable chunks
         self.durable_open = True               # the run has not been broken yet
-        self.first_ms = 0
-        self.last_ms = 0
 
 
 class StreamletRebuild:
@@ -124,11 +119,6 @@ class StreamletRebuild:
             gb.durable_end = group.head
         else:
             gb.durable_open = False
-        n = h.record_count
-        first_ms = _I64.unpack_from(chunk, HEADER_SIZE)[0] // 1000
-        last_ms = _I64.unpack_from(chunk, HEADER_SIZE + 8 * (n - 1))[0] // 1000
-        gb.first_ms = min(gb.first_ms, first_ms) if gb.first_ms else first_ms
-        gb.last_ms = max(gb.last_ms, last_ms, first_ms)
         self.chunks += 1
         self.bytes += size
 
@@ -300,9 +290,10 @@ def install(core, rebuild: StreamletRebuild) -> Installed | None:
         if group.head == 0:
             continue   # a placeholder: nothing to replicate or read
         group.closed = False
+        # Stamped now by the retention clock (group_opened), not by its records' timestamps:
+        # those are the producers' (any clock, any epoch), and an old one would have
+        # retention delete a recovered group at once that its dead owner still kept.
         core.group_opened(group)
-        if gb.first_ms:
-            group.created_ms, group.last_ms = gb.first_ms, gb.last_ms
         vlog = group.vlog
         for seg in group.segments:
             if tier is not None:

@@ -52,33 +52,41 @@ GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX = 8
 
 
 class RetentionClock:
-    """Retention's time in ms: the wall clock at the last anchor plus the monotonic time since."""
-    __slots__ = ("wall0_ms", "mono0_ms", "now_ms", "suspect", "steps")
+    """Retention's time in ms: the wall clock read once at start plus the monotonic time since.
+
+    Within a process ages follow the monotonic clock only, so a step of the wall clock (either
+    way) neither ages nor rejuvenates anything; the step is logged so an operator sees the two
+    clocks disagree. A restart anchors on the wall clock again: reloaded stamps are clamped
+    (kera.broker.reload) and, while `suspect`, a pass deletes at most
+    GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX groups by age, so a wrong clock at start is in the
+    log well before much is gone."""
+    __slots__ = ("wall0_ms", "mono0_ms", "now_ms", "suspect", "steps", "_offset_ms")
 
     def __init__(self):
         self.wall0_ms: int | None = None
         self.mono0_ms = 0
         self.now_ms = 0
-        # After a step or a restart: deletions by age are bounded until they caught up.
+        # After a restart: deletions by age are bounded until they caught up.
         self.suspect = True
         self.steps = 0
+        self._offset_ms = 0   # wall clock minus retention time at the last logged step
 
     def update(self, wall_ms: int, mono_ms: int | None = None) -> int:
         """Read both clocks; `mono_ms` None: the caller has one clock only (tests), trusted."""
         if mono_ms is None:
             self.wall0_ms, self.mono0_ms = wall_ms, wall_ms
+            mono_ms = wall_ms
         elif self.wall0_ms is None:
             self.wall0_ms, self.mono0_ms = wall_ms, mono_ms
-        now = self.wall0_ms + (mono_ms if mono_ms is not None else wall_ms) - self.mono0_ms
-        step = wall_ms - now
-        if abs(step) > CLOCK_STEP_THRESHOLD_MS:
+        now = self.wall0_ms + mono_ms - self.mono0_ms
+        offset = wall_ms - now
+        if abs(offset - self._offset_ms) > CLOCK_STEP_THRESHOLD_MS:
             self.steps += 1
-            self.suspect = True
-            log.warning("the wall clock stepped %+.1f s against the monotonic clock: retention "
-                        "follows it from now on, deleting at most %d groups by age per pass "
-                        "until it caught up", step / 1000, GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX)
-            self.wall0_ms, self.mono0_ms = wall_ms, mono_ms
-            now = wall_ms
+            self._offset_ms = offset
+            log.warning("the wall clock stepped: it is now %+.1f s from retention's clock, "
+                        "which keeps aging groups by the monotonic clock (a restart adopts the "
+                        "wall clock, deleting at most %d groups by age per pass until caught "
+                        "up)", offset / 1000, GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX)
         self.now_ms = now
         return now
 

@@ -28,8 +28,6 @@ SEEDS = [int(ONE_SEED)] if ONE_SEED else list(range(int(os.environ.get("KERA_SIM
 # Control-plane faults today's code does not survive (README.md, Findings), with the issue item
 # that fixes each. The integrator removes an entry once its fix lands: its seeds must then pass.
 EXPECTED_TODAY = {
-    "wall_clock_step": "issue 10 item 7: retention ages groups by the wall clock, so a forward "
-                       "step deletes acknowledged records within the retention bound",
 }
 
 
@@ -155,7 +153,6 @@ def test_one_lost_heartbeat_is_not_a_failover():
 # Issue 10's control-plane faults on a calm run, one at a time (they are in the seed rotation
 # too: tests/sim/cluster.py, draw_control_faults).
 
-@pytest.mark.xfail(strict=False, reason=EXPECTED_TODAY["wall_clock_step"])
 def test_wall_clock_step_deletes_nothing_within_retention():
     """The wall clock jumps 10 days forward mid-run, the monotonic clock does not: with every
     stream keeping records an hour, nothing acknowledged may be deleted, and every acknowledged

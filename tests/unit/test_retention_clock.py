@@ -1,6 +1,6 @@
-"""Retention under wall-clock steps, sans-IO with injected clocks: ages follow the monotonic
-clock, a forward step of the wall clock deletes nothing at once, and after a detected step one
-pass deletes at most GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX groups by age."""
+"""Retention under wall-clock steps, sans-IO with injected clocks: within a process ages follow
+the monotonic clock, so a step of the wall clock (either way) deletes nothing; after a restart
+one pass deletes at most GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX groups by age."""
 
 from kera.broker.retention import (CLOCK_STEP_THRESHOLD_MS, GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX,
                                    RetentionClock)
@@ -23,29 +23,41 @@ def groups_left(b) -> int:
     return len(b.streams[1].streamlets[0].groups)
 
 
-def test_the_clock_follows_the_monotonic_clock_between_steps():
+def test_the_clock_follows_the_monotonic_clock_through_steps():
     c = RetentionClock()
     assert c.update(WALL0, 0) == WALL0
     small = CLOCK_STEP_THRESHOLD_MS // 2                  # a slew: ignored
     assert c.update(WALL0 + 1000 + small, 1000) == WALL0 + 1000
     assert c.steps == 0
-    assert c.update(WALL0 + DAY, 2000) == WALL0 + DAY    # a step: detected, followed
-    assert c.steps == 1 and c.suspect
+    assert c.update(WALL0 + DAY, 2000) == WALL0 + 2000   # a step: detected, not followed
+    assert c.steps == 1
+    assert c.update(WALL0 + DAY + 1000, 3000) == WALL0 + 3000
+    assert c.steps == 1                                  # the same step is logged once
 
 
-def test_a_forward_wall_clock_step_deletes_at_most_the_bound_per_pass():
+def test_a_forward_wall_clock_step_deletes_nothing():
     b = broker(desc(retention_ms=60 * MIN))
     fill_at(b, 4 * 40, WALL0, 0)                          # 40 groups, written "now"
     b.enforce_retention(WALL0, 0)                         # first pass: nothing is old
     assert groups_left(b) == 40 and not b.retention.clock.suspect
     # The wall clock steps a day ahead while the monotonic clock moved one second.
-    deleted = b.enforce_retention(WALL0 + DAY, 1000)
+    assert b.enforce_retention(WALL0 + DAY, 1000) == 0
     assert b.retention.clock.steps == 1
+    assert groups_left(b) == 40
+    # An hour later by the monotonic clock the groups are old: they go.
+    assert b.enforce_retention(WALL0 + DAY + 61 * MIN, 61 * MIN) == 40
+
+
+def test_after_a_restart_a_pass_deletes_at_most_the_bound():
+    b = broker(desc(retention_ms=60 * MIN))
+    fill_at(b, 4 * 40, WALL0, 0)
+    b.retention.clock = RetentionClock()                  # what a restart starts with
+    deleted = b.enforce_retention(WALL0 + DAY, 0)         # the wall clock a day later
     assert deleted <= GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX
     assert groups_left(b) >= 40 - GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX
     assert b.stats()["retention_passes_bounded"] == 1
     # Each later pass deletes at most the bound too, while more are due.
-    assert b.enforce_retention(WALL0 + DAY + 500, 1500) <= GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX
+    assert b.enforce_retention(WALL0 + DAY + 500, 500) <= GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX
 
 
 def test_without_a_step_nothing_young_is_deleted_and_old_groups_go():
