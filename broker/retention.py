@@ -17,15 +17,15 @@ limit):
   without them (as Kafka's retention.bytes: a streamlet may exceed it by up to one group).
 
 The retention clock (`RetentionClock`) is the wall clock at the broker's start advanced by the
-monotonic clock, so a wall-clock step cannot collapse ages: group stamps and ages come from it.
-When the wall clock moves more than `CLOCK_STEP_THRESHOLD_MS` faster or slower than the
-monotonic clock, the step is logged and the clock follows the wall clock again (an operator or
-NTP may have corrected a wrong clock), but from then on, until it caught up, one pass deletes
-at most `GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX` groups by age, each such pass with a warning:
-a mistaken step is noticed before it deleted much. The same holds after a restart (a step
-while the broker was down cannot be told from downtime), and reloaded stamps later than the
-clock are clamped to it (kera.broker.reload), so a reloaded group's age is never more than
-its files say.
+monotonic clock, so a wall-clock step cannot collapse ages within a process: group stamps and
+ages come from it. When the wall clock moves more than `CLOCK_STEP_THRESHOLD_MS` away from it,
+the step is logged and not followed. After a restart (a step while the broker was down cannot
+be told from downtime) one pass deletes at most `GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX` groups
+by age until it caught up, each such pass with a warning, so a wrong clock at start is noticed
+before it deleted much; reloaded stamps later than the clock are clamped to it
+(kera.broker.reload), so a reloaded group's age is never more than its files say. Groups
+rebuilt by recovery are stamped at recovery, not by their records' (producer-chosen)
+timestamps: a failover never makes data older.
 
 A deleted group's segments leave memory or disk (kera.broker.tier). A virtual segment whose
 every referenced chunk is gone (retention, or its stream deleted) is of no use on its backups:
