@@ -208,10 +208,11 @@ def test_stream_ids_are_never_reused_after_a_coordinator_restart(fresh_cluster):
 
 def test_an_older_coordinator_state_reuses_no_stream_id_and_deletes_nothing(fresh_cluster):
     cluster = fresh_cluster(brokers=1)
-    state = cluster.data_dir / "coordinator" / "coordinator.json"
+    metadata = cluster.data_dir / "coordinator"
     with cluster.admin() as admin:
         admin.create_stream("a", replication=1)
-        old = state.read_bytes()                 # a backup copy of the file, taken now
+        # A backup copy of the metadata (snapshot and change log), taken now.
+        old = {p.name: p.read_bytes() for p in metadata.iterdir() if p.is_file()}
         later = admin.create_stream("b", replication=1)
     produce(cluster, "a", 0)
     produce(cluster, "b", 1)
@@ -219,7 +220,11 @@ def test_an_older_coordinator_state_reuses_no_stream_id_and_deletes_nothing(fres
     wait_for(lambda: json.loads(identity.read_text())["stream_id_mark"] == later["id"],
              "the broker to persist its stream-id mark")
     cluster.kill_coordinator()
-    state.write_bytes(old)                       # the coordinator is restored from the copy
+    for p in metadata.iterdir():                 # the coordinator is restored from the copy
+        if p.is_file():
+            p.unlink()
+    for name, data in old.items():
+        (metadata / name).write_bytes(data)
     cluster.restart_coordinator()
     with cluster.admin() as admin:
         # "b" is unknown to the restored state, yet its id is not issued again: the broker
