@@ -300,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if httpd is not None:
             httpd.shutdown()
-    return 0
+    return 1 if server.failure is not None else 0   # a bug stopped it (logged with its stack)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,7 @@ from kera.broker.recovery_service import RecoveryService
 from kera.broker.tier import TierConfig
 from kera.broker.tier_service import TierService
 from kera.broker.virtual_log import ReplicationWrite
-from kera.errors import KeraError
+from kera.errors import KeraError, NotReady
 from kera.metrics import serve_metrics
 from kera.server import DEFERRED, Request, Server
 
@@ -175,7 +175,7 @@ class BrokerDaemon:
         self.coordinator.request(op, fields, [], timeout_s, done)
 
     def _coordinator_error(self, op: str, error: KeraError) -> None:
-        if op == "heartbeat" and error.code == "not_ready":
+        if op == "heartbeat" and isinstance(error, NotReady):
             log.warning("the coordinator does not know broker %s: registering again", self.core.broker_id)
             self._register()
         else:
@@ -256,9 +256,14 @@ class BrokerDaemon:
         self.core.set_backups(header.get("backups"), time.monotonic(),
                               header.get("settled", True) is not False)
         self.recovery.cluster_reply(header)
-        for b in self.core.pool.backups.values():
-            if b.alive:
-                self.server.peer(b.address)   # connect before the first write
+        live = {b.address for b in self.core.pool.backups.values() if b.alive}
+        for address, peer in list(self.server.peers.items()):
+            # A departed daemon's connection is freed once nothing waits on it (what does
+            # times out); one still needed is opened again on its next use.
+            if peer.idle and address not in live and address != self.coordinator_address:
+                self.server.drop_peer(address)
+        for address in live:
+            self.server.peer(address)   # connect before the first write
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
@@ -351,7 +356,7 @@ def run(args: argparse.Namespace) -> int:
         if httpd is not None:
             httpd.shutdown()
     log.info("broker stopped")
-    return 0
+    return 1 if daemon.server.failure is not None else 0   # a bug stopped it (logged with its stack)
 
 
 def main(argv=None) -> int:

@@ -13,7 +13,7 @@ from typing import Callable
 
 from kera.chunk import HEADER_SIZE, Chunk, chunk_size
 from kera.consumer.cursor import ChunkItem, ErrorItem, FetchCursor, LowItem, parse_groups
-from kera.errors import BadRequest, CorruptChunk, KeraError, Timeout, from_reply
+from kera.errors import BadRequest, CorruptChunk, KeraError, Timeout, UnknownStream, from_reply
 
 BACKOFF_MS_BASE = 5
 BACKOFF_MS_MAX = 1000
@@ -170,8 +170,8 @@ class FetchState:
 
     def _read_failed(self, sl: int, err: KeraError, now: float, items: list) -> None:
         n = self.failures[sl] = self.failures.get(sl, 0) + 1
-        if err.code == "unknown_stream" or err.retriable:
-            if err.code in ("not_owner", "unknown_stream", "timeout", "not_ready"):
+        if isinstance(err, UnknownStream) or err.retriable:
+            if err.refresh_metadata:
                 self.want_refresh = True
         else:
             self.fatal = True

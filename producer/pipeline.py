@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from kera import chunk as chunkcodec
-from kera.errors import KeraError, Timeout, from_reply
+from kera.errors import KeraError, SequenceGap, Timeout, UnknownStream, from_reply
 
 UNSENT, IN_FLIGHT, ACKED = 0, 1, 2
 U64 = 1 << 64
@@ -35,8 +35,6 @@ BACKOFF_MS_BASE = 5
 # A lane's first unacknowledged chunk refused with sequence_gap this often: take a new identity.
 FRONT_GAP_ATTEMPTS_MAX = 8
 BACKOFF_MS_MAX = 1000
-# Codes after which the stream's metadata is asked for again before the retry.
-REFRESH_CODES = frozenset({"not_owner", "unknown_stream", "timeout", "not_ready"})
 
 
 def next_identity(producer_id: int, slot_stride: int) -> int:
@@ -323,8 +321,8 @@ class Pipeline:
         lane.in_flight -= 1
         c.state = UNSENT
         lane.paused = True
-        refresh = {(lane.stream, lane.stream_id)} if error.code in REFRESH_CODES else set()
-        if error.code == "sequence_gap":
+        refresh = {(lane.stream, lane.stream_id)} if error.refresh_metadata else set()
+        if isinstance(error, SequenceGap):
             if self._behind_unacked(c):
                 c.attempts -= 1  # collateral of an earlier chunk's failure, not this chunk's
             elif lane.own and c.attempts >= FRONT_GAP_ATTEMPTS_MAX:
@@ -337,7 +335,7 @@ class Pipeline:
             self.stats["retries"] += 1
             backoff_s = min(BACKOFF_MS_MAX, BACKOFF_MS_BASE << min(c.attempts, 10)) / 1000
             lane.retry_at = max(lane.retry_at, now + backoff_s)
-        elif error.code == "unknown_stream" and not error.retriable:
+        elif isinstance(error, UnknownStream) and not error.retriable:
             self._fail_stream(lane.stream_id, error)
         else:
             self._fail_chunk(c, error)

@@ -6,6 +6,7 @@ it got wrong.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -31,8 +32,11 @@ RETENTION_MS_MAX = 2**63 - 1
 RETENTION_BYTES_MAX = 2**63 - 1
 
 DURABILITIES = (config.DURABILITY_MEMORY, config.DURABILITY_DISK)
-# A heartbeat's `stats` map is kept in memory per daemon: bound it.
+# A heartbeat's `stats` map is kept in memory per daemon: bound it, and keep only the figures
+# placement may use (a backup's load), so a heartbeat cannot park arbitrary data in the
+# coordinator's memory.
 STATS_ENTRIES_MAX = 1000
+STATS_KEPT = ("unflushed_bytes", "memory_bytes", "replicas")
 VERSION_MAX = 2**63 - 1
 ID_MAX = 2**32 - 1
 # A daemon may ask for an id of its own only below this, so ids handed out in order always
@@ -128,13 +132,40 @@ def kind(f: Fields) -> str:
 
 
 def address(f: Fields) -> str:
-    """A "host:port" a peer can connect to (IPv6 hosts in brackets)."""
+    """A "host:port" every peer can hand to ZeroMQ's `tcp://` connect: host an IPv4 literal,
+    an IPv6 literal in brackets, or an RFC 1123 host name; port 1-65535."""
     value = f.str("address", hi=ADDRESS_CHARS_MAX)
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or any(c.isspace() for c in host) or not port.isdigit() \
-            or not 1 <= int(port) <= 65535:
-        raise BadRequest(f"field 'address' must be host:port, not {value!r}")
+    if not valid_address(value):
+        raise BadRequest(f"field 'address' must be HOST:PORT with HOST an IP address ([...] for "
+                         f"IPv6) or a host name of letters, digits, '-' and '.', and PORT "
+                         f"1-65535; not {value!r}")
     return value
+
+
+HOST_NAME_LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\Z")
+HOST_NAME_CHARS_MAX = 253
+
+
+def valid_address(value: str) -> bool:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return False
+    if host.startswith("[") and host.endswith("]"):
+        return _ip_literal(host[1:-1], 6)
+    return _ip_literal(host, 4) or _host_name(host)
+
+
+def _ip_literal(host: str, version: int) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == version
+    except ValueError:
+        return False
+
+
+def _host_name(host: str) -> bool:
+    labels = host.split(".")
+    return (0 < len(host) <= HOST_NAME_CHARS_MAX and all(map(HOST_NAME_LABEL_RE.match, labels))
+            and not labels[-1].isdigit())   # "1.2.3.999" is a bad IP, not a name
 
 
 def node(f: Fields) -> str:
@@ -145,10 +176,19 @@ def node(f: Fields) -> str:
 
 
 def stats(f: Fields) -> dict | None:
+    """The heartbeat `stats` the coordinator keeps: only STATS_KEPT, only numbers (the rest of
+    the map, whatever it holds, is dropped with the request)."""
     value = f.dict("stats", None)
-    if value is not None and len(value) > STATS_ENTRIES_MAX:
+    if value is None:
+        return None
+    if len(value) > STATS_ENTRIES_MAX:
         raise BadRequest(f"field 'stats' has {len(value)} entries, more than {STATS_ENTRIES_MAX}")
-    return value
+    return {name: value[name] for name in STATS_KEPT if _is_number(value.get(name))}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        -2**63 <= value <= 2**64 - 1
 
 
 # A broker's report of where its virtual segments are replicated (heartbeat field `vsegs`).

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from kera import wire
-from kera.errors import KeraError, NotOwner, Timeout, UnknownStream, from_reply
+from kera.errors import KeraError, NotOwner, SequenceGap, Timeout, UnknownStream, from_reply
 from kera.spark.metadata import Metadata, StreamInfo
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class ProduceQueue:
                             f"{tries} times; last: {error.code}: {error}", retriable=True)
         if isinstance(error, (NotOwner, UnknownStream, Timeout)):
             self.stale.add(key[1])
-        if error.code != "sequence_gap":  # a gap clears as soon as the earlier chunk lands
+        if not isinstance(error, SequenceGap):  # a gap clears as soon as the earlier chunk lands
             s.not_before = max(s.not_before, now + min(RETRY_PAUSE_MAX_S, RETRY_PAUSE_S * 2 ** tries))
 
 
