@@ -45,6 +45,10 @@ PEERS_MAX = 256
 # refused with `throttled` instead of growing the daemon's memory behind a slow or dead peer.
 PEER_UNSENT_BYTES_MAX = 256 * 1024 * 1024
 
+# When a bug stops the daemon, the error reply to the request that hit it gets this long to
+# leave (best effort) so its client hears why instead of timing out.
+FAILURE_REPLY_LINGER_MS = 500
+
 
 @dataclass(slots=True)
 class Request:
@@ -61,22 +65,20 @@ class Peer:
 
     Callbacks run inside the server's error boundary (`Server.guarded`)."""
 
-    def __init__(self, server: "Server", address: str):
+    def __init__(self, server: "Server", address: str, refused: str | None = None):
         self.address = address
         self.server = server
-        self.sock = server.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.IMMEDIATE, 1)
-        self.sock.setsockopt(zmq.SNDHWM, PEER_HWM_MESSAGES)
-        self.sock.setsockopt(zmq.RCVHWM, PEER_HWM_MESSAGES)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
-        # Set when zmq refuses the address (it cannot parse or resolve it): every request then
-        # fails with PeerUnreachable through its callback, as for a daemon that never answers.
-        self.broken: str | None = None
-        try:
-            self.sock.connect(f"tcp://{address}")
-        except zmq.ZMQError as exc:
-            self.broken = f"cannot connect to {address!r}: {exc}"
+        # Set when zmq refuses the address (it cannot parse or resolve it) or the socket (out
+        # of sockets), or the server has no room for it (`refused`): every request then fails
+        # with PeerUnreachable through its callback, as for a daemon that never answers.
+        self.broken: str | None = refused
+        self.sock = None
+        if refused is None:
+            try:
+                self.sock = _dealer(server.ctx, address)
+            except zmq.ZMQError as exc:
+                self.broken = f"cannot connect to {address!r}: {exc}"
+        if self.broken is not None:
             log.warning("%s: %s", server.name, self.broken)
         self._ids = itertools.count(int.from_bytes(os.urandom(3), "little") << 16)
         self.pending: dict[int, tuple[float, Callable]] = {}
@@ -167,9 +169,25 @@ class Peer:
         self.refused = []
         self.unsent.clear()
         self.unsent_bytes = 0
-        self.sock.close(linger=0)
+        if self.sock is not None:
+            self.sock.close(linger=0)
         for callback in callbacks:
             self.server.guarded(callback, None, None, Timeout(f"connection to {self.address} closed"))
+
+
+def _dealer(ctx: zmq.Context, address: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.SNDHWM, PEER_HWM_MESSAGES)
+        sock.setsockopt(zmq.RCVHWM, PEER_HWM_MESSAGES)
+        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        sock.connect(f"tcp://{address}")
+    except zmq.ZMQError:
+        sock.close(linger=0)
+        raise
+    return sock
 
 
 class Server:
@@ -216,11 +234,12 @@ class Server:
         peer = self.peers.pop(address, None)
         if peer is None:
             self._make_room()
-            peer = Peer(self, address)
+            refused = None
             if len(self.peers) >= PEERS_MAX:
-                peer.broken = (f"{PEERS_MAX} connections to other daemons are busy; "
-                               f"{address} was not connected")
-            elif peer.broken is None:
+                refused = (f"all {PEERS_MAX} connections to other daemons are busy; {address} "
+                           f"was not connected (retry once requests complete)")
+            peer = Peer(self, address, refused)
+            if peer.broken is None:
                 self.poller.register(peer.sock, zmq.POLLIN)
         self.peers[address] = peer   # (re)inserted last: the most recently used
         return peer
@@ -400,7 +419,7 @@ class Server:
     def close(self) -> None:
         for address in list(self.peers):
             self.drop_peer(address)
-        self.router.close(linger=0)
+        self.router.close(linger=0 if self.failure is None else FAILURE_REPLY_LINGER_MS)
 
 
 def _is_int(value) -> bool:
