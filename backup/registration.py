@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from kera import config, wire
+from kera import config, schema
 from kera.errors import KeraError, Timeout
 from kera.server import Server
 
@@ -93,10 +93,9 @@ class Registration:
             self._unreachable(f"register failed: {err.code}: {err.message}", err)
             return
         try:
-            fields = wire.Fields(header)
-            self.id = fields.int("daemon_id")
-            interval_ms = fields.int("heartbeat_interval_ms", config.HEARTBEAT_INTERVAL_S * 1000,
-                                     lo=1, hi=60_000)
+            reply = schema.register_reply(header)
+            self.id = reply.daemon_id
+            interval_ms = reply.heartbeat_interval_ms or config.HEARTBEAT_INTERVAL_S * 1000
         except KeraError as bad:
             log.error("coordinator sent a bad register reply: %s", bad.message)
             return

@@ -19,7 +19,7 @@ from pathlib import Path
 import zmq
 
 
-from kera import config
+from kera import config, schema
 from kera.broker import replica_report
 from kera.broker.core import Broker, BrokerConfig
 from kera.broker.memory import default_memory_limit_bytes, parse_size
@@ -189,14 +189,11 @@ class BrokerDaemon:
         self._call("register", fields, self._registered)
 
     def _registered(self, header: dict) -> None:
-        interval_ms = header.get("heartbeat_interval_ms")
-        if isinstance(interval_ms, int) and not isinstance(interval_ms, bool) and \
-                HEARTBEAT_MS_MIN <= interval_ms <= HEARTBEAT_MS_MAX:
-            self.heartbeat_interval_s = interval_ms / 1000
-        bid = header.get("daemon_id")
-        if not isinstance(bid, int) or isinstance(bid, bool) or bid < 0:
-            log.warning("register reply without a usable id: %r", bid)
-            return
+        reply = schema.register_reply(header)   # a bad reply: logged by _call
+        if reply.heartbeat_interval_ms is not None and \
+                HEARTBEAT_MS_MIN <= reply.heartbeat_interval_ms <= HEARTBEAT_MS_MAX:
+            self.heartbeat_interval_s = reply.heartbeat_interval_ms / 1000
+        bid = reply.daemon_id
         if self.core.broker_id is not None and self.core.broker_id != bid:
             log.warning("registered as broker %d (was %d)", bid, self.core.broker_id)
         self.wanted_id = bid
@@ -232,8 +229,7 @@ class BrokerDaemon:
 
     def _heartbeat_reply(self, header: dict, report: list = ()) -> None:
         replica_report.acknowledged(self.core.vlog_list, report)
-        version = header.get("metadata_version")
-        if isinstance(version, int) and not isinstance(version, bool) and version > self.core.metadata_version:
+        if schema.metadata_version(header) > self.core.metadata_version:
             self._refresh_streams()
 
     def _refresh_streams(self) -> None:
@@ -242,10 +238,7 @@ class BrokerDaemon:
         self._call("broker_streams", {"broker_id": self.core.broker_id}, self._streams_reply)
 
     def _streams_reply(self, header: dict) -> None:
-        version = header.get("metadata_version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-            log.warning("broker_streams reply without a metadata_version")
-            return
+        version = schema.metadata_version(header)   # a bad reply: logged by _call
         self.recovery.streams_reply(
             header, lambda: self.core.apply_metadata(header.get("streams"), version))
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgpack
 
-from kera.errors import BadRequest, KeraError, from_reply
+from kera.errors import BadRequest, KeraError
 
 PROTOCOL_VERSION = 1
 MiB = 1024 * 1024
@@ -111,11 +111,11 @@ def error_reply(req_id: Any, err: KeraError) -> bytes:
 
 
 def raise_for_reply(header: dict) -> dict:
-    """Return the reply header, or raise the KeraError it carries."""
+    """Return the reply header, or raise the KeraError it carries (kera.schema.error_reply)."""
     if header.get("ok") is True:
         return header
-    raise from_reply(str(header.get("code", "internal")), str(header.get("message", "")),
-                     bool(header.get("retriable", False)))
+    from kera import schema   # schema builds on this module
+    raise schema.error_reply(header)
 
 
 class Fields:
