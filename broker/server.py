@@ -250,11 +250,8 @@ class BrokerDaemon:
                               header.get("settled", True) is not False)
         self.recovery.cluster_reply(header)
         live = {b.address for b in self.core.pool.backups.values() if b.alive}
-        for address, peer in list(self.server.peers.items()):
-            # A departed daemon's connection is freed once nothing waits on it (what does
-            # times out); one still needed is opened again on its next use.
-            if peer.idle and address not in live and address != self.coordinator_address:
-                self.server.drop_peer(address)
+        # Departed backups' connections are freed (one still needed opens again on next use).
+        self.server.close_idle_peers(keep=live | {self.coordinator_address})
         for address in live:
             self.server.peer(address)   # connect before the first write
 

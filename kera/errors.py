@@ -106,11 +106,10 @@ class StorageError(KeraError):
     retriable = True
 
 
-class PeerUnreachable(KeraError):
-    """Another daemon cannot be reached: its address was refused or too many connections are open."""
+class PeerUnreachable(Timeout):
+    """Another daemon cannot be reached: zmq refused its address, or too many connections are
+    open. A Timeout that came early: every caller handles it as a peer that does not answer."""
     code = "unreachable"
-    retriable = True
-    refresh_metadata = True
 
 
 _BY_CODE = {cls.code: cls for cls in (

@@ -253,6 +253,13 @@ class Server:
                 self.drop_peer(address)
                 return
 
+    def close_idle_peers(self, keep: set[str]) -> None:
+        """Close the connections to daemons not in `keep` that nothing waits on (a departed
+        daemon's pending requests time out first)."""
+        for address, peer in list(self.peers.items()):
+            if address not in keep and peer.idle:
+                self.drop_peer(address)
+
     def drop_peer(self, address: str) -> None:
         """Close the connection to a daemon that left; its pending requests time out now."""
         peer = self.peers.pop(address, None)

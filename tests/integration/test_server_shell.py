@@ -319,3 +319,15 @@ def test_header_with_too_many_containers_is_refused(server):
         assert reply["ok"] is False and "maps and arrays" in reply["message"]
     finally:
         sock.close()
+
+
+def test_close_idle_peers_keeps_the_named_and_the_busy(server):
+    client = Server("client")
+    try:
+        client.peer("127.0.0.1:40001")
+        client.peer("127.0.0.1:40002").request("echo", {}, [], 30.0, lambda h, f, e: None)
+        client.peer(server.address)
+        client.close_idle_peers(keep={server.address})
+        assert set(client.peers) == {"127.0.0.1:40002", server.address}
+    finally:
+        client.close()
