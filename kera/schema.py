@@ -6,7 +6,7 @@ range, too many entries. Daemons, clients and the Spark connector use these, so 
 has one definition of what is valid. `wire.Fields` stays the primitive for single fields.
 
 Structures here: daemon addresses, `register` and `heartbeat` requests and their replies, the
-stream descriptor, and the error reply.
+stream descriptor, produce and fetch results, and error replies (whole or per result).
 """
 
 from __future__ import annotations
@@ -249,13 +249,50 @@ def stream_descriptor(descriptor) -> StreamInfo:
                       version=f.int("version", 0, hi=VERSION_MAX), ready=f.bool("ready", True))
 
 
+# ---------------------------------------------------------------------- results
+POSITION_MAX = 2**64 - 1
+
+
+def produce_result(result) -> KeraError | tuple[int, int, int]:
+    """One chunk's entry of a `produce` reply: `[g, segment, base_offset]` when stored, or
+    `[code, message, retriable]` when refused (returned as the error). A malformed entry is a
+    retriable error: the chunk is resent, never taken as stored."""
+    if isinstance(result, list) and len(result) == 3:
+        if isinstance(result[0], str):
+            return result_error(result)
+        if all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= POSITION_MAX
+               for x in result):
+            return tuple(result)
+    return KeraError(f"malformed produce result {result!r:.80}", retriable=True)
+
+
+def fetch_result(result, frames_available: int) -> tuple[KeraError | None, int, object]:
+    """One read's entry of a `fetch` reply: `[error or None, n_frames, groups]` (groups are
+    parsed by the consumer's cursor). BadRequest when malformed."""
+    if not isinstance(result, list) or len(result) != 3:
+        raise BadRequest(f"fetch result {result!r:.80} is not [error, n_frames, groups]")
+    error, n_frames, groups = result
+    bounded_int(n_frames, "n_frames", 0, frames_available)
+    return (None if error is None else result_error(error)), n_frames, groups
+
+
 # ---------------------------------------------------------------------- error reply
 def error_reply(header: dict) -> KeraError:
     """The KeraError an error reply (`ok` false) carries; a malformed one is an `internal`
     error saying so, never a crash of the client."""
-    code, message, retriable = header.get("code"), header.get("message"), header.get("retriable")
+    return _error(header.get("code"), header.get("message"), header.get("retriable"), header)
+
+
+def result_error(entry) -> KeraError:
+    """The KeraError of a per-result `[code, message, retriable]` entry."""
+    if not isinstance(entry, list) or len(entry) != 3:
+        return _error(None, None, None, entry)
+    return _error(*entry, entry)
+
+
+def _error(code, message, retriable, whole) -> KeraError:
     if not isinstance(code, str) or len(code) > ERROR_CODE_CHARS_MAX:
         code = "internal"
     if not isinstance(message, str):
-        message = f"malformed error reply {str(header)[:200]}"
+        message = f"malformed error reply {str(whole)[:200]}"
     return errors.from_reply(code, message[:ERROR_MESSAGE_CHARS_MAX], retriable is True)

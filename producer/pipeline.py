@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from kera import chunk as chunkcodec
-from kera.errors import KeraError, SequenceGap, Timeout, UnknownStream, from_reply
+from kera import schema
+from kera.errors import KeraError, SequenceGap, Timeout, UnknownStream
 
 UNSENT, IN_FLIGHT, ACKED = 0, 1, 2
 U64 = 1 << 64
@@ -256,9 +257,7 @@ class Pipeline:
         if out is None:
             return set()  # a late reply to a request that timed out: its chunks were resent
         if header.get("ok") is not True:
-            err = from_reply(str(header.get("code", "internal")), str(header.get("message", "")),
-                             bool(header.get("retriable", False)))
-            return self.on_request_failed(out, err, now)
+            return self.on_request_failed(out, schema.error_reply(header), now)
         results = header.get("results")
         if not isinstance(results, list) or len(results) != len(out.chunks):
             err = KeraError(f"produce reply from {broker} has a malformed results list", retriable=True)
@@ -266,14 +265,11 @@ class Pipeline:
         del self.in_flight[broker][out.req_id]
         refresh = set()
         for c, result in zip(out.chunks, results):
-            if isinstance(result, list) and len(result) == 3 and isinstance(result[0], str):
-                refresh |= self._chunk_failed(c, from_reply(result[0], str(result[1]), bool(result[2])), now)
-            elif isinstance(result, list) and len(result) == 3 and all(
-                    isinstance(x, int) and not isinstance(x, bool) for x in result):
-                self._chunk_acked(c)
+            result = schema.produce_result(result)
+            if isinstance(result, KeraError):
+                refresh |= self._chunk_failed(c, result, now)
             else:
-                refresh |= self._chunk_failed(
-                    c, KeraError(f"malformed produce result {result!r}", retriable=True), now)
+                self._chunk_acked(c)
         return refresh
 
     def expire(self, now: float) -> set[tuple[str, int]]:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from kera import wire
-from kera.errors import KeraError, NotOwner, SequenceGap, Timeout, UnknownStream, from_reply
+from kera import schema, wire
+from kera.errors import KeraError, NotOwner, SequenceGap, Timeout, UnknownStream
 from kera.spark.metadata import Metadata, StreamInfo
 
 log = logging.getLogger(__name__)
@@ -141,8 +141,9 @@ class ProduceQueue:
         for (key, seq, chunk), result in zip(req.chunks, results):
             s = self.streamlets[key]
             s.in_flight.discard(seq)
-            if isinstance(result, list) and len(result) == 3 and isinstance(result[0], str):
-                self._refused(key, seq, from_reply(result[0], str(result[1]), bool(result[2])), now)
+            result = schema.produce_result(result)
+            if isinstance(result, KeraError):
+                self._refused(key, seq, result, now)
             elif seq in s.unacked:
                 self.pending_bytes -= len(s.unacked.pop(seq))
                 s.attempts.pop(seq, None)

@@ -109,3 +109,25 @@ def test_error_classes_carry_their_behaviour():
     refresh = {cls.code for cls in errors._BY_CODE.values() if cls.refresh_metadata}
     assert refresh == {"not_owner", "unknown_stream", "not_ready", "timeout", "unreachable"}
     assert errors.PeerUnreachable.retriable and not errors.BadRequest.refresh_metadata
+
+
+def test_produce_result_is_a_position_or_an_error_never_a_false_ack():
+    assert schema.produce_result([1, 2, 3]) == (1, 2, 3)
+    err = schema.produce_result(["sequence_gap", "resend 4", True])
+    assert isinstance(err, errors.SequenceGap) and err.retriable
+    for bad in [[1, 2], [1, 2, True], [1, 2, -1], [1, 2, 2**64], [1.0, 2, 3], "x", None,
+                [1, 2, 3, 4], [5, "m", True]]:
+        err = schema.produce_result(bad)
+        assert isinstance(err, errors.KeraError) and err.retriable, bad
+
+
+def test_fetch_result_refuses_wrong_types_and_huge_counts():
+    err, n, groups = schema.fetch_result([None, 2, [[0, 0, 0, 5, False]]], 2)
+    assert err is None and n == 2 and groups == [[0, 0, 0, 5, False]]
+    err, n, _ = schema.fetch_result([["offset_out_of_range", "gone", False], 0, []], 0)
+    assert isinstance(err, errors.OffsetOutOfRange) and n == 0
+    for bad in [[None, 3, []], [None, -1, []], [None, True, []], [None, 2**70, []], [None, 1],
+                "x", None]:
+        with pytest.raises(BadRequest):
+            schema.fetch_result(bad, 2)
+    assert type(schema.fetch_result([[1, 2, 3], 0, []], 0)[0]) is errors.KeraError
