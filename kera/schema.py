@@ -36,7 +36,7 @@ STATS_ENTRIES_MAX = 1000
 STATS_KEPT = ("unflushed_bytes", "memory_bytes", "replicas")
 # A broker's report of where its virtual segments are replicated (heartbeat field `vsegs`).
 VSEG_REPORT_ENTRIES_MAX = 4096     # entries in one heartbeat
-VSEG_BACKUPS_MAX = 7               # replication factor 8 at most: 7 backups
+VSEG_BACKUPS_MAX = 7               # validate.REPLICATION_MAX (8) copies: the broker + 7 backups
 VLOG_MAX = 2**32 - 1
 VSEG_MAX = 2**64 - 1
 HEARTBEAT_MS_MIN = 1

@@ -121,3 +121,7 @@ address = schema.address
 node = schema.node
 stats = schema.stats
 vsegs = schema.vsegs
+VSEG_REPORT_ENTRIES_MAX = schema.VSEG_REPORT_ENTRIES_MAX
+VSEG_BACKUPS_MAX = schema.VSEG_BACKUPS_MAX
+VLOG_MAX = schema.VLOG_MAX
+VSEG_MAX = schema.VSEG_MAX
