@@ -295,6 +295,8 @@ class Server:
             self.close()
 
     def run_once(self, max_wait_s: float = 0.05) -> None:
+        if self.failure is not None:
+            return   # a bug: nothing more runs on the state it may have broken
         now = time.monotonic()
         wait = max_wait_s
         if self._timers:
@@ -304,6 +306,8 @@ class Server:
         events = dict(self.poller.poll(int(wait * 1000)))
         if self.router in events:
             self._drain_router()
+        if self.failure is not None:
+            return   # a bug: nothing more runs on the state it may have broken
         for peer in list(self.peers.values()):
             if peer.broken is None and peer.sock in events:
                 peer.on_readable()
@@ -320,6 +324,8 @@ class Server:
                 break
             if parts is not None:
                 self._dispatch(parts)
+            if self.failure is not None:
+                return
         for hook in self.after_batch:
             self.guarded(hook)
 
@@ -405,7 +411,10 @@ class Server:
 
     def guarded(self, fn: Callable, *args) -> None:
         """Run a timer, hook or peer callback inside the error boundary: a KeraError (nobody to
-        answer) is logged; anything else is a bug and stops the daemon."""
+        answer) is logged; anything else is a bug and stops the daemon (after which nothing
+        more runs)."""
+        if self.failure is not None:
+            return
         try:
             fn(*args)
         except KeraError as err:

@@ -331,3 +331,24 @@ def test_close_idle_peers_keeps_the_named_and_the_busy(server):
         assert set(client.peers) == {"127.0.0.1:40002", server.address}
     finally:
         client.close()
+
+
+def test_nothing_runs_after_a_bug():
+    srv = Server("buggy")
+    ran = []
+    srv.on("boom", lambda req: 1 / 0)
+    srv.on("echo", lambda req: ran.append("handler") or {})
+    srv.after_batch.append(lambda: ran.append("hook"))
+    sock = raw_socket(srv.address)
+    try:
+        sock.send_multipart([wire.request("boom", 1)])
+        sock.send_multipart([wire.request("echo", 2)])
+        deadline = time.monotonic() + 5
+        while srv.failure is None and time.monotonic() < deadline:
+            srv.run_once()
+        srv.run_once(0)   # a turn after the bug (the loop would have stopped): runs nothing
+        assert isinstance(srv.failure, ZeroDivisionError)
+        assert ran == [], ran
+    finally:
+        sock.close()
+        srv.close()
