@@ -90,6 +90,10 @@ class Peer:
         self.last_used = time.monotonic()
 
     @property
+    def closed(self) -> bool:
+        return self.sock is not None and self.sock.closed
+
+    @property
     def idle(self) -> bool:
         return not self.pending and not self.refused
 
@@ -97,6 +101,8 @@ class Peer:
                 callback: Callable[[dict | None, list | None, KeraError | None], None]) -> int:
         """Send a request; `callback(header, frames, error)` runs exactly once, from the loop:
         on the reply, on an error reply (error set), on timeout, or when refused."""
+        if self.closed:   # dropped or evicted since the caller got it: use the current one
+            return self.server.peer(self.address).request(op, fields, frames, timeout_s, callback)
         req_id = next(self._ids)
         self.last_used = time.monotonic()
         parts = [wire.request(op, req_id, fields), *frames]
@@ -123,6 +129,8 @@ class Peer:
 
     def on_readable(self) -> None:
         for _ in range(MAX_BATCH_MESSAGES):
+            if self.closed:   # by a callback of the previous reply
+                return
             try:
                 parts = self.sock.recv_multipart(copy=False, flags=zmq.NOBLOCK)
             except zmq.Again:
@@ -152,7 +160,10 @@ class Peer:
             return
         late = [rid for rid, (deadline, _) in self.pending.items() if deadline <= now]
         for rid in late:
-            _, callback = self.pending.pop(rid)
+            entry = self.pending.pop(rid, None)   # None: a callback closed this peer
+            if entry is None:
+                continue
+            callback = entry[1]
             self.server.guarded(callback, None, None, Timeout(f"no reply from {self.address}"))
         if not self.pending:
             self.unsent.clear()
@@ -308,12 +319,14 @@ class Server:
             self._drain_router()
         if self.failure is not None:
             return   # a bug: nothing more runs on the state it may have broken
+        # A callback may drop peers (Server.drop_peer): a closed one is skipped.
         for peer in list(self.peers.values()):
-            if peer.broken is None and peer.sock in events:
+            if peer.broken is None and peer.sock in events and not peer.closed:
                 peer.on_readable()
         now = time.monotonic()
         for peer in list(self.peers.values()):
-            peer.expire(now)
+            if not peer.closed:
+                peer.expire(now)
         self._run_timers(now)
 
     def _drain_router(self) -> None:

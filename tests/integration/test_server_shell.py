@@ -352,3 +352,42 @@ def test_nothing_runs_after_a_bug():
     finally:
         sock.close()
         srv.close()
+
+
+def test_a_peer_kept_by_a_caller_still_works_after_it_was_evicted(monkeypatch, server):
+    monkeypatch.setattr(kera_server, "PEERS_MAX", 2)
+    client = Server("client")
+    replies = []
+    try:
+        kept = client.peer(server.address)   # as a daemon keeps its coordinator's peer
+        client.peer("127.0.0.1:40001")
+        client.peer("127.0.0.1:40002")       # evicts `kept`, the least recently used idle one
+        assert kept.closed and server.address not in client.peers
+        kept.request("echo", {"x": 4}, [], 5.0, lambda h, f, e: replies.append((h, e)))
+        deadline = time.monotonic() + 5
+        while not replies and time.monotonic() < deadline:
+            client.run_once()
+        assert replies and replies[0][1] is None and replies[0][0]["echo"] == 4
+    finally:
+        client.close()
+
+
+def test_a_callback_that_drops_peers_does_not_break_the_loop(server):
+    client = Server("client")
+    replies = []
+
+    def drop_everything(header, frames, error):
+        replies.append(error)
+        for address in list(client.peers):
+            client.drop_peer(address)
+
+    try:
+        for x in range(3):
+            client.peer(server.address).request("echo", {"x": x}, [], 5.0, drop_everything)
+        client.peer("127.0.0.1:1").request("echo", {}, [], 0.0, drop_everything)
+        deadline = time.monotonic() + 5
+        while len(replies) < 4 and time.monotonic() < deadline:
+            client.run_once()
+        assert client.failure is None and len(replies) == 4
+    finally:
+        client.close()
