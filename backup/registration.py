@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from kera import config, wire
+from kera import config, schema
 from kera.errors import IdInUse, KeraError, Timeout, WrongCluster
 from kera.identity import Identity
 from kera.server import Server
@@ -105,11 +105,10 @@ class Registration:
             self._unreachable(f"register failed: {err.code}: {err.message}", err)
             return
         try:
-            fields = wire.Fields(header)
-            daemon_id = fields.int("daemon_id")
-            interval_ms = fields.int("heartbeat_interval_ms", config.HEARTBEAT_INTERVAL_S * 1000,
-                                     lo=1, hi=60_000)
-            self.identity.registered(daemon_id, header.get("token"), header.get("cluster_id"))
+            reply = schema.register_reply(header)
+            daemon_id = reply.daemon_id
+            interval_ms = reply.heartbeat_interval_ms or config.HEARTBEAT_INTERVAL_S * 1000
+            self.identity.registered(daemon_id, reply.token, reply.cluster_id)
         except (KeraError, ValueError) as bad:
             log.error("coordinator sent a bad register reply: %s", bad)
             return

@@ -317,7 +317,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if httpd is not None:
             httpd.shutdown()
-    return 1 if server.registration.fatal else 0
+    # A bug stopped it (logged with its stack), or its identity was refused.
+    return 1 if server.failure is not None or server.registration.fatal else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from kera import config
 from kera.broker.rebuild import StreamletRebuild, install
 from kera.chunk import HEADER_SIZE, chunk_size, verify
-from kera.errors import CorruptChunk, KeraError
+from kera.errors import CorruptChunk, KeraError, Throttled
 
 log = logging.getLogger(__name__)
 
@@ -443,7 +443,7 @@ class Recovery:
             except CorruptChunk as err:
                 error = err
         if error is not None:
-            if error.code == "throttled":
+            if isinstance(error, Throttled):
                 t.retry_at = now + RETRY_PAUSE_S
                 return
             c.errors += 1

@@ -22,7 +22,7 @@ from pathlib import Path
 import zmq
 
 
-from kera import config
+from kera import config, schema
 from kera.broker import replica_report
 from kera.broker.core import Broker, BrokerConfig
 from kera.broker.memory import default_memory_limit_bytes, parse_size
@@ -30,7 +30,7 @@ from kera.broker.recovery_service import RecoveryService
 from kera.broker.tier import TierConfig
 from kera.broker.tier_service import TierService
 from kera.broker.virtual_log import ReplicationWrite
-from kera.errors import IdInUse, KeraError, WrongCluster
+from kera.errors import BadRequest, IdInUse, KeraError, NotReady, WrongCluster
 from kera.identity import Identity
 from kera.metrics import serve_metrics
 from kera.server import DEFERRED, Request, Server
@@ -186,13 +186,13 @@ class BrokerDaemon:
                       "nothing deleted", self.coordinator_address, error.code, error.message)
             self.exit_code = 1
             self.server.stop()
-        elif op == "heartbeat" and error.code == "bad_request":
+        elif op == "heartbeat" and isinstance(error, BadRequest):
             # Typically a metadata version the coordinator says it never issued (it was
             # restored from an older state): take its metadata as it is now.
             log.warning("the coordinator refused a heartbeat: %s; refetching metadata",
                         error.message)
             self._refresh_streams()
-        elif op == "heartbeat" and error.code == "not_ready":
+        elif op == "heartbeat" and isinstance(error, NotReady):
             log.warning("the coordinator does not know broker %s: registering again", self.core.broker_id)
             self._register()
         else:
@@ -207,18 +207,15 @@ class BrokerDaemon:
         self._call("register", fields, self._registered)
 
     def _registered(self, header: dict) -> None:
-        interval_ms = header.get("heartbeat_interval_ms")
-        if isinstance(interval_ms, int) and not isinstance(interval_ms, bool) and \
-                HEARTBEAT_MS_MIN <= interval_ms <= HEARTBEAT_MS_MAX:
-            self.heartbeat_interval_s = interval_ms / 1000
-        bid = header.get("daemon_id")
-        if not isinstance(bid, int) or isinstance(bid, bool) or bid < 0:
-            log.warning("register reply without a usable id: %r", bid)
-            return
+        reply = schema.register_reply(header)   # a bad reply: logged by _call
+        if reply.heartbeat_interval_ms is not None and \
+                HEARTBEAT_MS_MIN <= reply.heartbeat_interval_ms <= HEARTBEAT_MS_MAX:
+            self.heartbeat_interval_s = reply.heartbeat_interval_ms / 1000
+        bid = reply.daemon_id
         if self.core.broker_id is not None and self.core.broker_id != bid:
             log.warning("registered as broker %d (was %d)", bid, self.core.broker_id)
         try:
-            self.identity.registered(bid, header.get("token"), header.get("cluster_id"))
+            self.identity.registered(bid, reply.token, reply.cluster_id)
         except ValueError as bad:
             log.warning("register reply with a bad token or cluster id: %s", bad)
             return
@@ -256,8 +253,7 @@ class BrokerDaemon:
 
     def _heartbeat_reply(self, header: dict, report: list = ()) -> None:
         replica_report.acknowledged(self.core.vlog_list, report)
-        version = header.get("metadata_version")
-        if isinstance(version, int) and not isinstance(version, bool) and version > self.core.metadata_version:
+        if schema.metadata_version(header) > self.core.metadata_version:
             self._refresh_streams()
 
     def _refresh_streams(self) -> None:
@@ -266,10 +262,8 @@ class BrokerDaemon:
         self._call("broker_streams", {"broker_id": self.core.broker_id}, self._streams_reply)
 
     def _streams_reply(self, header: dict) -> None:
-        version = header.get("metadata_version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-            log.warning("broker_streams reply without a metadata_version")
-            return
+        version = schema.metadata_version(header)   # a bad reply: logged by _call
+
         def apply() -> None:
             highest = self.core.apply_metadata(header.get("streams"), version,
                                                header.get("deleted", []))
@@ -284,9 +278,11 @@ class BrokerDaemon:
         self.core.set_backups(header.get("backups"), time.monotonic(),
                               header.get("settled", True) is not False)
         self.recovery.cluster_reply(header)
-        for b in self.core.pool.backups.values():
-            if b.alive:
-                self.server.peer(b.address)   # connect before the first write
+        live = {b.address for b in self.core.pool.backups.values() if b.alive}
+        # Departed backups' connections are freed (one still needed opens again on next use).
+        self.server.close_idle_peers(keep=live | {self.coordinator_address})
+        for address in live:
+            self.server.peer(address)   # connect before the first write
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
@@ -384,7 +380,8 @@ def run(args: argparse.Namespace) -> int:
         if httpd is not None:
             httpd.shutdown()
     log.info("broker stopped")
-    return daemon.exit_code
+    # A bug stopped it (logged with its stack), or its identity was refused.
+    return 1 if daemon.server.failure is not None else daemon.exit_code
 
 
 def main(argv=None) -> int:

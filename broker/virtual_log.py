@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from kera import wire
 from kera.chunk import crc32c
-from kera.errors import BadRequest, KeraError
+from kera.errors import BadRequest, KeraError, Throttled
 from kera.metrics import Counters
 
 log = logging.getLogger(__name__)
@@ -318,7 +318,7 @@ class VirtualLog:
         return updates
 
     def _replica_failed(self, vs: VirtualSegment, r: Replica, error: KeraError, now: float) -> None:
-        if error.code == "throttled":
+        if isinstance(error, Throttled):
             # Alive but full of unflushed buffers: the same backup, after a pause.
             self._retry_same(r, now + THROTTLE_BACKOFF_S, from_zero=False)
             self.counters.add("replication_throttled")

@@ -13,7 +13,8 @@ from typing import Callable
 
 from kera.chunk import HEADER_SIZE, Chunk, chunk_size
 from kera.consumer.cursor import ChunkItem, ErrorItem, FetchCursor, LowItem, parse_groups
-from kera.errors import BadRequest, CorruptChunk, KeraError, Timeout, from_reply
+from kera import schema, wire
+from kera.errors import BadRequest, CorruptChunk, KeraError, Timeout, UnknownStream
 
 BACKOFF_MS_BASE = 5
 BACKOFF_MS_MAX = 1000
@@ -98,8 +99,7 @@ class FetchState:
         del self.in_flight[broker]
         items: list = []
         if header.get("ok") is not True:
-            err = from_reply(str(header.get("code", "internal")), str(header.get("message", "")),
-                             bool(header.get("retriable", False)))
+            err = schema.error_reply(header)
             for sl in fl.streamlets:
                 self._read_failed(sl, err, now, items)
             return items
@@ -170,8 +170,8 @@ class FetchState:
 
     def _read_failed(self, sl: int, err: KeraError, now: float, items: list) -> None:
         n = self.failures[sl] = self.failures.get(sl, 0) + 1
-        if err.code == "unknown_stream" or err.retriable:
-            if err.code in ("not_owner", "unknown_stream", "timeout", "not_ready"):
+        if isinstance(err, UnknownStream) or err.retriable:
+            if err.refresh_metadata:
                 self.want_refresh = True
         else:
             self.fatal = True
@@ -182,13 +182,5 @@ class FetchState:
 
 
 def _parse_result(result):
-    if not isinstance(result, list) or len(result) != 3:
-        raise BadRequest(f"fetch result {result!r:.80} is not [error, n_frames, groups]")
-    error, n_frames, groups = result
-    if not isinstance(n_frames, int) or isinstance(n_frames, bool) or n_frames < 0:
-        raise BadRequest(f"bad n_frames {n_frames!r}")
-    if error is not None:
-        if not isinstance(error, list) or len(error) != 3 or not isinstance(error[0], str):
-            raise BadRequest(f"bad error {error!r:.80}")
-        error = from_reply(error[0], str(error[1]), bool(error[2]))
+    error, n_frames, groups = schema.fetch_result(result, wire.MAX_FRAMES)   # checked against the frames by the caller
     return error, n_frames, parse_groups(groups)

@@ -1,7 +1,10 @@
 """Every error kera reports, local or remote, with a wire code and whether a retry may help.
 
 Errors are classified once, at the boundary: a daemon turns any KeraError into an error reply
-(`code`, `message`, `retriable`) and a client turns that reply back into the same class.
+(`code`, `message`, `retriable`) and a client turns that reply back into the same class. A class
+carries its behaviour, so callers test attributes or classes, never `.code` strings:
+`retriable` (the same request may succeed later) and `refresh_metadata` (the client's view of
+where a stream lives may be stale: fetch metadata before retrying).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 class KeraError(Exception):
     code = "internal"
     retriable = False
+    refresh_metadata = False
 
     def __init__(self, message: str = "", *, retriable: bool | None = None):
         super().__init__(message or self.__class__.__doc__ or self.code)
@@ -39,6 +43,7 @@ class RecordTooLarge(KeraError):
 class UnknownStream(KeraError):
     """No stream by that name or id."""
     code = "unknown_stream"
+    refresh_metadata = True   # after a delete and re-create, or a move, the id changed
 
 
 class StreamExists(KeraError):
@@ -50,6 +55,7 @@ class NotOwner(KeraError):
     """This broker does not own that streamlet (any longer); refresh metadata and retry."""
     code = "not_owner"
     retriable = True
+    refresh_metadata = True
 
 
 class SequenceGap(KeraError):
@@ -62,6 +68,7 @@ class NotReady(KeraError):
     """The daemon cannot serve this yet (no backups, stream being created, recovering)."""
     code = "not_ready"
     retriable = True
+    refresh_metadata = True   # a stream being created or recovered may move
 
 
 class Throttled(KeraError):
@@ -79,6 +86,7 @@ class Timeout(KeraError):
     """No answer within the timeout."""
     code = "timeout"
     retriable = True
+    refresh_metadata = True   # the daemon may be dead and its streamlets failed over
 
 
 class ClientClosed(KeraError):
@@ -98,10 +106,16 @@ class StorageError(KeraError):
     retriable = True
 
 
+class PeerUnreachable(Timeout):
+    """Another daemon cannot be reached: zmq refused its address, or too many connections are
+    open. A Timeout that came early: every caller handles it as a peer that does not answer."""
+    code = "unreachable"
+
+
 _BY_CODE = {cls.code: cls for cls in (
     KeraError, BadRequest, CorruptChunk, RecordTooLarge, UnknownStream, StreamExists, NotOwner,
     SequenceGap, NotReady, Throttled, OffsetOutOfRange, Timeout, ClientClosed,
-    ReplicationFailed, StorageError)}
+    ReplicationFailed, StorageError, PeerUnreachable)}
 
 
 def from_reply(code: str, message: str, retriable: bool) -> KeraError:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
-from kera import rpc, wire
+from kera import rpc, schema
 from kera.errors import BadRequest, UnknownStream
 
 log = logging.getLogger(__name__)
@@ -21,54 +20,11 @@ log = logging.getLogger(__name__)
 # A stream's descriptor is asked for again at most this often when refreshes pile up (many
 # chunks refused with not_owner at once must not flood the coordinator).
 REFRESH_INTERVAL_S_MIN = 0.05
-STREAMLETS_MAX = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class StreamInfo:
-    name: str
-    id: int
-    streamlets: int
-    active_groups: int
-    replication: int
-    placement: tuple            # owning broker id of each streamlet (None: no owner now)
-    brokers: dict               # broker id -> "host:port"
-    version: int
-    ready: bool
-
-    def address_of(self, streamlet: int) -> str | None:
-        """The owning broker's "host:port", or None when the streamlet has no live owner."""
-        owner = self.placement[streamlet]
-        return None if owner is None else self.brokers.get(owner)
-
-
-def parse_stream(descriptor) -> StreamInfo:
-    """Validate a descriptor received from the coordinator (raises BadRequest when off)."""
-    if not isinstance(descriptor, dict):
-        raise BadRequest("stream descriptor is not a map")
-    f = wire.Fields(descriptor)
-    name = f.str("name")
-    streamlets = f.int("streamlets", lo=1, hi=STREAMLETS_MAX)
-    placement = f.list("placement", max_len=STREAMLETS_MAX)
-    if len(placement) != streamlets:
-        raise BadRequest(f"stream '{name}': placement of {len(placement)} for {streamlets} streamlets")
-    for owner in placement:
-        if owner is not None and (not isinstance(owner, int) or isinstance(owner, bool) or owner < 0):
-            raise BadRequest(f"stream '{name}': bad owner {owner!r} in placement")
-    brokers = {}
-    for key, address in f.dict("brokers").items():
-        try:
-            broker_id = int(key)
-        except (TypeError, ValueError):
-            raise BadRequest(f"stream '{name}': bad broker id {key!r}") from None
-        if not isinstance(address, str) or ":" not in address:
-            raise BadRequest(f"stream '{name}': bad broker address {address!r}")
-        brokers[broker_id] = address
-    return StreamInfo(name=name, id=f.int("id"), streamlets=streamlets,
-                      active_groups=f.int("active_groups", 1, lo=1, hi=1 << 16),
-                      replication=f.int("replication", 1, lo=1, hi=1 << 8),
-                      placement=tuple(placement), brokers=brokers,
-                      version=f.int("version", 0), ready=f.bool("ready", True))
+# The descriptor and its parser are the wire schema's.
+StreamInfo = schema.StreamInfo
+parse_stream = schema.stream_descriptor
 
 
 class Metadata:

@@ -14,9 +14,12 @@ import time
 import zmq
 
 from kera import wire
-from kera.errors import ClientClosed, Timeout
+from kera.errors import ClientClosed, PeerUnreachable, Timeout
 
 DEFAULT_TIMEOUT_S = 10.0
+# Whole messages queued per connection each way: a client keeps a window of a few requests in
+# flight (producers 4 per broker, consumers one fetch per broker), so this is far above need.
+CLIENT_HWM_MESSAGES = 10_000
 
 
 def context() -> zmq.Context:
@@ -33,9 +36,16 @@ class Connection:
         # Queue nothing for a peer that is not connected: a send to a dead daemon waits for
         # POLLOUT and times out, instead of piling up messages delivered after a restart.
         self.sock.setsockopt(zmq.IMMEDIATE, 1)
-        self.sock.setsockopt(zmq.RCVHWM, 10_000)
-        self.sock.setsockopt(zmq.SNDHWM, 10_000)
-        self.sock.connect(f"tcp://{address}")
+        self.sock.setsockopt(zmq.RCVHWM, CLIENT_HWM_MESSAGES)
+        self.sock.setsockopt(zmq.SNDHWM, CLIENT_HWM_MESSAGES)
+        # A daemon (or anything at that address) cannot make the client buffer a frame larger
+        # than any reply has: zmq disconnects instead.
+        self.sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        try:
+            self.sock.connect(f"tcp://{address}")
+        except zmq.ZMQError as exc:   # an address zmq cannot parse or resolve
+            self.sock.close(linger=0)
+            raise PeerUnreachable(f"cannot connect to {address!r}: {exc}") from None
         self._ids = itertools.count(int.from_bytes(os.urandom(3), "little") << 16)
         self._closed = False
 
@@ -57,7 +67,7 @@ class Connection:
         if not self.sock.poll(wait_ms, zmq.POLLIN):
             raise Timeout(f"no reply from {self.address} within {wait_ms} ms")
         parts = self.sock.recv_multipart(copy=False)
-        return wire.unpack_header(parts[0].buffer), parts[1:]
+        return wire.unpack_header(parts[0].buffer, wire.REPLY_CONTAINERS_MAX), parts[1:]
 
     def call(self, op: str, fields: dict | None = None, frames=(), timeout_s: float | None = None
              ) -> tuple[dict, list]:

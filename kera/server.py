@@ -3,8 +3,10 @@
 The daemon's logic lives in a sans-IO core; its server module registers handlers here. A handler
 gets a Request and returns the reply (`dict` of fields, or `(fields, frames)`), or DEFERRED when
 it will answer later through `Server.reply` / `Server.fail`. This module is the one error
-boundary: a KeraError becomes an error reply, any other exception is logged and becomes an
-`internal` error reply, and the loop goes on.
+boundary, for handlers, timers, after-batch hooks and peer callbacks alike: a KeraError becomes
+an error reply (or is logged, where there is nobody to answer); any other exception is a bug,
+so the daemon logs it with its stack and stops (`Server.failure` is set and the daemon's
+process exits non-zero) rather than serve on with state the bug may have broken.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Callable
 import zmq
 
 from kera import wire
-from kera.errors import BadRequest, KeraError, Timeout
+from kera.errors import BadRequest, KeraError, PeerUnreachable, Throttled, Timeout
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,23 @@ DEFERRED = object()
 # Messages drained from the ROUTER socket before the after-batch hook runs: batching many
 # producer requests into one replication round is what the virtual log is for.
 MAX_BATCH_MESSAGES = 256
+# Whole messages (not frames) zmq queues per connection each way. Clients keep a handful of
+# requests in flight (producers 4 per broker), so this is far above need, and it bounds what a
+# flooding client can park in the daemon to HWM x wire.MESSAGE_BYTES_MAX.
+ROUTER_HWM_MESSAGES = 1000
+PEER_HWM_MESSAGES = 1000
+# Outgoing connections a daemon keeps at once. A broker talks to the coordinator and to the
+# backups of its virtual logs; each connection costs file descriptors and zmq buffers, so an
+# unbounded number of registered backup addresses must not exhaust the process's sockets.
+# Beyond this the least recently used idle peer is closed (or the new one is refused).
+PEERS_MAX = 256
+# Bytes of requests waiting in one peer's queue for their connection: beyond this a request is
+# refused with `throttled` instead of growing the daemon's memory behind a slow or dead peer.
+PEER_UNSENT_BYTES_MAX = 256 * 1024 * 1024
+
+# When a bug stops the daemon, the error reply to the request that hit it gets this long to
+# leave (best effort) so its client hears why instead of timing out.
+FAILURE_REPLY_LINGER_MS = 500
 
 
 @dataclass(slots=True)
@@ -42,46 +61,76 @@ class Request:
 
 
 class Peer:
-    """An outgoing DEALER connection to another daemon, with per-request callbacks and deadlines."""
+    """An outgoing DEALER connection to another daemon, with per-request callbacks and deadlines.
 
-    def __init__(self, server: "Server", address: str):
+    Callbacks run inside the server's error boundary (`Server.guarded`)."""
+
+    def __init__(self, server: "Server", address: str, refused: str | None = None):
         self.address = address
-        self.sock = server.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.IMMEDIATE, 1)
-        self.sock.setsockopt(zmq.SNDHWM, 100_000)
-        self.sock.setsockopt(zmq.RCVHWM, 100_000)
-        self.sock.connect(f"tcp://{address}")
+        self.server = server
+        # Set when zmq refuses the address (it cannot parse or resolve it) or the socket (out
+        # of sockets), or the server has no room for it (`refused`): every request then fails
+        # with PeerUnreachable through its callback, as for a daemon that never answers.
+        self.broken: str | None = refused
+        self.sock = None
+        if refused is None:
+            try:
+                self.sock = _dealer(server.ctx, address)
+            except zmq.ZMQError as exc:
+                self.broken = f"cannot connect to {address!r}: {exc}"
+        if self.broken is not None:
+            log.warning("%s: %s", server.name, self.broken)
         self._ids = itertools.count(int.from_bytes(os.urandom(3), "little") << 16)
         self.pending: dict[int, tuple[float, Callable]] = {}
         # Messages the socket would not take yet (not connected: IMMEDIATE refuses to queue);
         # retried on every loop turn until sent or their request's deadline passes.
         self.unsent: collections.deque = collections.deque()
+        self.unsent_bytes = 0
+        self.refused: list[Callable] = []   # over the byte budget: failed on the next turn
+        self.last_used = time.monotonic()
+
+    @property
+    def closed(self) -> bool:
+        return self.sock is not None and self.sock.closed
+
+    @property
+    def idle(self) -> bool:
+        return not self.pending and not self.refused
 
     def request(self, op: str, fields: dict | None, frames, timeout_s: float,
                 callback: Callable[[dict | None, list | None, KeraError | None], None]) -> int:
-        """Send a request; `callback(header, frames, error)` runs exactly once: on the reply, on
-        an error reply (error set), or on timeout."""
+        """Send a request; `callback(header, frames, error)` runs exactly once, from the loop:
+        on the reply, on an error reply (error set), on timeout, or when refused."""
+        if self.closed:   # dropped or evicted since the caller got it: use the current one
+            return self.server.peer(self.address).request(op, fields, frames, timeout_s, callback)
         req_id = next(self._ids)
-        self.pending[req_id] = (time.monotonic() + timeout_s, callback)
-        self.unsent.append((req_id, [wire.request(op, req_id, fields), *frames]))
+        self.last_used = time.monotonic()
+        parts = [wire.request(op, req_id, fields), *frames]
+        size = sum(map(len, parts))
+        if self.broken is not None or self.unsent_bytes + size > PEER_UNSENT_BYTES_MAX:
+            self.refused.append(callback)   # not now: callers do not expect a re-entrant call
+            return req_id
+        self.pending[req_id] = (self.last_used + timeout_s, callback)
+        self.unsent.append((req_id, parts, size))
+        self.unsent_bytes += size
         self.send_unsent()
         return req_id
 
     def send_unsent(self) -> None:
         while self.unsent:
-            req_id, parts = self.unsent[0]
-            if req_id not in self.pending:  # timed out before it could be sent
-                self.unsent.popleft()
-                continue
-            try:
-                self.sock.send_multipart(parts, copy=False, flags=zmq.NOBLOCK)
-            except zmq.Again:
-                return  # not connected yet, or queue full: next loop turn
+            req_id, parts, size = self.unsent[0]
+            if req_id in self.pending:  # else timed out before it could be sent
+                try:
+                    self.sock.send_multipart(parts, copy=False, flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    return  # not connected yet, or queue full: next loop turn
             self.unsent.popleft()
+            self.unsent_bytes -= size
 
     def on_readable(self) -> None:
         for _ in range(MAX_BATCH_MESSAGES):
+            if self.closed:   # by a callback of the previous reply
+                return
             try:
                 parts = self.sock.recv_multipart(copy=False, flags=zmq.NOBLOCK)
             except zmq.Again:
@@ -94,32 +143,62 @@ class Peer:
             entry = self.pending.pop(header.get("id"), None)
             if entry is None:
                 continue  # late reply to a request already timed out
-            callback = entry[1]
             if header.get("ok") is True:
-                callback(header, parts[1:], None)
+                self.server.guarded(entry[1], header, parts[1:], None)
             else:
                 try:
                     wire.raise_for_reply(header)
                 except KeraError as err:
-                    callback(None, None, err)
+                    self.server.guarded(entry[1], None, None, err)
 
     def expire(self, now: float) -> None:
         self.send_unsent()
+        refused, self.refused = self.refused, []
+        for callback in refused:
+            self.server.guarded(callback, None, None, self._refusal())
         if not self.pending:
             return
         late = [rid for rid, (deadline, _) in self.pending.items() if deadline <= now]
         for rid in late:
-            _, callback = self.pending.pop(rid)
-            callback(None, None, Timeout(f"no reply from {self.address}"))
+            entry = self.pending.pop(rid, None)   # None: a callback closed this peer
+            if entry is None:
+                continue
+            callback = entry[1]
+            self.server.guarded(callback, None, None, Timeout(f"no reply from {self.address}"))
         if not self.pending:
             self.unsent.clear()
+            self.unsent_bytes = 0
+
+    def _refusal(self) -> KeraError:
+        if self.broken is not None:
+            return PeerUnreachable(self.broken)
+        return Throttled(f"more than {PEER_UNSENT_BYTES_MAX} bytes already wait for {self.address}")
 
     def close(self) -> None:
-        for _, callback in self.pending.values():
-            callback(None, None, Timeout(f"connection to {self.address} closed"))
+        callbacks = [cb for _, cb in self.pending.values()] + self.refused
         self.pending.clear()
+        self.refused = []
         self.unsent.clear()
-        self.sock.close(linger=0)
+        self.unsent_bytes = 0
+        if self.sock is not None:
+            self.sock.close(linger=0)
+        for callback in callbacks:
+            self.server.guarded(callback, None, None, Timeout(f"connection to {self.address} closed"))
+
+
+def _dealer(ctx: zmq.Context, address: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.SNDHWM, PEER_HWM_MESSAGES)
+        sock.setsockopt(zmq.RCVHWM, PEER_HWM_MESSAGES)
+        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        sock.connect(f"tcp://{address}")
+    except zmq.ZMQError:
+        sock.close(linger=0)
+        raise
+    return sock
 
 
 class Server:
@@ -129,8 +208,8 @@ class Server:
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
-        self.router.setsockopt(zmq.RCVHWM, 100_000)
-        self.router.setsockopt(zmq.SNDHWM, 100_000)
+        self.router.setsockopt(zmq.RCVHWM, ROUTER_HWM_MESSAGES)
+        self.router.setsockopt(zmq.SNDHWM, ROUTER_HWM_MESSAGES)
         if port:
             self.router.bind(f"tcp://{host}:{port}")
             self.port = port
@@ -139,10 +218,12 @@ class Server:
         self.host = host
         self.handlers: dict[str, Callable[[Request], object]] = {}
         self.after_batch: list[Callable[[], None]] = []
-        self.peers: dict[str, Peer] = {}
+        self.peers: dict[str, Peer] = {}    # in order of last use (least recent first)
         self._timers: list = []
         self._timer_seq = itertools.count()
         self._stopping = False
+        # The unexpected exception that stopped the daemon (a bug); its process exits non-zero.
+        self.failure: BaseException | None = None
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
 
@@ -158,16 +239,44 @@ class Server:
         heapq.heappush(self._timers, (time.monotonic() + interval_s, next(self._timer_seq), fn, interval_s))
 
     def peer(self, address: str) -> Peer:
-        peer = self.peers.get(address)
+        """The connection to `address`, opened on first use. An address zmq rejects gives a
+        peer whose requests fail with PeerUnreachable; so does a new address while PEERS_MAX
+        peers are all busy."""
+        peer = self.peers.pop(address, None)
         if peer is None:
-            peer = self.peers[address] = Peer(self, address)
-            self.poller.register(peer.sock, zmq.POLLIN)
+            self._make_room()
+            refused = None
+            if len(self.peers) >= PEERS_MAX:
+                refused = (f"all {PEERS_MAX} connections to other daemons are busy; {address} "
+                           f"was not connected (retry once requests complete)")
+            peer = Peer(self, address, refused)
+            if peer.broken is None:
+                self.poller.register(peer.sock, zmq.POLLIN)
+        self.peers[address] = peer   # (re)inserted last: the most recently used
         return peer
 
+    def _make_room(self) -> None:
+        if len(self.peers) < PEERS_MAX:
+            return
+        for address, peer in self.peers.items():   # least recently used first
+            if peer.idle:
+                log.info("%s: closing idle connection to %s (%d peers)", self.name, address, PEERS_MAX)
+                self.drop_peer(address)
+                return
+
+    def close_idle_peers(self, keep: set[str]) -> None:
+        """Close the connections to daemons not in `keep` that nothing waits on (a departed
+        daemon's pending requests time out first)."""
+        for address, peer in list(self.peers.items()):
+            if address not in keep and peer.idle:
+                self.drop_peer(address)
+
     def drop_peer(self, address: str) -> None:
+        """Close the connection to a daemon that left; its pending requests time out now."""
         peer = self.peers.pop(address, None)
         if peer is not None:
-            self.poller.unregister(peer.sock)
+            if peer.broken is None:
+                self.poller.unregister(peer.sock)
             peer.close()
 
     # ------------------------------------------------------------------ replies
@@ -188,6 +297,7 @@ class Server:
         self._stopping = True
 
     def run(self) -> None:
+        """Serve until stopped; `failure` tells whether a bug stopped it."""
         log.info("%s serving on %s", self.name, self.address)
         try:
             while not self._stopping:
@@ -196,32 +306,80 @@ class Server:
             self.close()
 
     def run_once(self, max_wait_s: float = 0.05) -> None:
+        if self.failure is not None:
+            return   # a bug: nothing more runs on the state it may have broken
         now = time.monotonic()
         wait = max_wait_s
         if self._timers:
             wait = max(0.0, min(wait, self._timers[0][0] - now))
-        if any(peer.unsent for peer in self.peers.values()):
+        if any(peer.unsent or peer.refused for peer in self.peers.values()):
             wait = min(wait, 0.002)  # a connection is coming up: retry its first sends soon
         events = dict(self.poller.poll(int(wait * 1000)))
         if self.router in events:
             self._drain_router()
+        if self.failure is not None:
+            return   # a bug: nothing more runs on the state it may have broken
+        # A callback may drop peers (Server.drop_peer): a closed one is skipped.
         for peer in list(self.peers.values()):
-            if peer.sock in events:
+            if peer.broken is None and peer.sock in events and not peer.closed:
                 peer.on_readable()
         now = time.monotonic()
         for peer in list(self.peers.values()):
-            peer.expire(now)
+            if not peer.closed:
+                peer.expire(now)
         self._run_timers(now)
 
     def _drain_router(self) -> None:
         for _ in range(MAX_BATCH_MESSAGES):
             try:
-                parts = self.router.recv_multipart(copy=False, flags=zmq.NOBLOCK)
+                parts = self._recv_message()
             except zmq.Again:
                 break
-            self._dispatch(parts)
+            if parts is not None:
+                self._dispatch(parts)
+            if self.failure is not None:
+                return
         for hook in self.after_batch:
-            self._guarded(hook)
+            self.guarded(hook)
+
+    def _recv_message(self) -> list | None:
+        """One whole message, read frame by frame so its size and frame count are checked
+        before the rest of it is kept: an over-limit message is read to its end, dropped and
+        answered with one error (None returned). Raises zmq.Again when nothing is waiting.
+
+        zmq hands over a multipart message only once all of it has arrived, so its own
+        buffering is bounded by wire.MAX_FRAME_BYTES per frame and the HWM, not here."""
+        frame = self.router.recv(copy=False, flags=zmq.NOBLOCK)
+        parts, size, more = [frame], 0, frame.more
+        while more:
+            frame = self.router.recv(copy=False)   # the rest of a message is already queued
+            more = frame.more
+            parts.append(frame)
+            size += len(frame)
+            if len(parts) - 2 > wire.MAX_FRAMES or size > wire.MESSAGE_BYTES_MAX:
+                frames_total = len(parts) + self._discard_rest(more)
+                self._refuse_oversized(parts, size, frames_total)
+                return None
+        return parts
+
+    def _discard_rest(self, more: bool) -> int:
+        dropped = 0
+        while more:
+            more = self.router.recv(copy=False).more
+            dropped += 1
+        return dropped
+
+    def _refuse_oversized(self, parts: list, size: int, frames_total: int) -> None:
+        log.warning("%s: refused a message of %d frames (over %d payload frames or %d bytes)",
+                    self.name, frames_total, wire.MAX_FRAMES, wire.MESSAGE_BYTES_MAX)
+        req_id = None
+        try:
+            req_id = wire.unpack_header(parts[1].buffer).get("id")
+        except BadRequest:
+            pass
+        err = BadRequest(f"message of {frames_total} frames is over the limit of "
+                         f"{wire.MAX_FRAMES} payload frames and {wire.MESSAGE_BYTES_MAX} bytes")
+        self._send(parts[0].bytes, wire.error_reply(req_id if _is_int(req_id) else None, err), ())
 
     def _dispatch(self, parts: list) -> None:
         if len(parts) < 2:
@@ -229,11 +387,10 @@ class Server:
         identity = parts[0].bytes
         req_id = None
         try:
-            if len(parts) - 2 > wire.MAX_FRAMES:
-                raise BadRequest(f"{len(parts) - 2} payload frames exceed {wire.MAX_FRAMES}")
-            header = wire.unpack_header(parts[1].buffer)
+            header = wire.unpack_header(parts[1].buffer, wire.REQUEST_CONTAINERS_MAX)
             req_id = header.get("id")
-            if not isinstance(req_id, int) or isinstance(req_id, bool):
+            if not _is_int(req_id):
+                req_id = None
                 raise BadRequest("missing or non-integer request id")
             fields = wire.Fields(header)
             if fields.int("v", lo=0, hi=255) != wire.PROTOCOL_VERSION:
@@ -247,9 +404,10 @@ class Server:
         except KeraError as err:
             self._send(identity, wire.error_reply(req_id, err), ())
             return
-        except Exception as exc:  # the error boundary: log, answer, keep serving
-            log.exception("%s: internal error handling a request", self.name)
-            self._send(identity, wire.error_reply(req_id, KeraError(f"internal error: {exc.__class__.__name__}: {exc}")), ())
+        except Exception as exc:
+            self._send(identity, wire.error_reply(req_id, KeraError(
+                f"internal error in {self.name}, which is stopping: {exc.__class__.__name__}: {exc}")), ())
+            self._fatal(exc, "handling a request")
             return
         if result is DEFERRED:
             return
@@ -261,16 +419,41 @@ class Server:
     def _run_timers(self, now: float) -> None:
         while self._timers and self._timers[0][0] <= now:
             _, _, fn, interval = heapq.heappop(self._timers)
-            self._guarded(fn)
+            self.guarded(fn)
             heapq.heappush(self._timers, (now + interval, next(self._timer_seq), fn, interval))
 
-    def _guarded(self, fn: Callable[[], None]) -> None:
+    def guarded(self, fn: Callable, *args) -> None:
+        """Run a timer, hook or peer callback inside the error boundary: a KeraError (nobody to
+        answer) is logged; anything else is a bug and stops the daemon (after which nothing
+        more runs)."""
+        if self.failure is not None:
+            return
         try:
-            fn()
-        except Exception:
-            log.exception("%s: error in %s", self.name, getattr(fn, "__qualname__", fn))
+            fn(*args)
+        except KeraError as err:
+            log.warning("%s: %s failed: %s: %s", self.name, _name(fn), err.code, err.message)
+        except Exception as exc:
+            self._fatal(exc, f"in {_name(fn)}")
+
+    # Kept for daemons that wrap their own hooks (kera.broker.server).
+    _guarded = guarded
+
+    def _fatal(self, exc: BaseException, where: str) -> None:
+        log.critical("%s: unexpected error %s: stopping (this is a bug)", self.name, where,
+                     exc_info=exc)
+        if self.failure is None:
+            self.failure = exc
+        self.stop()
 
     def close(self) -> None:
         for address in list(self.peers):
             self.drop_peer(address)
-        self.router.close(linger=0)
+        self.router.close(linger=0 if self.failure is None else FAILURE_REPLY_LINGER_MS)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)

@@ -11,13 +11,33 @@ from typing import Any
 
 import msgpack
 
-from kera.errors import BadRequest, KeraError, from_reply
+from kera.errors import BadRequest, KeraError
 
 PROTOCOL_VERSION = 1
-MAX_HEADER_BYTES = 4 * 1024 * 1024
+MiB = 1024 * 1024
+# A header is metadata: the largest legitimate ones are `list_streams` replies.
+MAX_HEADER_BYTES = 4 * MiB
+# Payload frames per message: a replication write carries at most this many chunks.
 MAX_FRAMES = 8192
-# zmq drops (disconnects) a peer that sends a single frame larger than this.
-MAX_FRAME_BYTES = 128 * 1024 * 1024
+# zmq drops (disconnects) a peer that sends a single frame larger than this: one chunk is at
+# most kera.chunk.MAX_CHUNK_BYTES (64 MiB) and a header at most MAX_HEADER_BYTES.
+MAX_FRAME_BYTES = 64 * MiB + MAX_HEADER_BYTES
+# A whole message (all frames): a produce request or replication write of a virtual segment
+# (8 MiB by default) plus one maximal chunk fits with room; checked frame by frame as the
+# message is read, so a message of many large frames is dropped, not kept.
+MESSAGE_BYTES_MAX = 256 * MiB
+# Maps and arrays decoded from one header, all nesting levels together: what a header's
+# objects cost in memory (about 64 bytes each even when empty) is bounded by this, whatever
+# its 4 MiB hold. Requests to daemons are small (a heartbeat's 4096 `vsegs` entries are 8193
+# arrays); replies such as `list_streams` (10,000 streams, 100,000 streamlets) need more.
+REQUEST_CONTAINERS_MAX = 100_000
+REPLY_CONTAINERS_MAX = 1_000_000
+# Length of one string, binary, array or map in a header: names are at most 1024 characters,
+# lists at most a few thousand entries; a `list_streams` reply holds up to 10,000 streams.
+HEADER_STR_LEN_MAX = 64 * 1024
+HEADER_BIN_LEN_MAX = MAX_HEADER_BYTES
+HEADER_ARRAY_LEN_MAX = 100_000
+HEADER_MAP_LEN_MAX = 100_000
 
 _packer = msgpack.Packer(use_bin_type=True)
 
@@ -26,11 +46,38 @@ def pack(obj: dict) -> bytes:
     return _packer.pack(obj)
 
 
-def unpack_header(frame) -> dict:
+class _ContainerBudget:
+    """msgpack hook counting the maps and arrays of one header; raises past the budget."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, containers_max: int):
+        self.left = containers_max
+
+    def __call__(self, obj):
+        self.left -= 1
+        if self.left < 0:
+            raise _OverBudget
+        return obj
+
+
+class _OverBudget(Exception):
+    pass
+
+
+def unpack_header(frame, containers_max: int = REPLY_CONTAINERS_MAX) -> dict:
+    """Decode a header map, within the length limits above and `containers_max` maps and
+    arrays in all; BadRequest for anything else."""
     if len(frame) > MAX_HEADER_BYTES:
         raise BadRequest(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
+    budget = _ContainerBudget(containers_max)
     try:
-        obj = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=False, object_hook=budget,
+                              list_hook=budget, max_str_len=HEADER_STR_LEN_MAX,
+                              max_bin_len=HEADER_BIN_LEN_MAX, max_array_len=HEADER_ARRAY_LEN_MAX,
+                              max_map_len=HEADER_MAP_LEN_MAX, max_ext_len=0)
+    except _OverBudget:
+        raise BadRequest(f"header holds more than {containers_max} maps and arrays") from None
     except Exception as exc:  # msgpack raises several unrelated types for garbage input
         raise BadRequest(f"header is not valid msgpack: {exc.__class__.__name__}") from None
     if not isinstance(obj, dict):
@@ -64,11 +111,11 @@ def error_reply(req_id: Any, err: KeraError) -> bytes:
 
 
 def raise_for_reply(header: dict) -> dict:
-    """Return the reply header, or raise the KeraError it carries."""
+    """Return the reply header, or raise the KeraError it carries (kera.schema.error_reply)."""
     if header.get("ok") is True:
         return header
-    raise from_reply(str(header.get("code", "internal")), str(header.get("message", "")),
-                     bool(header.get("retriable", False)))
+    from kera import schema   # schema builds on this module
+    raise schema.error_reply(header)
 
 
 class Fields:

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from kera import chunk as chunkcodec
-from kera.errors import KeraError, Timeout, from_reply
+from kera import schema
+from kera.errors import KeraError, SequenceGap, Timeout, UnknownStream
 
 UNSENT, IN_FLIGHT, ACKED = 0, 1, 2
 U64 = 1 << 64
@@ -35,8 +36,6 @@ BACKOFF_MS_BASE = 5
 # A lane's first unacknowledged chunk refused with sequence_gap this often: take a new identity.
 FRONT_GAP_ATTEMPTS_MAX = 8
 BACKOFF_MS_MAX = 1000
-# Codes after which the stream's metadata is asked for again before the retry.
-REFRESH_CODES = frozenset({"not_owner", "unknown_stream", "timeout", "not_ready"})
 
 
 def next_identity(producer_id: int, slot_stride: int) -> int:
@@ -258,9 +257,7 @@ class Pipeline:
         if out is None:
             return set()  # a late reply to a request that timed out: its chunks were resent
         if header.get("ok") is not True:
-            err = from_reply(str(header.get("code", "internal")), str(header.get("message", "")),
-                             bool(header.get("retriable", False)))
-            return self.on_request_failed(out, err, now)
+            return self.on_request_failed(out, schema.error_reply(header), now)
         results = header.get("results")
         if not isinstance(results, list) or len(results) != len(out.chunks):
             err = KeraError(f"produce reply from {broker} has a malformed results list", retriable=True)
@@ -268,14 +265,11 @@ class Pipeline:
         del self.in_flight[broker][out.req_id]
         refresh = set()
         for c, result in zip(out.chunks, results):
-            if isinstance(result, list) and len(result) == 3 and isinstance(result[0], str):
-                refresh |= self._chunk_failed(c, from_reply(result[0], str(result[1]), bool(result[2])), now)
-            elif isinstance(result, list) and len(result) == 3 and all(
-                    isinstance(x, int) and not isinstance(x, bool) for x in result):
-                self._chunk_acked(c)
+            result = schema.produce_result(result)
+            if isinstance(result, KeraError):
+                refresh |= self._chunk_failed(c, result, now)
             else:
-                refresh |= self._chunk_failed(
-                    c, KeraError(f"malformed produce result {result!r}", retriable=True), now)
+                self._chunk_acked(c)
         return refresh
 
     def expire(self, now: float) -> set[tuple[str, int]]:
@@ -323,8 +317,8 @@ class Pipeline:
         lane.in_flight -= 1
         c.state = UNSENT
         lane.paused = True
-        refresh = {(lane.stream, lane.stream_id)} if error.code in REFRESH_CODES else set()
-        if error.code == "sequence_gap":
+        refresh = {(lane.stream, lane.stream_id)} if error.refresh_metadata else set()
+        if isinstance(error, SequenceGap):
             if self._behind_unacked(c):
                 c.attempts -= 1  # collateral of an earlier chunk's failure, not this chunk's
             elif lane.own and c.attempts >= FRONT_GAP_ATTEMPTS_MAX:
@@ -337,7 +331,7 @@ class Pipeline:
             self.stats["retries"] += 1
             backoff_s = min(BACKOFF_MS_MAX, BACKOFF_MS_BASE << min(c.attempts, 10)) / 1000
             lane.retry_at = max(lane.retry_at, now + backoff_s)
-        elif error.code == "unknown_stream" and not error.retriable:
+        elif isinstance(error, UnknownStream) and not error.retriable:
             self._fail_stream(lane.stream_id, error)
         else:
             self._fail_chunk(c, error)

@@ -214,4 +214,6 @@ def run(args: argparse.Namespace) -> int:
             httpd.shutdown()
     persist_failed = coord.counters.get("persist_errors", 0) > 0
     log.info("coordinator stopped")
-    return 1 if persist_failed or coord.exit_code else 0
+    # Non-zero when the metadata could not be written, the core halted, or a bug stopped it
+    # (logged with its stack).
+    return 1 if persist_failed or coord.exit_code or coord.server.failure is not None else 0

@@ -1,4 +1,5 @@
-"""Validation of coordinator request fields: names, addresses and stream parameters.
+"""Validation of coordinator request fields: stream names and parameters (daemon fields:
+kera.schema).
 
 Everything here raises BadRequest with a message naming the field, so a client sees exactly what
 it got wrong.
@@ -9,15 +10,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kera import config
+from kera import config, schema
 from kera.errors import BadRequest
 from kera.wire import Fields
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,255}\Z")
 NAME_CHARS_MAX = 255
-NODE_CHARS_MAX = 255
-ADDRESS_CHARS_MAX = 300
-KINDS = ("broker", "backup")
+NODE_CHARS_MAX = schema.NODE_CHARS_MAX
+ADDRESS_CHARS_MAX = schema.ADDRESS_CHARS_MAX
+KINDS = schema.KINDS
 
 # Bounds of a stream's parameters (inclusive).
 STREAMLETS_MAX = 4096
@@ -31,13 +32,11 @@ RETENTION_MS_MAX = 2**63 - 1
 RETENTION_BYTES_MAX = 2**63 - 1
 
 DURABILITIES = (config.DURABILITY_MEMORY, config.DURABILITY_DISK)
-# A heartbeat's `stats` map is kept in memory per daemon: bound it.
-STATS_ENTRIES_MAX = 1000
-VERSION_MAX = 2**63 - 1
-ID_MAX = 2**32 - 1
-# A daemon may ask for an id of its own only below this, so ids handed out in order always
-# have room above the ones asked for.
-CHOSEN_ID_MAX = 2**31 - 1
+STATS_ENTRIES_MAX = schema.STATS_ENTRIES_MAX
+STATS_KEPT = schema.STATS_KEPT
+VERSION_MAX = schema.VERSION_MAX
+ID_MAX = schema.ID_MAX
+CHOSEN_ID_MAX = schema.CHOSEN_ID_MAX
 # Bounds on the metadata as a whole: registered daemons stay known (dead or alive) forever,
 # and every stream descriptor goes into `list_streams` replies, which must stay well under
 # wire.MAX_HEADER_BYTES (about 300 bytes per descriptor plus up to 3 per streamlet).
@@ -106,11 +105,7 @@ def alterations(f: Fields) -> dict:
 
 
 def _bounded(name: str, value, lo: int, hi: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise BadRequest(f"field '{name}' must be an integer")
-    if not lo <= value <= hi:
-        raise BadRequest(f"field '{name}'={value} is outside [{lo}, {hi}]")
-    return value
+    return schema.bounded_int(value, name, lo, hi)
 
 
 def stream_name(name) -> str:
@@ -120,60 +115,13 @@ def stream_name(name) -> str:
     return name
 
 
-def kind(f: Fields) -> str:
-    value = f.str("kind", hi=16)
-    if value not in KINDS:
-        raise BadRequest(f"field 'kind' must be one of {', '.join(KINDS)}, not {value!r}")
-    return value
-
-
-def address(f: Fields) -> str:
-    """A "host:port" a peer can connect to (IPv6 hosts in brackets)."""
-    value = f.str("address", hi=ADDRESS_CHARS_MAX)
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or any(c.isspace() for c in host) or not port.isdigit() \
-            or not 1 <= int(port) <= 65535:
-        raise BadRequest(f"field 'address' must be host:port, not {value!r}")
-    return value
-
-
-def node(f: Fields) -> str:
-    value = f.str("node", hi=NODE_CHARS_MAX)
-    if not value:
-        raise BadRequest("field 'node' must not be empty")
-    return value
-
-
-def stats(f: Fields) -> dict | None:
-    value = f.dict("stats", None)
-    if value is not None and len(value) > STATS_ENTRIES_MAX:
-        raise BadRequest(f"field 'stats' has {len(value)} entries, more than {STATS_ENTRIES_MAX}")
-    return value
-
-
-# A broker's report of where its virtual segments are replicated (heartbeat field `vsegs`).
-VSEG_REPORT_ENTRIES_MAX = 4096   # entries in one heartbeat
-VSEG_BACKUPS_MAX = REPLICATION_MAX - 1
-VLOG_MAX = 2**32 - 1
-VSEG_MAX = 2**64 - 1
-
-
-def vsegs(f: Fields) -> list[tuple[int, int, list[int]]] | None:
-    """`[[vlog, vseg, [backup ids]], ...]` or None when absent; BadRequest on anything off."""
-    value = f.list("vsegs", None, max_len=VSEG_REPORT_ENTRIES_MAX)
-    if value is None:
-        return None
-    out = []
-    for entry in value:
-        if not isinstance(entry, list) or len(entry) != 3:
-            raise BadRequest("field 'vsegs' holds an entry that is not [vlog, vseg, [backup ids]]")
-        vlog, vseg, backups = entry
-        _bounded("vsegs vlog", vlog, 0, VLOG_MAX)
-        _bounded("vsegs vseg", vseg, 0, VSEG_MAX)
-        if not isinstance(backups, list) or len(backups) > VSEG_BACKUPS_MAX:
-            raise BadRequest(f"field 'vsegs' holds a backup list that is not a list of at most "
-                             f"{VSEG_BACKUPS_MAX} ids")
-        for b in backups:
-            _bounded("vsegs backup id", b, 0, ID_MAX)
-        out.append((vlog, vseg, list(backups)))
-    return out
+# The daemon-facing fields are parsed by the wire schema (one parser per structure).
+kind = schema.kind
+address = schema.address
+node = schema.node
+stats = schema.stats
+vsegs = schema.vsegs
+VSEG_REPORT_ENTRIES_MAX = schema.VSEG_REPORT_ENTRIES_MAX
+VSEG_BACKUPS_MAX = schema.VSEG_BACKUPS_MAX
+VLOG_MAX = schema.VLOG_MAX
+VSEG_MAX = schema.VSEG_MAX

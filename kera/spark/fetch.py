@@ -16,9 +16,9 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from kera import wire
+from kera import schema, wire
 from kera.chunk import Chunk
-from kera.errors import KeraError, OffsetOutOfRange, Timeout, from_reply
+from kera.errors import KeraError, OffsetOutOfRange, Timeout
 from kera.spark.columns import chunk_rows, concat
 from kera.spark.metadata import Metadata
 from kera.spark.offsets import DataLoss
@@ -76,12 +76,9 @@ class GroupReader:
         results = wire.Fields(header).list("results", max_len=1)
         if len(results) != 1 or not isinstance(results[0], list) or len(results[0]) != 3:
             raise KeraError(f"malformed fetch reply from {p.address}")
-        error, n_frames, groups = results[0]
+        error, n_frames, groups = schema.fetch_result(results[0], len(frames))
         if error is not None:
-            code, message, retriable = error
-            raise from_reply(str(code), str(message), bool(retriable))
-        if not isinstance(n_frames, int) or not 0 <= n_frames <= len(frames):
-            raise KeraError(f"fetch reply from {p.address} announces {n_frames!r} frames, has {len(frames)}")
+            raise error
         self._check_group(groups)
         batches = []
         for frame in frames[:n_frames]:

@@ -11,7 +11,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from kera import rpc, wire
+from kera import rpc, schema, wire
 from kera.errors import KeraError, NotReady, Timeout, UnknownStream
 from kera.spark.offsets import GroupInfo, Groups, group_infos
 
@@ -36,19 +36,12 @@ class StreamInfo:
 
     @staticmethod
     def from_descriptor(desc) -> "StreamInfo":
-        if not isinstance(desc, dict):
-            raise KeraError("the coordinator sent a stream descriptor that is not a map")
-        f = wire.Fields(desc)
-        m = f.int("streamlets", lo=1, hi=1 << 20)
-        placement = wire.int_list(f.list("placement", max_len=m), "placement", length=m)
-        brokers = f.dict("brokers")
-        for bid in placement:
-            address = brokers.get(str(bid), brokers.get(bid))
-            if not isinstance(address, str):
+        d = schema.stream_descriptor(desc)
+        for bid in d.placement:
+            if bid is None or bid not in d.brokers:
                 raise KeraError(f"stream descriptor places a streamlet on broker {bid} with no address")
-        return StreamInfo(f.str("name"), f.int("id"), m, f.int("active_groups", 1, lo=1),
-                          tuple(placement),
-                          {str(k): v for k, v in brokers.items() if isinstance(v, str)})
+        return StreamInfo(d.name, d.id, d.streamlets, d.active_groups, d.placement,
+                          {str(k): v for k, v in d.brokers.items()})
 
 
 def _pause(attempt: int) -> float:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from kera import wire
-from kera.errors import KeraError, NotOwner, Timeout, UnknownStream, from_reply
+from kera import schema, wire
+from kera.errors import KeraError, NotOwner, SequenceGap, Timeout, UnknownStream
 from kera.spark.metadata import Metadata, StreamInfo
 
 log = logging.getLogger(__name__)
@@ -141,8 +141,9 @@ class ProduceQueue:
         for (key, seq, chunk), result in zip(req.chunks, results):
             s = self.streamlets[key]
             s.in_flight.discard(seq)
-            if isinstance(result, list) and len(result) == 3 and isinstance(result[0], str):
-                self._refused(key, seq, from_reply(result[0], str(result[1]), bool(result[2])), now)
+            result = schema.produce_result(result)
+            if isinstance(result, KeraError):
+                self._refused(key, seq, result, now)
             elif seq in s.unacked:
                 self.pending_bytes -= len(s.unacked.pop(seq))
                 s.attempts.pop(seq, None)
@@ -172,7 +173,7 @@ class ProduceQueue:
                             f"{tries} times; last: {error.code}: {error}", retriable=True)
         if isinstance(error, (NotOwner, UnknownStream, Timeout)):
             self.stale.add(key[1])
-        if error.code != "sequence_gap":  # a gap clears as soon as the earlier chunk lands
+        if not isinstance(error, SequenceGap):  # a gap clears as soon as the earlier chunk lands
             s.not_before = max(s.not_before, now + min(RETRY_PAUSE_MAX_S, RETRY_PAUSE_S * 2 ** tries))
 
 

@@ -83,6 +83,10 @@ class SimPeer:
         self._ids = itertools.count(1 << 16)
         self.pending: dict[int, Callable] = {}
 
+    @property
+    def idle(self) -> bool:   # as kera.server.Peer.idle
+        return not self.pending
+
     def request(self, op: str, fields: dict | None, frames, timeout_s: float, callback: Callable) -> int:
         req_id = next(self._ids)
         self.pending[req_id] = callback

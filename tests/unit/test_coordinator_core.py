@@ -93,13 +93,14 @@ def test_heartbeat_from_unknown_id_asks_to_register():
         c.handle("heartbeat", {"token": TOKEN, "kind": "backup", "daemon_id": 0, "metadata_version": 0}, 0.0)
 
 
-def test_heartbeat_replies_current_version_and_keeps_stats():
+def test_heartbeat_replies_current_version_and_keeps_only_the_stats_it_reads():
     c = make()
     join(c, "broker", 1)
     reply = c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 0, "metadata_version": 0,
-                                   "stats": {"appends": 5}}, 0.1)
+                                   "stats": {"memory_bytes": 5, "replicas": {"x": [{}] * 100},
+                                             "appends": 7}}, 0.1)
     assert reply == {"metadata_version": c.version}
-    assert c.members["broker"][0].stats == {"appends": 5}
+    assert c.members["broker"][0].stats == {"memory_bytes": 5}
 
 
 def test_heartbeat_with_a_version_never_issued_is_refused_and_changes_nothing():

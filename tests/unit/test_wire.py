@@ -2,6 +2,7 @@ import msgpack
 import pytest
 
 from kera import errors, wire
+from kera.errors import BadRequest
 
 
 def test_request_and_reply_round_trip():
@@ -52,3 +53,25 @@ def test_fields_may_not_overwrite_the_envelope():
             wire.request("x", 1, {name: 2})
         with pytest.raises(ValueError):
             wire.ok_reply(1, {name: 2})
+
+
+def test_header_length_limits_per_string_array_and_map():
+    ok = wire.pack({"s": "x" * wire.HEADER_STR_LEN_MAX, "a": [0] * 1000})
+    assert wire.unpack_header(ok)["a"] == [0] * 1000
+    for huge in [{"s": "x" * (wire.HEADER_STR_LEN_MAX + 1)},
+                 {"a": [0] * (wire.HEADER_ARRAY_LEN_MAX + 1)},
+                 {"m": {i: 0 for i in range(wire.HEADER_MAP_LEN_MAX + 1)}}]:
+        with pytest.raises(BadRequest, match="not valid msgpack"):
+            wire.unpack_header(wire.pack(huge))
+
+
+def test_header_container_budget_counts_every_nesting_level():
+    nested = wire.pack({"stats": {"a": [{}] * 60_000, "b": [[]] * 60_000}})
+    with pytest.raises(BadRequest, match="more than 100000 maps and arrays"):
+        wire.unpack_header(nested, wire.REQUEST_CONTAINERS_MAX)
+    assert len(wire.unpack_header(nested)["stats"]["a"]) == 60_000   # a reply may hold more
+
+
+def test_every_bound_is_consistent():
+    assert wire.MAX_HEADER_BYTES < wire.MAX_FRAME_BYTES <= wire.MESSAGE_BYTES_MAX
+    assert wire.REQUEST_CONTAINERS_MAX <= wire.REPLY_CONTAINERS_MAX
