@@ -40,7 +40,9 @@ CHOSEN_ID_MAX = schema.CHOSEN_ID_MAX
 # Bounds on the metadata as a whole: registered daemons stay known (dead or alive) forever,
 # and every stream descriptor goes into `list_streams` replies, which must stay well under
 # wire.MAX_HEADER_BYTES (about 300 bytes per descriptor plus up to 3 per streamlet).
-DAEMONS_MAX = 4096           # per kind
+# Per kind. Every daemon's summary (up to ~580 bytes with the longest address and node) goes
+# into each `cluster` reply: 2 x 2048 of them stay near 2.4 MB, under the 4 MiB header limit.
+DAEMONS_MAX = 2048
 STREAMS_MAX = 10_000
 STREAMLETS_TOTAL_MAX = 100_000
 

@@ -52,9 +52,22 @@ def test_list_streams_at_streams_max_is_paginated_under_the_header_limit():
     assert reply_size({"streams": c.list_streams()}) > wire.MAX_HEADER_BYTES
 
 
+def test_cluster_reply_at_daemons_max_fits_under_the_header_limit():
+    c = Coordinator(0.0)
+    for kind in ("broker", "backup"):
+        for i in range(validate.DAEMONS_MAX):
+            c.handle("register", {"kind": kind, "address": f"{LONG_HOST}:{10000 + i}",
+                                  "node": "n" * validate.NODE_CHARS_MAX}, 0.0)
+    size = reply_size(c.handle("cluster", {}, 0.0))
+    print(f"cluster reply at {validate.DAEMONS_MAX} brokers and backups: {size} bytes")
+    assert size < wire.MAX_HEADER_BYTES
+    with pytest.raises(Exception, match="registered already"):
+        c.handle("register", {"kind": "broker", "address": "127.0.0.1:1", "node": "n"}, 0.0)
+
+
 def test_largest_single_descriptor_fits():
     c = Coordinator(0.0)
-    register_many(c, "broker", validate.STREAMLETS_MAX)
+    register_many(c, "broker", min(validate.STREAMLETS_MAX, validate.DAEMONS_MAX))
     c.handle("create_stream", {"name": "x" * validate.NAME_CHARS_MAX,
                                "streamlets": validate.STREAMLETS_MAX, "replication": 1}, 0.0)
     reply = c.handle("list_streams", {}, 0.0)
