@@ -51,6 +51,10 @@ TIMER_S = 0.01
 CLUSTER_EVERY_HEARTBEATS = 2
 SID_MAX = 2**64 - 1
 SL_MAX = 2**32 - 1
+# Live backups connected to ahead of their first write. Beyond it connections open on first
+# use: pre-connecting to more than kera.server.PEERS_MAX would evict and reopen peers on every
+# refresh (each a socket and a connection attempt) for backups most of which get no write.
+PRECONNECT_BACKUPS_MAX = 64
 
 
 class _LoopServer(Server):
@@ -281,8 +285,9 @@ class BrokerDaemon:
         live = {b.address for b in self.core.pool.backups.values() if b.alive}
         # Departed backups' connections are freed (one still needed opens again on next use).
         self.server.close_idle_peers(keep=live | {self.coordinator_address})
-        for address in live:
-            self.server.peer(address)   # connect before the first write
+        if len(live) <= PRECONNECT_BACKUPS_MAX:
+            for address in live:
+                self.server.peer(address)   # connect before the first write
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:

@@ -155,8 +155,9 @@ def test_multipart_message_of_many_large_frames_is_refused_without_being_kept(cl
 def test_heartbeats_of_empty_stats_maps_leave_the_coordinator_memory_where_it_was(cluster):
     coordinator = cluster.coordinator
     with rpc.Connection(cluster.bootstrap, timeout_s=10) as conn:
-        daemon_id = conn.call("register", {"kind": "backup", "address": "127.0.0.1:29999",
-                                           "node": "stats-fake"})[0]["daemon_id"]
+        registered = conn.call("register", {"kind": "backup", "address": "127.0.0.1:29999",
+                                            "node": "stats-fake"})[0]
+        daemon_id, token = registered["daemon_id"], registered["token"]
         hostile = wire.request("heartbeat", 1, empty_maps_heartbeat(daemon_id))
         assert 3 * MiB < len(hostile) <= wire.MAX_HEADER_BYTES
         before = memory_kib(coordinator.pid)
@@ -167,6 +168,7 @@ def test_heartbeats_of_empty_stats_maps_leave_the_coordinator_memory_where_it_wa
         after = memory_kib(coordinator.pid)
         # The coordinator still takes an ordinary heartbeat, and keeps only the stats it reads.
         conn.call("heartbeat", {"kind": "backup", "daemon_id": daemon_id, "metadata_version": 0,
+                                "token": token,
                                 "stats": {"memory_bytes": 7, "junk": [{}] * 1000}})
     assert after["VmRSS"] - before["VmRSS"] < 32 * 1024, (before, after)
     assert after["VmHWM"] - before["VmHWM"] < 64 * 1024, (before, after)
