@@ -97,3 +97,16 @@ def test_the_fetch_cursor_sends_its_epoch_once_known():
     assert "epoch" not in f.wire()
     f.epoch = 3
     assert f.wire()["epoch"] == 3
+
+
+def test_spark_cursors_carry_the_epoch_and_a_changed_one_is_data_loss():
+    from kera.spark import offsets as ko
+    groups = ko.Groups([ko.GroupInfo(0, 0, 0, 5, False)])
+    groups.epoch = 9
+    assert ko.advance(ko.Cursor(), groups).epoch == 9
+    c = ko.Cursor(2, {1: 3}, 7)
+    assert ko.Cursor.from_json(c.to_json()) == c
+    assert "epoch" not in ko.Cursor(1, {}).to_json()   # offsets of older code stay the same
+    assert "epoch 8 -> 9" in ko.epoch_lost(ko.Cursor(0, {0: 3}, 8), groups)
+    assert ko.epoch_lost(ko.Cursor(0, {0: 3}, 9), groups) is None
+    assert ko.epoch_lost(ko.Cursor(0, {0: 3}), groups) is None
