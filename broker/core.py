@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from kera import config, wire
+from kera.broker import history_epoch
 from kera.broker.backups import BackupPool
 from kera.broker.group import Group
 from kera.broker.producers import APPEND, DUPLICATE, GAP, Entry, ProducerTable, classify
@@ -25,8 +26,8 @@ from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
 from kera.chunk import FLAG_KEYS, HEADER_SIZE, verify
 from kera.errors import (BadRequest, CorruptChunk, KeraError, NotOwner, NotReady, OffsetOutOfRange,
-                         RecordTooLarge, ReplicationFailed, SequenceGap, StorageError,
-                         Throttled, Timeout, UnknownStream)
+                         PositionLost, RecordTooLarge, ReplicationFailed, SequenceGap,
+                         StorageError, Throttled, Timeout, UnknownStream)
 from kera.metrics import Counters
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,9 @@ class Broker:
         # (stream id, streamlet) -> recovery job: owned here, being rebuilt from the replicas
         # of a dead broker; answered not_ready until installed (kera.broker.recovery).
         self.recovering: dict[tuple[int, int], object] = {}
+        # (stream id, streamlet, epoch) of histories begun since the shell last took them: it
+        # records their epochs in the data dir before answering (kera.broker.history_epoch).
+        self.new_histories: list[tuple[int, int, int]] = []
 
     # ================================================================== metadata
     def set_identity(self, broker_id: int) -> None:
@@ -403,6 +407,8 @@ class Broker:
         if streamlet is None:
             streamlet = stream.streamlets[sl] = Streamlet(
                 info.id, sl, info.active_groups, info.group_segments, info.segment_size_bytes, self)
+            streamlet.epoch = history_epoch.epoch_for_new_history(info.replication, self.epoch)
+            self.new_histories.append((info.id, sl, streamlet.epoch))
         pid, seq = h.producer_id, h.sequence
         key = (pid, info.id, sl)
         entry = self.producers.get(key)
@@ -530,13 +536,25 @@ class Broker:
         streamlet = self._streamlet_for_read(sid, sl)
         return [] if streamlet is None else streamlet.describe_groups()
 
+    def history_epoch(self, sid: int, sl: int) -> int | None:
+        """The epoch of the streamlet's current history; None while it has none (no data yet:
+        any position is of its first history)."""
+        streamlet = self._streamlet_for_read(sid, sl)
+        return None if streamlet is None else streamlet.epoch
+
+    def take_new_histories(self) -> list[tuple[int, int, int]]:
+        out, self.new_histories = self.new_histories, []
+        return out
+
     def first_group(self, sid: int, sl: int) -> int:
         """The streamlet's first retained group: every group below it was deleted (retention)."""
         streamlet = self._streamlet_for_read(sid, sl)
         return 0 if streamlet is None else streamlet.first_group
 
-    def fetch(self, reads) -> tuple[list, list]:
-        """(results, frames) for a `fetch` request's `reads` (see docs/PROTOCOL.md)."""
+    def fetch(self, reads, epochs: list | None = None) -> tuple[list, list]:
+        """(results, frames) for a `fetch` request's `reads` (see docs/PROTOCOL.md); `epochs`,
+        if given, gets each read's streamlet history epoch (None for a failed read or a
+        streamlet with no data yet), the reply's `epochs`."""
         if not isinstance(reads, list) or len(reads) > FETCH_READS_MAX:
             raise BadRequest(f"'reads' must be a list of at most {FETCH_READS_MAX} reads")
         self.counters.add("fetch_requests")
@@ -546,16 +564,36 @@ class Broker:
         for read in reads:
             before = len(frames)
             try:
-                sid, sl, low, offsets, max_bytes, earliest = _parse_read(read)
+                sid, sl, low, offsets, max_bytes, earliest, epoch = _parse_read(read)
+                self._check_epoch(sid, sl, epoch)
                 groups = self._read(sid, sl, low, offsets, max_bytes, frames, budget, earliest)
             except KeraError as err:
                 del frames[before:]
                 results.append([[err.code, err.message, err.retriable], 0, []])
+                if epochs is not None:
+                    epochs.append(None)
                 continue
             results.append([None, len(frames) - before, groups])
+            if epochs is not None:
+                epochs.append(self.history_epoch(sid, sl))
         self.counters.add("fetch_chunks", len(frames))
         self.counters.add("fetch_bytes", FETCH_REPLY_MAX_BYTES - budget[0])
         return results, frames
+
+    def _check_epoch(self, sid: int, sl: int, epoch: int | None) -> None:
+        """A cursor of another history than the streamlet's current one is refused: its group
+        numbers and offsets name records that no longer exist (kera.broker.history_epoch)."""
+        current = self.history_epoch(sid, sl)
+        if epoch is None or epoch == current:
+            return
+        if current is None and self.streams[sid].info.replication > 1:
+            return   # replicated: no data here yet is the same, first history
+        self.counters.add("fetch_position_lost")
+        name = self.streams[sid].info.name
+        raise PositionLost(
+            f"position of stream {name!r} streamlet {sl} is of history epoch {epoch}, the "
+            f"streamlet's current history is epoch {current if current is not None else 'none (empty)'}:"
+            " its data was lost; start again from 'earliest' or 'latest'")
 
     def _read(self, sid, sl, low, offsets, max_bytes, frames, budget, earliest=False) -> list:
         streamlet = self._streamlet_for_read(sid, sl)
@@ -723,7 +761,7 @@ def _check_columns(buf, n: int, flags: int, body_len: int) -> None:
         raise CorruptChunk("chunk columns do not add up to its body length")
 
 
-def _parse_read(read) -> tuple[int, int, int, dict, int, bool]:
+def _parse_read(read) -> tuple[int, int, int, dict, int, bool, int | None]:
     if not isinstance(read, list) or len(read) != 4:
         raise BadRequest("a read is [sid, sl, cursor, max_bytes]")
     sid, sl, cursor, max_bytes = read
@@ -747,7 +785,10 @@ def _parse_read(read) -> tuple[int, int, int, dict, int, bool]:
     earliest = cursor.get("earliest", False)
     if not isinstance(earliest, bool):
         raise BadRequest("cursor 'earliest' must be a boolean")
-    return sid, sl, low, offsets, min(max(max_bytes, 1), FETCH_READ_MAX_BYTES), earliest
+    epoch = cursor.get("epoch")
+    if epoch is not None:
+        _check_int(epoch, "cursor epoch", 2**64 - 1)
+    return sid, sl, low, offsets, min(max(max_bytes, 1), FETCH_READ_MAX_BYTES), earliest, epoch
 
 
 def _check_int(value, name: str, hi: int) -> None:

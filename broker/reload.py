@@ -29,7 +29,7 @@ import logging
 from pathlib import Path
 from typing import NamedTuple
 
-from kera.broker import tier_files
+from kera.broker import history_epoch, tier_files
 from kera.broker.group import Group
 from kera.broker.producers import Entry
 from kera.broker.segment import Segment
@@ -45,6 +45,8 @@ class Loaded(NamedTuple):
     segments: dict[tuple[int, int], list[LoadedSegment]]
     first_groups: dict[tuple[int, int], int]
     corrupt: int
+    # {(stream id, streamlet): history epoch} recorded in the data dir (kera.broker.history_epoch)
+    epochs: dict[tuple[int, int], int] | None = None
 
     @property
     def empty(self) -> bool:
@@ -67,7 +69,8 @@ def load_dir(root: Path) -> Loaded:
     if segments:
         log.info("found %d verified segments of %d streamlets under %s",
                  sum(map(len, segments.values())), len(segments), root)
-    return Loaded(segments, first_groups, corrupt)
+    epochs = {key: history_epoch.read(root, *key) for key in segments}
+    return Loaded(segments, first_groups, corrupt, epochs)
 
 
 def install(broker, stream, loaded: Loaded) -> int:
@@ -87,7 +90,9 @@ def install(broker, stream, loaded: Loaded) -> int:
         if sl in stream.streamlets:
             log.warning("stream %s streamlet %d already holds data: files not loaded", info.name, sl)
             continue
-        stream.streamlets[sl] = _streamlet(broker, info, sl, segs, first_recorded)
+        streamlet = stream.streamlets[sl] = _streamlet(broker, info, sl, segs, first_recorded)
+        if info.replication == 1:   # the history continues: same epoch (history_epoch)
+            streamlet.epoch = (loaded.epochs or {}).get(key, history_epoch.UNKNOWN_EPOCH)
         installed += 1
     return installed
 

@@ -23,7 +23,7 @@ import zmq
 
 
 from kera import config, schema
-from kera.broker import replica_report
+from kera.broker import history_epoch, replica_report
 from kera.broker.core import Broker, BrokerConfig
 from kera.broker.memory import default_memory_limit_bytes, parse_size
 from kera.broker.recovery_service import RecoveryService
@@ -119,18 +119,28 @@ class BrokerDaemon:
         req.frames = []
         results = self.core.produce(req, frames, time.monotonic(), acks)
         del frames
+        self._record_histories()
         if results is None:
             return DEFERRED
         return {"results": results}
 
+    def _record_histories(self) -> None:
+        """Epochs of R=1 histories begun by this produce, on disk before any ack of it."""
+        root = self.core.tier.root
+        for sid, sl, epoch in self.core.take_new_histories():
+            if root is not None and epoch != history_epoch.REPLICATED_EPOCH:
+                history_epoch.write(root, sid, sl, epoch)
+
     def _on_fetch(self, req: Request):
-        results, frames = self.core.fetch(req.fields.list("reads"))
-        return {"results": results}, frames
+        epochs: list = []
+        results, frames = self.core.fetch(req.fields.list("reads"), epochs)
+        return {"results": results, "epochs": epochs}, frames
 
     def _on_offsets(self, req: Request):
         f = req.fields
         sid, sl = f.int("sid", hi=SID_MAX), f.int("sl", hi=SL_MAX)
-        return {"groups": self.core.offsets(sid, sl), "first_group": self.core.first_group(sid, sl)}
+        return {"groups": self.core.offsets(sid, sl), "first_group": self.core.first_group(sid, sl),
+                "epoch": self.core.history_epoch(sid, sl)}
 
     def _on_stats(self, req: Request):
         return {"stats": {**self.core.stats(), **self.recovery.stats()}}

@@ -47,7 +47,7 @@ class GroupListener(Protocol):
 
 class Streamlet:
     __slots__ = ("stream_id", "index", "active_groups", "group_segments", "segment_size_bytes",
-                 "groups", "slots", "listener", "first_group")
+                 "groups", "slots", "listener", "first_group", "epoch")
 
     def __init__(self, stream_id: int, index: int, active_groups: int, group_segments: int,
                  segment_size_bytes: int, listener: GroupListener | None = None):
@@ -61,6 +61,9 @@ class Streamlet:
         self.first_group = 0
         self.slots: list[Group | None] = [None] * active_groups
         self.listener = listener
+        # Which history of this streamlet the groups are (kera.broker.history_epoch): fetches
+        # carrying another epoch are refused, not read at the same group numbers.
+        self.epoch = 0
 
     def append(self, chunk, size: int, count: int, producer_id: int) -> tuple[Group, Segment, int]:
         """Store a verified chunk in its producer's slot; returns (group, segment, index)."""

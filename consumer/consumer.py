@@ -22,13 +22,15 @@ import time
 from kera import config, rpc
 from kera.consumer.batch import Batch
 from kera.consumer.cursor import (ChunkItem, ConsumedCursor, ErrorItem, FetchCursor, LowItem,
-                                  cursors_from_positions, parse_groups)
+                                  ResetItem, cursors_with_epochs, parse_groups)
 from kera.consumer.fetching import FetchState
 from kera.errors import BadRequest, ClientClosed, KeraError, Timeout
 from kera.metadata import Metadata
 from kera.position import Position, Record
 
 log = logging.getLogger(__name__)
+# What a consumer does with a position into a history its streamlet no longer has.
+LOST_POSITION_POLICIES = ("raise", "earliest", "latest")
 
 LATEST_RETRY_S = 0.05
 
@@ -39,9 +41,21 @@ class Consumer:
                  cache_chunks_max: int = config.DEFAULT_CACHE_CHUNKS_MAX,
                  fetch_max_bytes: int = config.DEFAULT_FETCH_MAX_BYTES,
                  request_timeout_s: float = config.DEFAULT_REQUEST_TIMEOUT_S,
-                 fetch_wait_ms: float = config.DEFAULT_FETCH_WAIT_MS):
+                 fetch_wait_ms: float = config.DEFAULT_FETCH_WAIT_MS,
+                 on_lost_position: str = "raise"):
+        """`on_lost_position`: what to do when a streamlet no longer has the history a position
+        points into (its data was lost: an R=1 broker restarted without it), like Kafka's
+        auto.offset.reset: "raise" (the default) raises PositionLost from poll; "earliest"
+        restarts the streamlet at its first record, "latest" at its end (both log a warning).
+        Raising is the default, unlike Kafka's "latest": kera promises not to lose
+        acknowledged records, so a loss is an event the application must hear of and decide
+        on, never something a reader skips past. The position is never reinterpreted in the
+        new history (that would silently skip the records produced after the loss)."""
         if cache_chunks_max < 1 or fetch_max_bytes < 1:
             raise ValueError("cache_chunks_max and fetch_max_bytes must be positive")
+        if on_lost_position not in LOST_POSITION_POLICIES:
+            raise ValueError(f"on_lost_position must be one of {LOST_POSITION_POLICIES}, "
+                             f"not {on_lost_position!r}")
         self.stream = stream
         self.cache_chunks_max = cache_chunks_max
         self.request_timeout_s = request_timeout_s
@@ -53,13 +67,15 @@ class Consumer:
         except BaseException:
             self._meta.close()
             raise
-        self._consumed = {sl: ConsumedCursor(sl, low, offsets) for sl, (low, offsets) in starts.items()}
+        self._consumed = {sl: ConsumedCursor(sl, low, offsets, epoch)
+                          for sl, (low, offsets, epoch) in starts.items()}
         # A streamlet starting from its beginning starts from its first retained group.
         self._fetch = FetchState(stream, info.id,
-                                 {sl: FetchCursor(sl, low, offsets, earliest=(low, offsets) == (0, {}))
-                                  for sl, (low, offsets) in starts.items()},
+                                 {sl: FetchCursor(sl, low, offsets, earliest=(low, offsets) == (0, {}),
+                                                  epoch=epoch)
+                                  for sl, (low, offsets, epoch) in starts.items()},
                                  fetch_max_bytes=fetch_max_bytes, request_timeout_s=request_timeout_s,
-                                 idle_wait_s=fetch_wait_ms / 1000)
+                                 idle_wait_s=fetch_wait_ms / 1000, on_lost_position=on_lost_position)
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
         self._items: collections.deque = collections.deque()
@@ -81,16 +97,22 @@ class Consumer:
         self._fetcher.start()
 
     # ------------------------------------------------------------------ start positions
-    def _start_cursors(self, start) -> dict[int, tuple[int, dict[int, int]]]:
+    def _start_cursors(self, start) -> dict[int, tuple[int, dict[int, int], int | None]]:
         if isinstance(start, str):
             if start == "earliest":
-                return {sl: (0, {}) for sl in self.streamlets}
+                return {sl: (0, {}, None) for sl in self.streamlets}
             if start == "latest":
                 return {sl: self._latest(sl) for sl in self.streamlets}
             raise BadRequest(f"start must be 'earliest', 'latest' or a list of positions, not {start!r}")
-        given = cursors_from_positions(list(start), self.stream)
+        given = cursors_with_epochs(list(start), self.stream)
+        unknown = sorted(sl for sl, (low, offsets, epoch) in given.items()
+                         if epoch is None and (low, offsets) != (0, {0: 0}))
+        if unknown:
+            log.warning("stream '%s': positions of streamlets %s carry no epoch (saved by an "
+                        "older kera): resumed unchecked, a loss of their data since cannot be "
+                        "detected; save positions() again to get checked ones", self.stream, unknown)
         # Streamlets without a saved position start at the beginning.
-        return {sl: given.get(sl, (0, {})) for sl in self.streamlets}
+        return {sl: given.get(sl, (0, {}, None)) for sl in self.streamlets}
 
     def _latest(self, sl: int) -> tuple[int, dict[int, int]]:
         """Each group's durable end, from the owning broker's `offsets`."""
@@ -108,8 +130,10 @@ class Consumer:
                     if not isinstance(first, int) or isinstance(first, bool) or first < 0:
                         raise KeraError(f"bad first_group {first!r} from {address}", retriable=True)
                     cursor = FetchCursor.at_end(sl, parse_groups(header.get("groups")), first)
-
-                    return cursor.low, cursor.offsets
+                    epoch = header.get("epoch")
+                    if epoch is not None and (not isinstance(epoch, int) or epoch < 0):
+                        raise KeraError(f"bad epoch {epoch!r} from {address}", retriable=True)
+                    return cursor.low, cursor.offsets, epoch
                 except KeraError as e:
                     if not e.retriable:
                         raise
@@ -165,7 +189,7 @@ class Consumer:
                 break
             if type(item) is ChunkItem:
                 out.append(Batch(self.stream, item.streamlet, item.group, item.first, item.chunk, item.skip))
-                self._consumed[item.streamlet].consumed(item.group, item.end)
+                self._consumed[item.streamlet].consumed(item.group, item.end, item.epoch)
                 self.records_consumed += item.count
             else:
                 try:
@@ -195,6 +219,8 @@ class Consumer:
             partial = None
             if cur is not None and cur.streamlet == sl:
                 partial = (cur.group, cur.first + self._cur_idx)
+                if cur.epoch is not None:
+                    self._consumed[sl].epoch = cur.epoch   # its history, as consumed() does
             out += self._consumed[sl].positions(self.stream, partial)
         return out
 
@@ -230,13 +256,16 @@ class Consumer:
     def _apply(self, item) -> None:
         if type(item) is LowItem:
             self._consumed[item.streamlet].finished_below(item.low)
+        elif type(item) is ResetItem:
+            self._consumed[item.streamlet] = ConsumedCursor(item.streamlet, item.low,
+                                                            item.offsets, item.epoch)
         elif type(item) is ErrorItem:
             self._error = item.error
             raise item.error
 
     def _finish_current(self) -> None:
         cur = self._cur
-        self._consumed[cur.streamlet].consumed(cur.group, cur.end)
+        self._consumed[cur.streamlet].consumed(cur.group, cur.end, cur.epoch)
         self._cur = None
         self._cur_lists = None
         self._cur_idx = 0

@@ -44,11 +44,13 @@ def parse_groups(groups) -> list[GroupInfo]:
 
 
 class FetchCursor:
-    __slots__ = ("streamlet", "low", "offsets", "earliest")
+    __slots__ = ("streamlet", "low", "offsets", "earliest", "epoch")
 
     def __init__(self, streamlet: int, low: int = 0, offsets: dict[int, int] | None = None,
-                 earliest: bool = False):
+                 earliest: bool = False, epoch: int | None = None):
         self.streamlet = streamlet
+        # The streamlet history the cursor points into; None until the broker names it.
+        self.epoch = epoch
         self.low = low
         self.offsets = {g: o for g, o in (offsets or {}).items() if g >= low}
         # start="earliest": until the broker's first group table, ask it to begin at its first
@@ -56,9 +58,12 @@ class FetchCursor:
         self.earliest = earliest
 
     def wire(self) -> dict:
+        out = {"low": self.low, "offsets": dict(self.offsets)}
         if self.earliest:
-            return {"low": self.low, "offsets": dict(self.offsets), "earliest": True}
-        return {"low": self.low, "offsets": dict(self.offsets)}
+            out["earliest"] = True
+        if self.epoch is not None:
+            out["epoch"] = self.epoch
+        return out
 
     def on_chunk(self, header: ChunkHeader) -> int | None:
         """A fetched chunk: returns how many of its leading records lie before the cursor (to
@@ -107,11 +112,12 @@ class FetchCursor:
 
 class ChunkItem:
     """A fetched chunk in the consumer's cache: records [skip, count) are to be delivered."""
-    __slots__ = ("streamlet", "group", "first", "skip", "chunk", "end")
+    __slots__ = ("streamlet", "group", "first", "skip", "chunk", "end", "epoch")
 
-    def __init__(self, streamlet: int, chunk: Chunk, skip: int):
+    def __init__(self, streamlet: int, chunk: Chunk, skip: int, epoch: int | None = None):
         h = chunk.header
         self.streamlet = streamlet
+        self.epoch = epoch
         self.group = h.group
         self.first = h.base_offset + skip
         self.skip = skip
@@ -133,15 +139,28 @@ class ErrorItem(NamedTuple):
     error: KeraError
 
 
-class ConsumedCursor:
-    __slots__ = ("streamlet", "low", "offsets")
+class ResetItem(NamedTuple):
+    """The streamlet's position was lost (`on_lost_position`): the caller's cursor restarts
+    at (low, offsets) of the new history `epoch`, after what precedes is consumed."""
+    streamlet: int
+    low: int
+    offsets: dict
+    epoch: int | None
 
-    def __init__(self, streamlet: int, low: int = 0, offsets: dict[int, int] | None = None):
+
+class ConsumedCursor:
+    __slots__ = ("streamlet", "low", "offsets", "epoch")
+
+    def __init__(self, streamlet: int, low: int = 0, offsets: dict[int, int] | None = None,
+                 epoch: int | None = None):
         self.streamlet = streamlet
         self.low = low
         self.offsets = {g: o for g, o in (offsets or {}).items() if g >= low}
+        self.epoch = epoch
 
-    def consumed(self, group: int, next_offset: int) -> None:
+    def consumed(self, group: int, next_offset: int, epoch: int | None = None) -> None:
+        if epoch is not None:
+            self.epoch = epoch
         if group >= self.low:
             self.offsets[group] = next_offset
 
@@ -158,20 +177,33 @@ class ConsumedCursor:
             offsets = dict(offsets)
             offsets[partial[0]] = partial[1]
         top = max(offsets, default=self.low)
-        return [Position(stream, self.streamlet, g, offsets.get(g, 0)) for g in range(self.low, top + 1)]
+        return [Position(stream, self.streamlet, g, offsets.get(g, 0), self.epoch)
+                for g in range(self.low, top + 1)]
 
 
 def cursors_from_positions(positions: list[Position], stream: str) -> dict[int, tuple[int, dict[int, int]]]:
     """{streamlet: (low, {group: offset})} from positions() output; raises BadRequest on a
     position of another stream."""
-    out: dict[int, tuple[int, dict[int, int]]] = {}
+    return {sl: (low, offsets) for sl, (low, offsets, _) in
+            cursors_with_epochs(positions, stream).items()}
+
+
+def cursors_with_epochs(positions: list[Position], stream: str) -> dict[int, tuple[int, dict, int | None]]:
+    """{streamlet: (low, {group: offset}, epoch)}; positions of one streamlet must agree on
+    the epoch (None: saved by code that predates epochs, not checked by the broker)."""
+    out: dict[int, tuple[int, dict[int, int], int | None]] = {}
     for p in positions:
         p = Position(*p)
         if p.stream != stream:
             raise BadRequest(f"position {p} is not in stream '{stream}'")
         if p.streamlet < 0 or p.group < 0 or p.offset < 0:
             raise BadRequest(f"position {p} is negative")
-        low, offsets = out.get(p.streamlet, (p.group, {}))
+        if p.epoch is not None and (not isinstance(p.epoch, int) or p.epoch < 0):
+            raise BadRequest(f"position {p} has a bad epoch")
+        low, offsets, epoch = out.get(p.streamlet, (p.group, {}, p.epoch))
+        if epoch != p.epoch:
+            raise BadRequest(f"positions of streamlet {p.streamlet} name two histories "
+                             f"(epochs {epoch} and {p.epoch})")
         offsets[p.group] = p.offset
-        out[p.streamlet] = (min(low, p.group), offsets)
+        out[p.streamlet] = (min(low, p.group), offsets, epoch)
     return out

@@ -8,16 +8,19 @@ error the caller must see. A broker that had nothing new is asked again after `i
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
 from kera.chunk import HEADER_SIZE, Chunk, chunk_size
-from kera.consumer.cursor import ChunkItem, ErrorItem, FetchCursor, LowItem, parse_groups
+from kera.consumer.cursor import ChunkItem, ErrorItem, FetchCursor, LowItem, ResetItem, parse_groups
 from kera import schema, wire
-from kera.errors import BadRequest, CorruptChunk, KeraError, Timeout, UnknownStream
+from kera.errors import BadRequest, CorruptChunk, KeraError, PositionLost, Timeout, UnknownStream
 
 BACKOFF_MS_BASE = 5
 BACKOFF_MS_MAX = 1000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,6 +47,10 @@ class FetchState:
     # metadata may lag the coordinator's).
     want_refresh: bool = False
     fatal: bool = False
+    # What a position_lost read does: "raise", "earliest" or "latest" (Consumer's docstring).
+    on_lost_position: str = "raise"
+    # Streamlets reset to "latest": their next read only learns the group table.
+    to_latest: set = field(default_factory=set)
 
     def build(self, now: float, address_of: Callable[[int, int], str | None]
               ) -> list[tuple[str, list, list]]:
@@ -109,11 +116,17 @@ class FetchState:
                 self._read_failed(sl, KeraError(f"fetch reply from {broker} has a malformed "
                                                 "results list", retriable=True), now, items)
             return items
+        epochs = header.get("epochs")
+        if not isinstance(epochs, list) or len(epochs) != len(results):
+            epochs = [None] * len(results)   # a broker that predates epochs
         got = 0
         at = 0
-        for sl, result in zip(fl.streamlets, results):
+        for sl, result, epoch in zip(fl.streamlets, results, epochs):
             try:
                 error, n_frames, groups = _parse_result(result)
+                if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool)
+                                          or epoch < 0):
+                    raise BadRequest(f"bad epoch {epoch!r}")
                 if at + n_frames > len(frames):
                     raise BadRequest(f"fetch reply announces {at + n_frames} frames, carries {len(frames)}")
             except BadRequest as err:
@@ -129,7 +142,10 @@ class FetchState:
                 self._read_failed(sl, error, now, items)
                 continue
             try:
-                got += self._apply_read(sl, read_frames, groups, items)
+                if sl in self.to_latest:
+                    self._reset_to_latest(sl, groups, epoch, items)
+                    continue
+                got += self._apply_read(sl, read_frames, groups, items, epoch)
             except CorruptChunk as err:
                 self._read_failed(sl, CorruptChunk(f"fetched chunk of streamlet {sl}: {err}",
                                                    retriable=True), now, items)
@@ -139,8 +155,10 @@ class FetchState:
             self.next_fetch_at[broker] = now + self.idle_wait_s
         return items
 
-    def _apply_read(self, sl: int, frames: list, groups, items: list) -> int:
+    def _apply_read(self, sl: int, frames: list, groups, items: list, epoch: int | None = None) -> int:
         cursor: FetchCursor = self.cursors[sl]
+        if epoch is not None:
+            cursor.epoch = epoch   # the broker checked any epoch the cursor had: the same
         new = []
         for frame in frames:
             buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
@@ -161,14 +179,34 @@ class FetchState:
         for chunk in new:
             skip = cursor.on_chunk(chunk.header)
             if skip is not None:
-                items.append(ChunkItem(sl, chunk, skip))
+                items.append(ChunkItem(sl, chunk, skip, cursor.epoch))
                 count += 1
         low = cursor.on_groups(groups)
         if low is not None:
             items.append(LowItem(sl, low))
         return count
 
+    def _reset_to_latest(self, sl: int, groups, epoch: int | None, items: list) -> None:
+        cursor = FetchCursor.at_end(sl, groups, min((gi.group for gi in groups), default=0))
+        cursor.epoch = epoch
+        self.cursors[sl] = cursor
+        self.to_latest.discard(sl)
+        items.append(ResetItem(sl, cursor.low, dict(cursor.offsets), epoch))
+
+    def _position_lost(self, sl: int, err: KeraError, items: list) -> None:
+        """Apply `on_lost_position` (not "raise"): restart the streamlet in its new history."""
+        log.warning("stream '%s' streamlet %d: %s; restarting at %s", self.stream, sl,
+                    err.message, self.on_lost_position)
+        self.cursors[sl] = FetchCursor(sl, 0, {}, earliest=True)
+        if self.on_lost_position == "latest":
+            self.to_latest.add(sl)   # the next read (from the first group) gives the table
+        else:
+            items.append(ResetItem(sl, 0, {}, None))
+
     def _read_failed(self, sl: int, err: KeraError, now: float, items: list) -> None:
+        if isinstance(err, PositionLost) and self.on_lost_position != "raise":
+            self._position_lost(sl, err, items)
+            return
         n = self.failures[sl] = self.failures.get(sl, 0) + 1
         if isinstance(err, UnknownStream) or err.retriable:
             if err.refresh_metadata:

@@ -139,3 +139,14 @@ class WrongCluster(KeraError):
 
 
 _BY_CODE.update({cls.code: cls for cls in (IdInUse, WrongCluster)})
+
+
+class PositionLost(KeraError):
+    """A position names a history of a streamlet that no longer exists: the streamlet lost its
+    data (an R=1 broker restarted without it) and started a new, empty history. Resuming would
+    silently skip the records produced since; pick a start again (the consumer's
+    `on_lost_position`, the Spark source's `failOnDataLoss`)."""
+    code = "position_lost"
+
+
+_BY_CODE[PositionLost.code] = PositionLost

@@ -16,6 +16,10 @@ class Position(NamedTuple):
     streamlet: int
     group: int
     offset: int
+    # The streamlet history the position points into (issued by the coordinator, see
+    # kera.broker.history_epoch); None: unknown (saved by older code, or before any data was
+    # read), then the broker does not check it.
+    epoch: int | None = None
 
 
 class Record(NamedTuple):

@@ -113,6 +113,8 @@ class Metadata:
                 fields = wire.Fields(reply)
                 infos = Groups(group_infos(fields.list("groups", max_len=1 << 20)))
                 infos.first_group = fields.int("first_group", 0, hi=2**32 - 1)  # retention
+                epoch = reply.get("epoch")   # the streamlet's history (kera.spark.offsets)
+                infos.epoch = None if epoch is None else fields.int("epoch", 0, hi=2**64 - 1)
                 return info, infos
 
             except KeraError as exc:

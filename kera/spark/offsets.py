@@ -3,7 +3,12 @@ which records of which groups a batch covers.
 
 One stream's offset, as Spark stores it in the checkpoint::
 
-    {"id": <stream id>, "streamlets": {"<sl>": {"next": N, "groups": {"<g>": offset, ...}}}}
+    {"id": <stream id>, "streamlets": {"<sl>": {"next": N, "groups": {"<g>": offset, ...},
+                                                "epoch": E}}}
+
+`epoch` (absent while unknown, and in offsets written before epochs existed) is the epoch of
+the streamlet history the cursor points into (kera.broker.history_epoch): a cursor of another
+history than the streamlet's current one names records that were lost (`epoch_lost`).
 
 and a source's offset maps stream names to that. Per streamlet (a `Cursor`):
 
@@ -58,8 +63,23 @@ class GroupInfo(NamedTuple):
 
 class Groups(list):
     """A streamlet's groups (GroupInfo, sorted) and `first_group`, the broker's first retained
-    group: every group below it was deleted by retention (the `offsets` reply's field)."""
+    group: every group below it was deleted by retention (the `offsets` reply's field), and
+    `epoch`, the streamlet's current history epoch (None: no data yet, or an older broker)."""
     first_group = 0
+    epoch: int | None = None
+
+
+def history_epoch(infos) -> int | None:
+    return getattr(infos, "epoch", None)
+
+
+def epoch_lost(start: "Cursor", infos) -> str | None:
+    """Why `start` points into a history the streamlet no longer has, or None."""
+    current = history_epoch(infos)
+    if start.epoch is None or current is None or start.epoch == current:
+        return None
+    return (f"the streamlet's history changed (epoch {start.epoch} -> {current}): its data was "
+            "lost and it restarted empty")
 
 
 def first_group(infos) -> int:
@@ -87,6 +107,7 @@ class Cursor:
     """Where a reader is in one streamlet (see the module docstring)."""
     next: int = 0
     groups: Mapping[int, int] = field(default_factory=dict)
+    epoch: int | None = None   # the history pointed into; None: unknown (not checked)
 
     def position(self, g: int) -> int | None:
         """Next record offset of group g, or None when g is finished."""
@@ -95,18 +116,24 @@ class Cursor:
         return 0 if g >= self.next else None
 
     def to_json(self) -> dict:
-        return {"next": self.next, "groups": {str(g): self.groups[g] for g in sorted(self.groups)}}
+        out = {"next": self.next, "groups": {str(g): self.groups[g] for g in sorted(self.groups)}}
+        if self.epoch is not None:
+            out["epoch"] = self.epoch
+        return out
 
     @staticmethod
     def from_json(obj) -> "Cursor":
-        if not isinstance(obj, dict) or set(obj) - {"next", "groups"}:
+        if not isinstance(obj, dict) or set(obj) - {"next", "groups", "epoch"}:
             raise ValueError(f"a streamlet offset must be {{'next': N, 'groups': {{...}}}}, not {obj!r}")
         nxt = _non_negative(obj.get("next", 0), "next")
         groups = obj.get("groups", {})
         if not isinstance(groups, dict):
             raise ValueError(f"'groups' must map group ids to offsets, not {groups!r}")
         parsed = {_non_negative(int(g), "group"): _non_negative(off, "offset") for g, off in groups.items()}
-        return Cursor(max(nxt, max(parsed, default=-1) + 1), parsed)
+        epoch = obj.get("epoch")
+        if epoch is not None:
+            epoch = _non_negative(epoch, "epoch")
+        return Cursor(max(nxt, max(parsed, default=-1) + 1), parsed, epoch)
 
 
 @dataclass(frozen=True)
@@ -153,14 +180,15 @@ def _non_negative(value, what: str) -> int:
 
 def earliest(infos: list[GroupInfo]) -> Cursor:
     """Every record still stored."""
-    return Cursor(first_group(infos), {i.g: i.start for i in infos if i.start > 0})
+    return Cursor(first_group(infos), {i.g: i.start for i in infos if i.start > 0},
+                  history_epoch(infos))
 
 
 def latest(infos: list[GroupInfo]) -> Cursor:
     """Past every durable record: groups that exist are listed at their durable end (a finished
     group stays listed: harmless, and it is dropped by the first batch)."""
     return Cursor(infos[-1].g + 1 if infos else first_group(infos),
-                  {i.g: i.durable_end for i in infos})
+                  {i.g: i.durable_end for i in infos}, history_epoch(infos))
 
 
 def parse_boundary(spec: str, streams: list[str], default: int) -> dict[str, dict[int, object]]:
@@ -252,8 +280,8 @@ def advance(start: Cursor, infos: list[GroupInfo], cap: Cursor | None = None,
             continue
         groups[info.g] = e
     nxt = max(start.next, infos[-1].g + 1 if infos else 0, first_group(infos))
-
-    return Cursor(nxt, groups)
+    epoch = history_epoch(infos)
+    return Cursor(nxt, groups, start.epoch if epoch is None else epoch)
 
 
 def _start_of(start: Cursor, info: GroupInfo) -> int | None:

@@ -228,6 +228,10 @@ class KeraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         cursors = {}
         for sl, infos in groups.items():
             cursor = begin.cursors.get(sl, ko.Cursor())
+            lost = ko.epoch_lost(cursor, infos)
+            if lost is not None:   # failOnDataLoss=false: restart from its earliest record
+                self.planner.data_loss([f"{stream}/{sl}: {lost}"])
+                cursor = ko.earliest(infos)
             self.planner.data_loss(ko.check_loss(cursor, infos, f"{stream}/{sl}"))
             cursors[sl] = cursor
         return cursors
@@ -254,6 +258,8 @@ class KeraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             info = None
             for sl, e in stop.cursors.items():
                 s = first.cursors.get(sl, ko.Cursor()) if first is not None else ko.Cursor()
+                if None not in (s.epoch, e.epoch) and s.epoch != e.epoch:
+                    s = ko.Cursor()   # a new history (failOnDataLoss=false): read it from 0
                 if not ko.plan(s, e):
                     continue
                 if info is None:
