@@ -55,6 +55,9 @@ SL_MAX = 2**32 - 1
 # use: pre-connecting to more than kera.server.PEERS_MAX would evict and reopen peers on every
 # refresh (each a socket and a connection attempt) for backups most of which get no write.
 PRECONNECT_BACKUPS_MAX = 64
+# Descriptors a paged `broker_streams` listing may add up to before it is refused and asked
+# again: the coordinator holds at most validate.STREAMS_MAX (10,000) streams.
+STREAMS_LISTED_MAX = 10_000
 
 
 class _LoopServer(Server):
@@ -96,6 +99,7 @@ class BrokerDaemon:
         self.exit_code = 0                # 1 once the coordinator refused this identity
         self.snapshot: dict = {}          # replaced whole, read by the metrics thread
         self._in_flight: set[str] = set()  # coordinator ops awaiting an answer
+        self._pages: list = []            # (version, descriptors) of a paged broker_streams
         self._beats = 0
         self.heartbeat_interval_s = heartbeat_interval_s
         self._last_beat = 0.0
@@ -270,13 +274,36 @@ class BrokerDaemon:
         if schema.metadata_version(header) > self.core.metadata_version:
             self._refresh_streams()
 
-    def _refresh_streams(self) -> None:
-        if self.core.broker_id is None:
+    def _refresh_streams(self, after: str | None = None) -> None:
+        """Ask for this broker's streams: page after page (`next`), applied once whole."""
+        if self.core.broker_id is None or "broker_streams" in self._in_flight:
             return
-        self._call("broker_streams", {"broker_id": self.core.broker_id}, self._streams_reply)
+        fields = {"broker_id": self.core.broker_id}
+        if after is None:
+            self._pages = []          # descriptors of the listing's earlier pages
+        else:
+            fields["after"] = after
+        self._call("broker_streams", fields, self._streams_reply)
 
     def _streams_reply(self, header: dict) -> None:
         version = schema.metadata_version(header)   # a bad reply: logged by _call
+        streams, after = header.get("streams"), header.get("next")
+        if after is not None:
+            if not isinstance(streams, list) or not isinstance(after, str) or \
+                    len(self._pages) + len(streams) > STREAMS_LISTED_MAX:
+                log.warning("a broker_streams page is malformed or the listing too long: "
+                            "asking again from the first page")
+                self._refresh_streams()
+                return
+            self._pages.append((version, streams))
+            self._refresh_streams(after)
+            return
+        if any(v != version for v, _ in self._pages):
+            self._refresh_streams()   # the metadata changed while it was listed: list again
+            return
+        header = {**header, "streams": [d for _, page in self._pages for d in page]
+                  + (streams if isinstance(streams, list) else [])}
+        self._pages = []
 
         def apply() -> None:
             highest = self.core.apply_metadata(header.get("streams"), version,

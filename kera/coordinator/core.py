@@ -252,7 +252,9 @@ class Coordinator:
         return {"stream": self.alter_stream(name, **validate.alterations(f))}
 
     def _op_broker_streams(self, f: Fields, now: float) -> dict:
-        return self.broker_streams(f.int("broker_id", hi=validate.ID_MAX))
+        return self.broker_streams(f.int("broker_id", hi=validate.ID_MAX),
+                                   f.str("after", None, hi=validate.NAME_CHARS_MAX),
+                                   f.int("limit", STREAMS_PAGE_MAX, lo=1, hi=STREAMS_PAGE_MAX))
 
     def _op_recovered(self, f: Fields, now: float) -> dict:
         self.authenticate("broker", f.int("broker_id", hi=validate.ID_MAX),
@@ -583,10 +585,13 @@ class Coordinator:
     def list_streams(self) -> list[dict]:
         return [self.descriptor(s) for _, s in sorted(self.streams.items())]
 
-    def list_streams_page(self, after: str | None, limit: int) -> tuple[list[dict], bool]:
-        """Descriptors of the streams named after `after`, in name order: at most `limit`
-        and PAGE_BYTES_MAX packed (at least one); and whether more follow."""
-        names = sorted(self.streams)
+    def list_streams_page(self, after: str | None, limit: int,
+                          broker_id: int | None = None) -> tuple[list[dict], bool]:
+        """Descriptors of the streams named after `after` (only those with a streamlet on
+        `broker_id`, if given), in name order: at most `limit` and PAGE_BYTES_MAX packed (at
+        least one); and whether more follow."""
+        names = sorted(name for name, s in self.streams.items()
+                       if broker_id is None or broker_id in s.placement)
         start = bisect_right(names, after) if after is not None else 0
         page: list[dict] = []
         size = 0
@@ -626,11 +631,15 @@ class Coordinator:
             del self.tombstones[next(iter(self.tombstones))]
         log.info("stream '%s' (id %d) deleted", name, stream.id)
 
-    def broker_streams(self, broker_id: int) -> dict:
-        reply = {"metadata_version": self.version,
-                 "streams": [self.descriptor(s) for _, s in sorted(self.streams.items())
-                             if broker_id in s.placement],
+    def broker_streams(self, broker_id: int, after: str | None = None,
+                       limit: int = STREAMS_PAGE_MAX) -> dict:
+        """One page of the streams with a streamlet on `broker_id` (`next`: the name to pass
+        as `after` while more follow), with the tombstones and the broker's epoch."""
+        streams, more = self.list_streams_page(after, limit, broker_id)
+        reply = {"metadata_version": self.version, "streams": streams,
                  "deleted": [[sid, v] for sid, v in self.tombstones.items()]}
+        if more:
+            reply["next"] = streams[-1]["name"]
         epoch = self.failover.epochs.get(broker_id)
         if epoch is not None:
             reply["epoch"] = epoch   # the broker's incarnation (names its replicas)

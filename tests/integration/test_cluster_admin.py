@@ -89,3 +89,25 @@ def test_deregister_refuses_live_or_owning_daemons_and_forgets_dead_ones(coordin
     missing = kera("cluster", "--bootstrap", boot, "deregister", "--broker", str(owner.id),
                    bootstrap="127.0.0.1:1")
     assert missing.returncode != 0 and f"no broker has id {owner.id}" in missing.stderr
+
+
+def test_a_broker_applies_every_page_of_its_streams(tmp_path):
+    """More streams on one broker than one `broker_streams` page holds: the broker lists them
+    page by page and serves the last one (it would answer unknown_stream for a stream of a
+    page it never applied)."""
+    from kera import Consumer, Producer
+
+    with LocalCluster(tmp_path, brokers=1, backups=0, log_level="WARNING",
+                      heartbeat_interval_ms=50) as cluster:
+        count = STREAMS_PAGE_MAX + 5
+        with rpc.Connection(cluster.bootstrap, timeout_s=10) as conn:
+            for i in range(count):
+                conn.call("create_stream", {"name": f"s{i:05d}", "streamlets": 1,
+                                            "replication": 1})
+        last = f"s{count - 1:05d}"
+        with Producer(cluster.bootstrap) as producer:
+            producer.send(last, b"on the second page")
+            producer.flush()
+        with Consumer(cluster.bootstrap, last, start="earliest") as consumer:
+            record = next(iter(consumer))
+        assert record.value == b"on the second page"

@@ -171,3 +171,30 @@ def test_expiry_is_checked_at_most_every_check_interval(monkeypatch):
     for step in range(100):
         c.tick(step * 1.0)
     assert len(calls) == int(99 // core_module.MEMBER_EXPIRY_CHECK_S)
+
+
+def test_broker_streams_at_the_limits_is_paginated_under_the_header_limit():
+    """Every stream with a streamlet on broker 0, each placed on many brokers (long addresses
+    in every descriptor): pages under the limit, together the whole set, tombstones on each."""
+    c = Coordinator(0.0)
+    register_many(c, "broker", 100)
+    per_stream = validate.STREAMLETS_TOTAL_MAX // validate.STREAMS_MAX
+    for i in range(validate.STREAMS_MAX):
+        c.rotation = 0          # every stream starts its placement on broker 0
+        c.handle("create_stream", {"name": f"{i:06d}" + "n" * (validate.NAME_CHARS_MAX - 6),
+                                   "streamlets": per_stream, "replication": 1}, 0.0)
+    c.handle("delete_stream", {"name": sorted(c.streams)[-1]}, 0.0)
+    pages, after = [], None
+    for _ in range(validate.STREAMS_MAX):
+        reply = c.handle("broker_streams", {"broker_id": 0, **({} if after is None else
+                                                               {"after": after})}, 0.0)
+        pages.append(reply)
+        after = reply.get("next")
+        if after is None:
+            break
+    largest = max(reply_size(p) for p in pages)
+    print(f"broker_streams at {validate.STREAMS_MAX} streams: {len(pages)} pages, "
+          f"largest {largest} bytes")
+    assert largest < wire.MAX_HEADER_BYTES and len(pages) > 1
+    assert [d["name"] for p in pages for d in p["streams"]] == sorted(c.streams)
+    assert all(p["deleted"] == pages[0]["deleted"] != [] for p in pages)
