@@ -124,6 +124,13 @@ class Sampler(threading.Thread):
             self.stop.wait(self.interval_s)
 
 
+def _write_samples(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
 def run(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -190,10 +197,7 @@ def run(args) -> dict:
         "tier_maps": after.get("tier_maps", 0),
         "produce_throttled_memory": after.get("produce_throttled_memory", 0),
     }
-    with open(out / "samples.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    _write_samples(rows, out / "samples.csv")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _plot(rows, summary, out / "tiering.png")
     return summary
