@@ -3,7 +3,7 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 STAMP := .venv-stamp
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast test-slow bench clean
 
 $(STAMP): pyproject.toml
 	$(PIP) install --quiet --disable-pip-version-check -e ".[dev]"
@@ -15,7 +15,11 @@ demo: setup
 	$(PYTHON) -m kera.demo --records 1000000
 
 test: setup
-	$(PYTHON) -m pytest tests -q
+	$(PYTHON) -m pytest tests -q -m "not slow"
+
+# Long soaks (e.g. the 50,000-message control-plane fuzz), kept out of `make test`.
+test-slow: setup
+	$(PYTHON) -m pytest tests -q -m slow
 
 test-fast: setup
 	$(PYTHON) -m pytest tests -q -m "not kafka and not spark and not slow"
