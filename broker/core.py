@@ -433,6 +433,7 @@ class Broker:
         vlog = group.vlog
         if vlog is None:
             group.durable = group.head    # R=1: the broker's copy is the only one asked for
+            self.tier.live_appended(seg)  # ... in its file before the ack, with a data dir
         else:
             vlog.add(seg, idx, size)
             waits.append((group, group.head))
@@ -650,6 +651,14 @@ class Broker:
         for retention (kera.broker.retention.RetentionClock; no monotonic reading: the wall
         clock is trusted, as tests do)."""
         self.wall_ms = self.retention.clock.update(wall_ms, mono_ms)
+
+    def take_live_writes(self) -> list:
+        """R=1 chunk bytes the shell writes to their segment files before releasing this
+        produce's reply (kera.broker.tier_files.LiveWrite); report each with live_written."""
+        return self.tier.take_live_writes()
+
+    def live_written(self, write, error: Exception | None) -> None:
+        self.tier.live_written(write, error)
 
     def take_tier_jobs(self, now: float) -> list:
         """Jobs for the tier thread (kera.broker.tier_files.run): segment writes while memory

@@ -124,6 +124,7 @@ class BrokerDaemon:
         results = self.core.produce(req, frames, time.monotonic(), acks)
         del frames
         self._record_histories()
+        self.tiering.write_live()
         if results is None:
             return DEFERRED
         return {"results": results}

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Callable
 
 from kera.broker import tier_files
-from kera.broker.tier_files import (DeleteJob, DeleteStreamJob, FirstGroupJob, SegmentRecord,
+from kera.broker.tier_files import (DeleteJob, DeleteStreamJob, FirstGroupJob, LiveWrite, SegmentRecord,
                                     WriteJob)
-from kera.chunk import verify
+from kera.chunk import crc32c, verify
 from kera.errors import CorruptChunk, KeraError, NotReady
 from kera.metrics import Counters
 
@@ -157,6 +157,11 @@ class TierStore:
         self.wanted_bytes = 0
         self.segments_max = segments_max
 
+        # R=1 segments with chunks not yet in their file: written before the ack (LiveWrite);
+        # and per live segment (bytes, chunks, chained crc) already there. Both hold only
+        # resident segments: tiering or deletion forgets them.
+        self.live_dirty: dict = {}
+        self.live: dict = {}
         self.disk_bytes = 0                   # bytes of segment files on disk
         self.jobs_out = 0
         self._queue: deque = deque()          # deletions waiting for room on the tier thread
@@ -199,6 +204,8 @@ class TierStore:
 
     def _left(self, seg) -> None:
         """A segment no longer holds memory (tiered, deleted, released)."""
+        self.live.pop(seg, None)
+        self.live_dirty.pop(seg, None)
         if self.resident.pop(seg, 0) is None:
             self.mapped_bytes -= seg.capacity_bytes
 
@@ -282,6 +289,46 @@ class TierStore:
             last_ms=g.last_ms, capacity_bytes=seg.capacity_bytes,
             chunks_crc=tier_files.chunks_crc(seg.mv, seg.positions, n), group_closed=g.closed)
         return WriteJob(seg, record, seg.mv[:length])
+
+    # ------------------------------------------------------------------ R=1 before the ack
+    def live_appended(self, seg) -> None:
+        """A chunk of an R=1 stream went into `seg`: its bytes go to the file before the ack."""
+        if self.root is not None:
+            self.live_dirty[seg] = None
+
+    def take_live_writes(self) -> list[LiveWrite]:
+        """The writes to perform before the R=1 acks of this request go (see tier_files)."""
+        writes = []
+        for seg in self.live_dirty:
+            at, n, crc = self.live.get(seg, (0, 0, 0))
+            total = len(seg)
+            if seg.released or total == n:
+                continue
+            for i in range(n, total):
+                p = seg.positions[i]
+                crc = crc32c(seg.mv[p + 4:p + 8], crc)
+            g = seg.group
+            length = seg.used_bytes
+            record = SegmentRecord(
+                stream_id=g.stream_id, streamlet=g.streamlet, group=g.id, segment=seg.number,
+                slot=g.slot, length=length, chunks=total, base_offset=seg.bases[0],
+                end_offset=seg.end_offset(total - 1), created_ms=g.created_ms, last_ms=g.last_ms,
+                capacity_bytes=seg.capacity_bytes, chunks_crc=crc, group_closed=False)
+            writes.append(LiveWrite(seg, record, at, seg.mv[at:length]))
+        self.live_dirty.clear()
+        return writes
+
+    def live_written(self, w: LiveWrite, error: Exception | None) -> None:
+        """Outcome of a LiveWrite: on failure the segment stays dirty (the next produce, or
+        the client's retry, writes it again before any ack)."""
+        seg = w.segment
+        if error is not None:
+            self.counters.add("r1_write_errors")
+            self.live_dirty[seg] = None
+        elif seg in self.resident and not seg.released:
+            r = w.record
+            self.live[seg] = (r.length, r.chunks, r.chunks_crc)
+            self.counters.add("r1_write_bytes", len(w.data))
 
     # ------------------------------------------------------------------ outcomes
     def job_done(self, job, error: Exception | None, now: float) -> None:

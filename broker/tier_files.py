@@ -6,6 +6,15 @@ Layout under the broker's data dir (zero-padded names, so `ls` lists them in ord
 
     DIR/segments/<stream_id:020d>-<streamlet:06d>/<group:010d>-<segment:06d>.seg
     DIR/segments/<...>/<group:010d>-<segment:06d>.meta
+    DIR/segments/<...>/<group:010d>-<segment:06d>.live
+
+A `.live` file is the commit log of a segment of an R=1 stream not yet tiered: before an R=1
+produce is acknowledged, the loop writes the new chunk bytes into the `.seg` (at their segment
+offset) and appends a record (the layout below) of the segment's acknowledged length to the
+`.live` file, both to the page cache only (no fsync, as Kafka at its defaults): a kill -9 of the
+broker's process keeps them, a crash of the machine may not. At reload a `.seg` with no `.meta`
+counts up to the last whole record of its `.live` file; once the tier commits the `.meta`, the
+`.live` file is ignored and removed.
 
 A `.seg` file holds the segment's chunks back to back, exactly the bytes the segment holds in
 memory (stamped, checksummed). The `.meta` file is its commit record (below): the `.seg` counts
@@ -119,6 +128,10 @@ def meta_path(root: Path, key) -> Path:
     return streamlet_dir(root, key[0], key[1]) / f"{segment_base(key[2], key[3])}.meta"
 
 
+def live_path(root: Path, key) -> Path:
+    return streamlet_dir(root, key[0], key[1]) / f"{segment_base(key[2], key[3])}.live"
+
+
 # --------------------------------------------------------------------------- jobs
 
 class WriteJob(NamedTuple):
@@ -130,6 +143,53 @@ class WriteJob(NamedTuple):
     @property
     def nbytes(self) -> int:
         return self.record.length
+
+
+class LiveWrite(NamedTuple):
+    """Before an R=1 ack: `data` (new chunk bytes) goes to the `.seg` at byte `at`, then the
+    record of the segment's acknowledged length is appended to its `.live` file."""
+    segment: object
+    record: SegmentRecord
+    at: int
+    data: memoryview
+
+
+def write_live(root: Path, w: LiveWrite) -> None:
+    """Run on the loop (page cache writes, no sync); raises OSError."""
+    key = w.record.key
+    directory = streamlet_dir(root, key[0], key[1])
+    if not directory.is_dir():
+        directory.mkdir(parents=True, exist_ok=True)
+        fsync_dir(directory.parent)
+    fd = os.open(seg_path(root, key), os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        _pwrite_all(fd, w.data, w.at)
+    finally:
+        os.close(fd)
+    fd = os.open(live_path(root, key), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, encode_record(w.record))
+    finally:
+        os.close(fd)
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    view = memoryview(data)
+    at = 0
+    while at < len(view):
+        at += os.pwrite(fd, view[at:], offset + at)
+
+
+def read_live(path: Path) -> SegmentRecord | None:
+    """The last whole record of a `.live` file (a torn or damaged tail is skipped)."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    for end in range(len(buf) - len(buf) % RECORD_SIZE, 0, -RECORD_SIZE):
+        try:
+            return decode_record(buf[end - RECORD_SIZE:end])
+        except CorruptSegment:
+            log.error("%s: damaged record at byte %d skipped", path, end - RECORD_SIZE)
+    return None
 
 
 class FirstGroupJob(NamedTuple):
@@ -171,16 +231,19 @@ def write_segment(root: Path, record: SegmentRecord, data) -> None:
     if not directory.is_dir():
         directory.mkdir(parents=True, exist_ok=True)
         fsync_dir(directory.parent)
-    fd = os.open(seg_path(root, key), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    # No O_TRUNC: the file may hold an R=1 segment's acknowledged bytes (the same bytes
+    # rewritten here) that its `.live` record still vouches for until the `.meta` exists.
+    fd = os.open(seg_path(root, key), os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        view = memoryview(data)[:record.length]
-        at = 0
-        while at < len(view):
-            at += os.pwrite(fd, view[at:], at)
+        _pwrite_all(fd, memoryview(data)[:record.length], 0)
+        os.ftruncate(fd, record.length)
         os.fdatasync(fd)
     finally:
         os.close(fd)
     write_atomic(meta_path(root, key), encode_record(record))
+    live = live_path(root, key)
+    if live.exists():
+        unlink_durable(live)
 
 
 FIRST_GROUP_FILE = "first_group"
@@ -219,6 +282,9 @@ def read_first_groups(root: Path) -> dict[tuple[int, int], int]:
 
 def delete_segment(root: Path, key) -> None:
     unlink_durable(meta_path(root, key))     # the commit record first: a crash leaves an orphan
+    live = live_path(root, key)
+    if live.exists():
+        unlink_durable(live)
     unlink_durable(seg_path(root, key))
 
 
@@ -229,7 +295,8 @@ def delete_stream(root: Path, stream_id: int) -> None:
     prefix = f"{stream_id:020d}-"
     for directory in base.iterdir():
         if directory.name.startswith(prefix):
-            unlink_durable(*directory.glob("*.meta"))  # records first: a crash leaves orphans
+            # records first: a crash leaves orphans
+            unlink_durable(*directory.glob("*.meta"), *directory.glob("*.live"))
             shutil.rmtree(directory, ignore_errors=True)
             fsync_dir(base)
 
@@ -291,6 +358,13 @@ def scan(root: Path) -> list[SegmentRecord]:
         for path in sorted(directory.iterdir()):
             if path.name.endswith(".meta.tmp"):
                 unlink_durable(path)
+            elif path.suffix == ".seg" and not path.with_suffix(".meta").exists() \
+                    and path.with_suffix(".live").exists():
+                record = _live_record(root, path)
+                if record is not None:
+                    found.append(record)
+            elif path.suffix == ".live" and path.with_suffix(".meta").exists():
+                unlink_durable(path)     # the tier committed the segment: the log is done
             elif path.suffix == ".seg" and not path.with_suffix(".meta").exists():
                 log.warning("removing %s: no commit record (a write cut short)", path)
                 unlink_durable(path)
@@ -309,6 +383,23 @@ def scan(root: Path) -> list[SegmentRecord]:
                 found.append(record)
     found.sort(key=lambda r: r.key)
     return found
+
+
+def _live_record(root: Path, seg: Path) -> SegmentRecord | None:
+    """The acknowledged part of an R=1 segment not yet tiered (its `.live` commit log)."""
+    try:
+        record = read_live(seg.with_suffix(".live"))
+        if record is None:
+            return None
+        if seg_path(root, record.key) != seg:
+            raise CorruptSegment(f"live record names {record.key}, not this file")
+        size = seg.stat().st_size
+        if size < record.length:
+            raise CorruptSegment(f"file holds {size} of {record.length} bytes")
+    except (OSError, CorruptSegment) as err:
+        log.error("skipping live segment %s: %s", seg, err)
+        return None
+    return record
 
 
 def load(root: Path, record: SegmentRecord) -> LoadedSegment:

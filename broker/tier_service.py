@@ -24,6 +24,7 @@ from kera import durable
 from kera.broker import reload, tier_files
 from kera.broker.repair import REPAIR_READ_TIMEOUT_S, RepairRead
 from kera.broker.retention import ReplicaDrop
+from kera.errors import StorageError
 
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,24 @@ class TierService:
             core.tier_job_done(job, error, now)
         for job in core.take_tier_jobs(now):
             self.worker.submit(job)
+
+    # ------------------------------------------------------------------ R=1 before the ack
+    def write_live(self) -> None:
+        """Write this produce's R=1 chunks to their segment files (page cache) before its
+        reply goes; a failed write fails the request (retriable: its retry is a duplicate,
+        acknowledged only once a later write succeeded)."""
+        failed = None
+        for w in self.core.take_live_writes():
+            try:
+                tier_files.write_live(self.root, w)
+                self.core.live_written(w, None)
+            except OSError as err:
+                self.core.live_written(w, err)
+                failed = err
+        if failed is not None:
+            log.error("could not write R=1 chunks to %s: %s", self.root, failed)
+            raise StorageError(f"could not write to the broker's data dir ({failed}): retry; "
+                               f"if it persists, free or repair {self.root}", retriable=True)
 
     # ------------------------------------------------------------------ retention
     def retention(self) -> None:
