@@ -290,6 +290,8 @@ class Cluster:
         return Report(self.seed, self.sched.steps, self.sched.now, self.settled_at or 0.0, counts,
                       self.net.digest, beyond)
 
+    NO_BROKER_DISK = " on a broker without a data dir"
+
     def _beyond_guarantee(self, exc: DataLost) -> str:
         """Acknowledged data of a stream with R copies is lost: excused (the reason) only if at
         least R data-losing failures were unhealed at once; "" (a bug) otherwise."""
@@ -299,9 +301,12 @@ class Cluster:
             replication = stream.spec.replication if stream is not None else 1
         if self.max_overlap < max(replication, 1):
             return ""
+        # R=1 on a simulated broker: it runs without a data dir (SimBroker), so a crash loses its
+        # disk too, which is beyond guarantee 5. With a data dir the chunks would be kept
+        # (tier_files `.live`, tests/faults/test_r1_kill.py); the simulation does not model it.
         overlap = ", ".join(f"{f.kind} {f.target} at {f.start:.2f}s" for f in self.failures if f.real)
         return (f"{exc} -- after {self.max_overlap} overlapping data-losing failures with "
-                f"R={replication} ({overlap})")
+                f"R={replication}{self.NO_BROKER_DISK if replication == 1 else ''} ({overlap})")
 
     def _where(self) -> str:
         return (f"seed {self.seed} (rerun: KERA_SIM_SEED={self.seed}), step {self.sched.steps}, "
