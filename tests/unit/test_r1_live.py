@@ -1,0 +1,90 @@
+"""R=1 chunks reach their segment file before the ack (kera.broker.tier_files `.live`): the
+core hands out LiveWrites, and a broker killed before tiering (no orderly stop) is reloaded
+with every acknowledged chunk, its producers' sequences and its history epoch."""
+
+from pathlib import Path
+
+from kera.broker import history_epoch, reload, tier_files
+from kera.broker.core import Broker, BrokerConfig
+from kera.broker.tier import TierConfig
+
+from tests.unit.test_tier import KiB, ME, broker, desc, make, read_all, run_jobs
+
+LIMIT = 1024 * KiB     # nothing tiers on its own
+
+
+def produce_live(b, root, token, chunks):
+    """What the shell does for a produce: append, record new histories, write the R=1 chunks."""
+    results = b.produce(token, chunks, 0.0)
+    for sid, sl, epoch in b.take_new_histories():
+        history_epoch.write(root, sid, sl, epoch)
+    for w in b.take_live_writes():
+        tier_files.write_live(Path(root), w)
+        b.live_written(w, None)
+    return results
+
+
+def restarted(root, streams):
+    b2 = Broker("n", BrokerConfig(tier=TierConfig(root=root, memory_limit_bytes=LIMIT)),
+                broker_id=ME)
+    b2.reloaded = reload.load_dir(root)
+    b2.apply_metadata(streams, 2)
+    return b2
+
+
+def test_kill_without_tiering_keeps_every_acknowledged_chunk(tmp_path):
+    b = broker(tmp_path, LIMIT, desc(Q=2))
+    b.set_epoch(7)
+    for seq in range(60):
+        produce_live(b, tmp_path, seq, [make(seq // 2, producer=seq % 2)])
+    assert not list((tmp_path / "segments").rglob("*.meta"))     # nothing was tiered
+    before, groups_before = read_all(b), b.offsets(1, 0)
+
+    b2 = restarted(tmp_path, [desc(Q=2)])     # no shutdown jobs: as after kill -9
+    assert read_all(b2) == before
+    assert [g[:4] for g in b2.offsets(1, 0)] == [g[:4] for g in groups_before]
+    assert b2.history_epoch(1, 0) == b.history_epoch(1, 0)    # saved positions stay valid
+    last = b2.producers.get((1, 1, 0))
+    assert last.sequence == 29
+    assert b2.produce("dup", [make(29, producer=1)], 0.0) == [[last.group, last.segment, last.base_offset]]
+
+
+def test_tiered_segments_and_live_ones_reload_together(tmp_path):
+    b = broker(tmp_path, 32 * KiB, desc())
+    for seq in range(80):
+        produce_live(b, tmp_path, seq, [make(seq)])
+        run_jobs(b, tmp_path)
+    segs = tmp_path / "segments"
+    assert list(segs.rglob("*.meta")) and list(segs.rglob("*.live"))
+    before = read_all(b)
+    b2 = restarted(tmp_path, [desc()])
+    assert read_all(b2) == before
+    assert not any(p.with_suffix(".meta").exists() for p in segs.rglob("*.live"))
+
+
+def test_a_torn_tail_keeps_the_last_whole_record(tmp_path):
+    b = broker(tmp_path, LIMIT, desc())
+    for seq in range(5):
+        produce_live(b, tmp_path, seq, [make(seq)])
+    before = read_all(b)
+    [live] = (tmp_path / "segments").rglob("*.live")
+    with open(live, "ab") as f:          # a record cut short by the kill
+        f.write(b"\x01" * (tier_files.RECORD_SIZE // 2))
+    with open(live.with_suffix(".seg"), "ab") as f:   # bytes of an unacknowledged chunk
+        f.write(b"\x02" * 300)
+    assert read_all(restarted(tmp_path, [desc()])) == before
+
+
+def test_a_failed_write_is_written_again_before_the_next_ack(tmp_path):
+    b = broker(tmp_path, LIMIT, desc())
+    b.produce(0, [make(0)], 0.0)
+    [w] = b.take_live_writes()
+    b.live_written(w, OSError(28, "No space left on device"))
+    produce_live(b, tmp_path, 1, [make(1)])      # writes chunk 0 and chunk 1
+    assert read_all(restarted(tmp_path, [desc()])) == read_all(b)
+
+
+def test_replicated_streams_write_nothing_before_the_ack(tmp_path):
+    b = broker(tmp_path, LIMIT, desc(R=2))
+    b.produce(0, [make(0)], 0.0)
+    assert b.take_live_writes() == []
