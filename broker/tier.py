@@ -372,6 +372,8 @@ class TierStore:
     def segment_deleted(self, seg) -> None:
         """Retention deleted the segment's group: free its memory or its files."""
         if seg in self.resident:
+            if seg in self.live:    # an R=1 segment's files written before its acks
+                self._delete_files(segment_key(seg), 0)
             self._left(seg)
         elif seg.tier is not None:
             self.maps.pop(seg, None)

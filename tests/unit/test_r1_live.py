@@ -88,3 +88,14 @@ def test_replicated_streams_write_nothing_before_the_ack(tmp_path):
     b = broker(tmp_path, LIMIT, desc(R=2))
     b.produce(0, [make(0)], 0.0)
     assert b.take_live_writes() == []
+
+
+def test_retention_deletes_the_live_files_of_the_groups_it_drops(tmp_path):
+    b = broker(tmp_path, LIMIT, desc(G=1, retention_bytes=4 * KiB))
+    for seq in range(60):
+        produce_live(b, tmp_path, seq, [make(seq)])
+    assert b.enforce_retention(10**12, 10**12) > 0
+    run_jobs(b, tmp_path)
+    live_groups = {int(p.name[:10]) for p in (tmp_path / "segments").rglob("*.live")}
+    assert live_groups and min(live_groups) >= b.first_group(1, 0)
+    assert {int(p.name[:10]) for p in (tmp_path / "segments").rglob("*.seg")} == live_groups
