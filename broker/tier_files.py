@@ -154,23 +154,68 @@ class LiveWrite(NamedTuple):
     data: memoryview
 
 
+# Open file pairs (.seg, .live) kept by LiveFiles: the open segments of busy R=1 streamlets
+# (one per active group) write without an open/close per request; more are reopened as needed.
+LIVE_FILES_OPEN_MAX = 64
+
+
+class LiveFiles:
+    """Writes LiveWrites on the loop (page cache, no sync), keeping the newest segments' files
+    open. A write at byte 0 starts a segment: its files are (re)created, never a stale fd's."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.open: dict = {}          # key -> (seg fd, live fd), least recently used first
+
+    def write(self, w: LiveWrite) -> None:
+        """Raises OSError (the files of that segment are then closed, reopened next time)."""
+        key = w.record.key
+        fds = self.open.pop(key, None)
+        if fds is not None and w.at == 0:
+            _close(fds)
+            fds = None
+        try:
+            if fds is None:
+                fds = self._open(key)
+            _pwrite_all(fds[0], w.data, w.at)
+            os.write(fds[1], encode_record(w.record))
+        except OSError:
+            if fds is not None:
+                _close(fds)
+            raise
+        self.open[key] = fds
+        while len(self.open) > LIVE_FILES_OPEN_MAX:
+            _close(self.open.pop(next(iter(self.open))))
+
+    def _open(self, key) -> tuple[int, int]:
+        directory = streamlet_dir(self.root, key[0], key[1])
+        if not directory.is_dir():
+            directory.mkdir(parents=True, exist_ok=True)
+            fsync_dir(directory.parent)
+        seg_fd = os.open(seg_path(self.root, key), os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            return seg_fd, os.open(live_path(self.root, key), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError:
+            os.close(seg_fd)
+            raise
+
+    def close(self) -> None:
+        while self.open:
+            _close(self.open.pop(next(iter(self.open))))
+
+
+def _close(fds: tuple[int, int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
 def write_live(root: Path, w: LiveWrite) -> None:
-    """Run on the loop (page cache writes, no sync); raises OSError."""
-    key = w.record.key
-    directory = streamlet_dir(root, key[0], key[1])
-    if not directory.is_dir():
-        directory.mkdir(parents=True, exist_ok=True)
-        fsync_dir(directory.parent)
-    fd = os.open(seg_path(root, key), os.O_WRONLY | os.O_CREAT, 0o644)
+    """One LiveWrite, its files opened and closed (tests, tools)."""
+    files = LiveFiles(root)
     try:
-        _pwrite_all(fd, w.data, w.at)
+        files.write(w)
     finally:
-        os.close(fd)
-    fd = os.open(live_path(root, key), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, encode_record(w.record))
-    finally:
-        os.close(fd)
+        files.close()
 
 
 def _pwrite_all(fd: int, data, offset: int) -> None:

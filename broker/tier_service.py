@@ -44,6 +44,7 @@ class TierService:
         self.server = server
         self.root: Path | None = core.tier.root
         self.worker: Worker | None = None
+        self.live_files: tier_files.LiveFiles | None = None
         self._drops: list[tuple[float, int, ReplicaDrop]] = []   # (due, attempt, drop)
         # An orderly stop wrote every durable segment and left this marker: the reload is then
         # complete (kept for whoever decides between the reload and recovery from backups).
@@ -60,6 +61,7 @@ class TierService:
             if loaded.corrupt:
                 core.counters.add("reload_corrupt_segments", loaded.corrupt)
             root = self.root
+            self.live_files = tier_files.LiveFiles(root)
             self.worker = Worker("broker-tier", lambda job: tier_files.run(root, job),
                                  core.tier.cfg.jobs_max)
             server.poller.register(self.worker.wake_fd, zmq.POLLIN)
@@ -88,7 +90,7 @@ class TierService:
         failed = None
         for w in self.core.take_live_writes():
             try:
-                tier_files.write_live(self.root, w)
+                self.live_files.write(w)
                 self.core.live_written(w, None)
             except OSError as err:
                 self.core.live_written(w, err)
@@ -139,6 +141,7 @@ class TierService:
         """Drain the tier thread, then write every durable segment still in memory."""
         if self.worker is None:
             return
+        self.live_files.close()
         core = self.core
         deadline = time.monotonic() + SHUTDOWN_DRAIN_TIMEOUT_S
         while core.tier.jobs_out and time.monotonic() < deadline:
