@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Callable
 
 from kera.broker import tier_files
-from kera.broker.tier_files import (DeleteJob, DeleteStreamJob, FirstGroupJob, LiveWrite, SegmentRecord,
-                                    WriteJob)
+from kera.broker.tier_files import (DeleteJob, DeleteStreamJob, FirstGroupJob, LiveWrite,
+                                    SegmentRecord, WriteJob)
 from kera.chunk import crc32c, verify
 from kera.errors import CorruptChunk, KeraError, NotReady
 from kera.metrics import Counters

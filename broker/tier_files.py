@@ -194,7 +194,8 @@ class LiveFiles:
             fsync_dir(directory.parent)
         seg_fd = os.open(seg_path(self.root, key), os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            return seg_fd, os.open(live_path(self.root, key), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+            return seg_fd, os.open(live_path(self.root, key), flags, 0o644)
         except OSError:
             os.close(seg_fd)
             raise

@@ -46,7 +46,8 @@ def test_kill_without_tiering_keeps_every_acknowledged_chunk(tmp_path):
     assert b2.history_epoch(1, 0) == b.history_epoch(1, 0)    # saved positions stay valid
     last = b2.producers.get((1, 1, 0))
     assert last.sequence == 29
-    assert b2.produce("dup", [make(29, producer=1)], 0.0) == [[last.group, last.segment, last.base_offset]]
+    dup = b2.produce("dup", [make(29, producer=1)], 0.0)
+    assert dup == [[last.group, last.segment, last.base_offset]]
 
 
 def test_tiered_segments_and_live_ones_reload_together(tmp_path):
