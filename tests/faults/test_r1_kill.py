@@ -41,3 +41,12 @@ def test_acknowledged_r1_records_survive_kill_9(fresh_cluster):
         assert c.poll(0.5) is None
         assert {p.epoch for p in c.positions()} == {p.epoch for p in positions}
     check_exactly_once_in_order(after, {2: 500})
+    # A second kill -9: the reloaded segments and the new ones come back again.
+    cluster.kill_broker(0)
+    cluster.restart_broker(0)
+    with cluster.admin() as admin:
+        admin.wait_ready("r1", 20.0)
+    with Consumer(cluster.bootstrap, "r1") as c:
+        recs = identities(drain(c, 2 * RECORDS + 500, timeout_s=30))
+        assert c.poll(0.5) is None
+    check_exactly_once_in_order(recs, {0: RECORDS, 1: RECORDS, 2: 500})
