@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 
+import kera
 from kera import config
 from kera.errors import KeraError
 
@@ -75,10 +76,20 @@ def _options_after_subcommand() -> argparse.ArgumentParser:
     return p
 
 
+def _size(text: str) -> int:
+    """A size flag's value in the one size syntax (536870912, 64MiB, 1GiB) of parse_size."""
+    from kera.broker.memory import parse_size
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kera", description="kera: stream storage with shared virtual logs.",
         epilog="Run 'kera COMMAND --help' for a command's options.")
+    parser.add_argument("--version", action="version", version=f"kera {kera.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     wanted = _first_positional(sys.argv[1:] if argv is None else argv)
     for name, (module, summary) in DAEMONS.items():
@@ -160,7 +171,7 @@ def _add_stream(sub) -> None:
                    help="backups acknowledge from memory or after fsync (default: %(default)s)")
     c.add_argument("--group-segments", type=int, default=config.DEFAULT_GROUP_SEGMENTS,
                    help="segments per group G (default: %(default)s)")
-    c.add_argument("--segment-size-bytes", type=int, default=config.DEFAULT_SEGMENT_SIZE_BYTES,
+    c.add_argument("--segment-size-bytes", type=_size, default=config.DEFAULT_SEGMENT_SIZE_BYTES,
                    help="segment capacity (default: %(default)s)")
     c.add_argument("--replication-capacity", type=int, default=0,
                    help="virtual logs the stream may use, 0 = all (default: %(default)s)")
