@@ -556,6 +556,25 @@ def _stop_on_signals() -> list:
 
 # ---------------------------------------------------------------------- entry point
 
+def _probe_bootstrap(args) -> None:
+    """Tell a refused port, an unknown host and a silent address apart within PROBE_TIMEOUT_S
+    rather than after the request timeout (zmq connects lazily and would just wait)."""
+    bootstrap = getattr(args, "bootstrap", None)
+    if bootstrap:
+        from kera.admin import parse_bootstrap
+        from kera.probe import probe
+        probe(parse_bootstrap(bootstrap))
+
+
+def _explain(err: KeraError, args) -> str:
+    """A broker or backup given as the coordinator answers "unknown op": say so."""
+    if err.code == "bad_request" and err.message.startswith("unknown op"):
+        return (f"{getattr(args, 'bootstrap', 'the address')} is a kera daemon but not the "
+                f"coordinator (a broker or backup?): give the coordinator's host:port with "
+                f"--bootstrap ({err.message})")
+    return err.message
+
+
 def main(argv: list[str] | None = None) -> int:
     from kera.local import watch_parent_from_env
     watch_parent_from_env()
@@ -567,9 +586,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        _probe_bootstrap(args)
         return int(args.func(args) or 0)
     except KeraError as err:
-        print(f"kera: error: {err.message} ({err.code})", file=sys.stderr)
+        print(f"kera: error: {_explain(err, args)} ({err.code})", file=sys.stderr)
         return EXIT_ERROR
     except CliError as err:
         print(f"kera: error: {err}", file=sys.stderr)
