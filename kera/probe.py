@@ -10,6 +10,10 @@ import socket
 
 from kera.errors import PeerUnreachable
 
+# The first byte of a ZMTP 3 greeting, which every ZeroMQ peer (every kera daemon) sends as soon
+# as a connection is accepted.
+ZMTP_SIGNATURE_FIRST_BYTE = b"\xff"
+
 # A TCP handshake on a LAN takes well under a millisecond and across regions a few hundred;
 # 2 s leaves room for a loaded host while keeping "nothing listens" a two-second answer.
 PROBE_TIMEOUT_S = 2.0
@@ -20,7 +24,8 @@ def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     the reason (unknown host, connection refused, timed out) and what to check otherwise."""
     host, _, port = address.rpartition(":")
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+            _expect_greeting(sock, address, timeout_s)
     except socket.gaierror as exc:
         raise PeerUnreachable(f"{address}: unknown host {host!r} ({exc.strerror}); "
                               f"check the host name") from None
@@ -32,3 +37,17 @@ def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
                               f"a firewall, or a host that is down)") from None
     except OSError as exc:
         raise PeerUnreachable(f"{address}: cannot connect ({exc.strerror or exc})") from None
+
+
+def _expect_greeting(sock: socket.socket, address: str, timeout_s: float) -> None:
+    """Something accepted the connection: a kera daemon greets at once; a proxy or another
+    service that accepts and stays silent (or says something else) is named here."""
+    try:
+        first = sock.recv(1)
+    except (socket.timeout, TimeoutError):
+        raise PeerUnreachable(f"{address}: accepted the connection but sent no ZeroMQ greeting "
+                              f"within {timeout_s} s: not a kera daemon (or a proxy in the "
+                              f"way); check the address") from None
+    if first != ZMTP_SIGNATURE_FIRST_BYTE:
+        raise PeerUnreachable(f"{address}: answered but is not a kera daemon (no ZeroMQ "
+                              f"greeting); check the address")

@@ -131,6 +131,20 @@ def test_wrong_address_told_apart_quickly(coordinator, address, expected):
     assert "Traceback" not in proc.stderr and elapsed_s < WRONG_ADDRESS_BUDGET_S
 
 
+def test_silent_listener_told_apart_quickly():
+    """Something that accepts TCP and never speaks (a proxy, a stuck service): named within
+    the probe's bound, not after the 10 s request timeout."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        address = "127.0.0.1:%d" % listener.getsockname()[1]
+        started = time.monotonic()
+        proc = kera("stream", "list", "--bootstrap", address, "--timeout-s", "10")
+        elapsed_s = time.monotonic() - started
+    assert proc.returncode == 1 and "no ZeroMQ greeting" in proc.stderr, proc.stderr
+    assert elapsed_s < WRONG_ADDRESS_BUDGET_S
+
+
 def test_usage_errors_exit_two():
     assert kera("stream", "create").returncode == 2
     assert kera("no-such-command").returncode == 2
