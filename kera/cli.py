@@ -258,6 +258,11 @@ def _add_consume(sub) -> None:
     p.add_argument("--print-key", action="store_true",
                    help="print KEY<sep>VALUE (separator from --key-sep)")
     p.add_argument("--key-sep", default="\t", help="separator for --print-key (default: tab)")
+    p.add_argument("-f", "--format", default=None, metavar="FMT",
+                   help="kcat-style output per record (overrides --print-key): %%s value, "
+                        "%%k key, %%t stream, %%S streamlet, %%g group, %%o offset, "
+                        "%%T timestamp (ms), %%%% a percent sign; \\n newline, \\t tab. "
+                        "E.g. -f '%%S %%g:%%o %%k=%%s\\n'")
     p.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
                    help="consumer option, e.g. -o cache_chunks_max=64 (repeatable)")
     p.set_defaults(func=cmd_consume)
@@ -474,22 +479,60 @@ def cmd_produce(args) -> int:
     return 0
 
 
+# kcat's -f fields that a kera record has (%p is kcat's partition: kera's streamlet, %S).
+FORMAT_FIELDS = {
+    "s": lambda r: r.value, "k": lambda r: r.key or b"", "t": lambda r: r.stream.encode(),
+    "S": lambda r: b"%d" % r.streamlet, "p": lambda r: b"%d" % r.streamlet,
+    "g": lambda r: b"%d" % r.group, "o": lambda r: b"%d" % r.offset,
+    "T": lambda r: b"%d" % (r.timestamp // 1000),
+}
+FORMAT_ESCAPES = {"n": b"\n", "t": b"\t", "r": b"\r", "\\": b"\\"}
+
+
+def compile_format(fmt: str):
+    """A function record -> bytes for a kcat-style format; CliError names an unknown field."""
+    parts, i = [], 0
+    while i < len(fmt):
+        ch, nxt = fmt[i], fmt[i + 1:i + 2]
+        if ch == "%" and nxt == "%":
+            parts.append(lambda r: b"%")
+        elif ch == "%" and nxt in FORMAT_FIELDS:
+            parts.append(FORMAT_FIELDS[nxt])
+        elif ch == "%":
+            raise CliError(f"--format: unknown field %{nxt} (known: "
+                           f"{', '.join('%' + k for k in FORMAT_FIELDS)}, %%)")
+        elif ch == "\\" and nxt in FORMAT_ESCAPES:
+            parts.append(lambda r, b=FORMAT_ESCAPES[nxt]: b)
+        else:
+            parts.append(lambda r, b=ch.encode(): b)
+            i -= 1
+        i += 2
+    return lambda record: b"".join(part(record) for part in parts)
+
+
+def _line_writer(args):
+    """How one record is written: --format, else [KEY<sep>]VALUE and a newline."""
+    if args.format is not None:
+        return compile_format(args.format)
+    sep = args.key_sep.encode()
+    if args.print_key:
+        return lambda r: (r.key or b"") + sep + r.value + b"\n"
+    return lambda r: r.value + b"\n"
+
+
 def cmd_consume(args) -> int:
     from kera.consumer import Consumer
     if args.max_records is not None and args.max_records < 0:
         raise CliError("--max-records must not be negative")
     out = sys.stdout.buffer
-    sep = args.key_sep.encode()
+    line = _line_writer(args)
     count = 0
     if args.max_records == 0:
         return 0
     consumer = Consumer(args.bootstrap, args.stream, start=args.start, **_options(args.option))
     try:
         for record in _records(consumer, args.timeout_s):
-            if args.print_key:
-                out.write((record.key or b"") + sep)
-            out.write(record.value)
-            out.write(b"\n")
+            out.write(line(record))
             count += 1
             if args.max_records is not None and count >= args.max_records:
                 break
