@@ -256,13 +256,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", default=socket.gethostname(),
                         help="host identity for placement (default: the hostname)")
     parser.add_argument("--id", type=int, default=None, help="register again under this backup id")
-    parser.add_argument("--max-unflushed-bytes", type=int, default=defaults.max_unflushed_bytes,
+    parser.add_argument("--max-unflushed-bytes", type=parse_size, default=defaults.max_unflushed_bytes,
                         help="bytes received and not yet on disk before writes are throttled "
                              "(default: %(default)s)")
-    parser.add_argument("--max-memory-bytes", type=int, default=defaults.max_memory_bytes,
+    parser.add_argument("--max-memory-bytes", type=parse_size, default=defaults.max_memory_bytes,
                         help="bytes of replicas held in memory before writes are throttled "
                              "(at least --max-unflushed-bytes; default: %(default)s)")
-    parser.add_argument("--max-replica-bytes", type=int, default=defaults.max_replica_bytes,
+    parser.add_argument("--max-replica-bytes", type=parse_size, default=defaults.max_replica_bytes,
                         help="largest replica (virtual segment) accepted (default: %(default)s)")
     parser.add_argument("--disk-limit", default="0", metavar="BYTES",
                         help="replica bytes this backup keeps on disk (e.g. 100GiB); a write "

@@ -351,7 +351,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--id", type=int, default=None, help="broker id to re-register with")
     parser.add_argument("--virtual-logs", type=int, default=config.DEFAULT_VIRTUAL_LOGS,
                         help="shared virtual logs (replication capacity) per replication factor")
-    parser.add_argument("--virtual-segment-bytes", type=int, default=config.DEFAULT_VIRTUAL_SEGMENT_BYTES,
+    parser.add_argument("--virtual-segment-bytes", type=parse_size, default=config.DEFAULT_VIRTUAL_SEGMENT_BYTES,
                         help="chunk bytes referenced by one virtual segment")
     parser.add_argument("--replication-in-flight", type=int,
                         default=config.REPLICATION_IN_FLIGHT_MAX,

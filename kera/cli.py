@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 
+import kera
 from kera import config
 from kera.errors import KeraError
 
@@ -75,10 +76,20 @@ def _options_after_subcommand() -> argparse.ArgumentParser:
     return p
 
 
+def _size(text: str) -> int:
+    """A size flag's value in the one size syntax (536870912, 64MiB, 1GiB) of parse_size."""
+    from kera.broker.memory import parse_size
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kera", description="kera: stream storage with shared virtual logs.",
         epilog="Run 'kera COMMAND --help' for a command's options.")
+    parser.add_argument("--version", action="version", version=f"kera {kera.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     wanted = _first_positional(sys.argv[1:] if argv is None else argv)
     for name, (module, summary) in DAEMONS.items():
@@ -160,7 +171,7 @@ def _add_stream(sub) -> None:
                    help="backups acknowledge from memory or after fsync (default: %(default)s)")
     c.add_argument("--group-segments", type=int, default=config.DEFAULT_GROUP_SEGMENTS,
                    help="segments per group G (default: %(default)s)")
-    c.add_argument("--segment-size-bytes", type=int, default=config.DEFAULT_SEGMENT_SIZE_BYTES,
+    c.add_argument("--segment-size-bytes", type=_size, default=config.DEFAULT_SEGMENT_SIZE_BYTES,
                    help="segment capacity (default: %(default)s)")
     c.add_argument("--replication-capacity", type=int, default=0,
                    help="virtual logs the stream may use, 0 = all (default: %(default)s)")
@@ -247,6 +258,11 @@ def _add_consume(sub) -> None:
     p.add_argument("--print-key", action="store_true",
                    help="print KEY<sep>VALUE (separator from --key-sep)")
     p.add_argument("--key-sep", default="\t", help="separator for --print-key (default: tab)")
+    p.add_argument("-f", "--format", default=None, metavar="FMT",
+                   help="kcat-style output per record (overrides --print-key): %%s value, "
+                        "%%k key, %%t stream, %%S streamlet, %%g group, %%o offset, "
+                        "%%T timestamp (ms), %%%% a percent sign; \\n newline, \\t tab. "
+                        "E.g. -f '%%S %%g:%%o %%k=%%s\\n'")
     p.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
                    help="consumer option, e.g. -o cache_chunks_max=64 (repeatable)")
     p.set_defaults(func=cmd_consume)
@@ -463,22 +479,60 @@ def cmd_produce(args) -> int:
     return 0
 
 
+# kcat's -f fields that a kera record has (%p is kcat's partition: kera's streamlet, %S).
+FORMAT_FIELDS = {
+    "s": lambda r: r.value, "k": lambda r: r.key or b"", "t": lambda r: r.stream.encode(),
+    "S": lambda r: b"%d" % r.streamlet, "p": lambda r: b"%d" % r.streamlet,
+    "g": lambda r: b"%d" % r.group, "o": lambda r: b"%d" % r.offset,
+    "T": lambda r: b"%d" % (r.timestamp // 1000),
+}
+FORMAT_ESCAPES = {"n": b"\n", "t": b"\t", "r": b"\r", "\\": b"\\"}
+
+
+def compile_format(fmt: str):
+    """A function record -> bytes for a kcat-style format; CliError names an unknown field."""
+    parts, i = [], 0
+    while i < len(fmt):
+        ch, nxt = fmt[i], fmt[i + 1:i + 2]
+        if ch == "%" and nxt == "%":
+            parts.append(lambda r: b"%")
+        elif ch == "%" and nxt in FORMAT_FIELDS:
+            parts.append(FORMAT_FIELDS[nxt])
+        elif ch == "%":
+            raise CliError(f"--format: unknown field %{nxt} (known: "
+                           f"{', '.join('%' + k for k in FORMAT_FIELDS)}, %%)")
+        elif ch == "\\" and nxt in FORMAT_ESCAPES:
+            parts.append(lambda r, b=FORMAT_ESCAPES[nxt]: b)
+        else:
+            parts.append(lambda r, b=ch.encode(): b)
+            i -= 1
+        i += 2
+    return lambda record: b"".join(part(record) for part in parts)
+
+
+def _line_writer(args):
+    """How one record is written: --format, else [KEY<sep>]VALUE and a newline."""
+    if args.format is not None:
+        return compile_format(args.format)
+    sep = args.key_sep.encode()
+    if args.print_key:
+        return lambda r: (r.key or b"") + sep + r.value + b"\n"
+    return lambda r: r.value + b"\n"
+
+
 def cmd_consume(args) -> int:
     from kera.consumer import Consumer
     if args.max_records is not None and args.max_records < 0:
         raise CliError("--max-records must not be negative")
     out = sys.stdout.buffer
-    sep = args.key_sep.encode()
+    line = _line_writer(args)
     count = 0
     if args.max_records == 0:
         return 0
     consumer = Consumer(args.bootstrap, args.stream, start=args.start, **_options(args.option))
     try:
         for record in _records(consumer, args.timeout_s):
-            if args.print_key:
-                out.write((record.key or b"") + sep)
-            out.write(record.value)
-            out.write(b"\n")
+            out.write(line(record))
             count += 1
             if args.max_records is not None and count >= args.max_records:
                 break
@@ -545,6 +599,25 @@ def _stop_on_signals() -> list:
 
 # ---------------------------------------------------------------------- entry point
 
+def _probe_bootstrap(args) -> None:
+    """Tell a refused port, an unknown host and a silent address apart within PROBE_TIMEOUT_S
+    rather than after the request timeout (zmq connects lazily and would just wait)."""
+    bootstrap = getattr(args, "bootstrap", None)
+    if bootstrap:
+        from kera.admin import parse_bootstrap
+        from kera.probe import probe
+        probe(parse_bootstrap(bootstrap))
+
+
+def _explain(err: KeraError, args) -> str:
+    """A broker or backup given as the coordinator answers "unknown op": say so."""
+    if err.code == "bad_request" and err.message.startswith("unknown op"):
+        return (f"{getattr(args, 'bootstrap', 'the address')} is a kera daemon but not the "
+                f"coordinator (a broker or backup?): give the coordinator's host:port with "
+                f"--bootstrap ({err.message})")
+    return err.message
+
+
 def main(argv: list[str] | None = None) -> int:
     from kera.local import watch_parent_from_env
     watch_parent_from_env()
@@ -556,9 +629,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        _probe_bootstrap(args)
         return int(args.func(args) or 0)
     except KeraError as err:
-        print(f"kera: error: {err.message} ({err.code})", file=sys.stderr)
+        print(f"kera: error: {_explain(err, args)} ({err.code})", file=sys.stderr)
         return EXIT_ERROR
     except CliError as err:
         print(f"kera: error: {err}", file=sys.stderr)

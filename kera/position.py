@@ -30,3 +30,8 @@ class Record(NamedTuple):
     streamlet: int
     group: int
     offset: int
+
+    @property
+    def timestamp_ms(self) -> int:
+        """The timestamp in milliseconds (Kafka's unit)."""
+        return self.timestamp // 1000
