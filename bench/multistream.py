@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import threading
 import time
 
 from kera.admin import Admin
@@ -30,6 +31,7 @@ RECORD_BYTES = 100
 CHUNK_SIZE_BYTES = 1024
 READ_TIMEOUT_S = 600.0         # give up on a read that makes no progress for this long
 READY_TIMEOUT_S = 60.0
+SETTLE_S = 5.0                 # closed clients' threads are gone well within this
 
 
 def open_fds() -> int:
@@ -70,7 +72,16 @@ def drain(consumers: list[Consumer], total: int) -> None:
             time.sleep(0.001)   # nothing cached anywhere: let the request threads run
 
 
+def settle() -> None:
+    """Wait (SETTLE_S at most) for the threads of clients closed before to be gone, so that
+    the counts below are of the consumers measured only."""
+    deadline = time.monotonic() + SETTLE_S
+    while threading.active_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def measure(label: str, make, total: int) -> dict:
+    settle()
     fds0, threads0 = open_fds(), threads()
     t0 = time.monotonic()
     try:
@@ -83,11 +94,12 @@ def measure(label: str, make, total: int) -> dict:
         t2 = time.monotonic()
         # Connections open lazily: counted once everything was read, before closing.
         fds, nthreads = open_fds() - fds0, threads() - threads0
+        conns = sum(len(c._fetcher.conns) for c in consumers)   # request threads' connections
     finally:
         for c in consumers:
             c.close()
     return {"label": label, "records_per_s": total / (t2 - t0), "construct_s": t1 - t0,
-            "fds": fds, "threads": nthreads}
+            "fds": fds, "threads": nthreads, "connections": conns}
 
 
 def run(streams: int, per_stream: int) -> list[dict]:
@@ -114,7 +126,8 @@ def show(streams: int, per_stream: int, results: list[dict]) -> None:
             print(f"  {r['label']:<30} failed: {r['error']}")
             continue
         print(f"  {r['label']:<30} {r['records_per_s']:>10,.0f} records/s   construct "
-              f"{r['construct_s']:6.2f} s   +{r['fds']} fds   +{r['threads']} threads")
+              f"{r['construct_s']:6.2f} s   {r['connections']} broker connections   +{r['fds']} fds   "
+              f"+{r['threads']} threads")
 
 
 def main(argv=None) -> None:
