@@ -10,7 +10,8 @@ per stream, drained round-robin with poll_batch. Prints records/s of each, timed
 consumer's construction to the last record (request threads start fetching as soon as each
 consumer is built, so timing only after construction would credit the per-stream way with what
 it prefetched meanwhile), the time to construct them, and the file descriptors and threads
-(kernel tasks: zmq's I/O threads included) the consumers added to the process.
+(kernel tasks: zmq's I/O threads included) the consumers added to the process, and the
+broker connections their request threads hold.
 A benchmark, not a test: nothing is asserted.
 """
 
