@@ -101,6 +101,17 @@ class Consumer:
         self._tasks = TaskRunner(request_timeout_s)
         # Guards _fetch and _tasks; taken before _lock when both are (the request thread's order).
         self._state_lock = threading.Lock()
+        self._init_cache()
+        self._set_cursors(starts)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        from kera.consumer.fetcher import Fetcher
+        self._fetcher = Fetcher(self)
+        self._fetcher.start()
+
+    def _init_cache(self) -> None:
+        """The caller's side: the cache the request thread fills and what is being walked."""
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
         self._items: collections.deque = collections.deque()
@@ -114,13 +125,6 @@ class Consumer:
         self._cur_lists = None
         self._cur_idx = 0
         self.records_consumed = 0
-        self._set_cursors(starts)
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        from kera.consumer.fetcher import Fetcher
-        self._fetcher = Fetcher(self)
-        self._fetcher.start()
 
     # ------------------------------------------------------------------ single-stream view
     @property

@@ -6,7 +6,6 @@ is: a test can check no loss, no duplicate, and that a seek lands on the exact r
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 
