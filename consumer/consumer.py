@@ -100,7 +100,8 @@ class Consumer:
                                  idle_wait_s=fetch_wait_ms / 1000, on_lost_position=on_lost_position)
         self._tasks = TaskRunner(request_timeout_s)
         # Guards _fetch and _tasks; taken before _lock when both are (the request thread's order).
-        self._state_lock = threading.Lock()
+        # Re-entrant: a task's on_reply runs under it and may call assign/unassign/seek.
+        self._state_lock = threading.RLock()
         self._init_cache()
         self._set_cursors(starts)
         self._wake_r, self._wake_w = os.pipe()

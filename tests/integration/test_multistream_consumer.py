@@ -150,10 +150,11 @@ def test_assign_and_unassign_hand_parts_over_without_a_gap_or_duplicate(cluster)
 
 
 class OffsetsTask:
-    """A task that asks a broker for a streamlet's group table once (the engine's hook)."""
+    """A task that asks a broker for a streamlet's group table once (the engine's hook), then
+    runs `then()` in the request thread, as a membership task calls assign()."""
 
-    def __init__(self, address, sid):
-        self.address, self.sid = address, sid
+    def __init__(self, address, sid, then=lambda: None):
+        self.address, self.sid, self.then = address, sid, then
         self.asked = False
         self.done = threading.Event()
         self.reply = None
@@ -166,6 +167,7 @@ class OffsetsTask:
 
     def on_reply(self, reply, now):
         self.reply = reply[0]
+        self.then()
         self.done.set()
 
     def on_error(self, err, now):
@@ -187,3 +189,17 @@ def test_a_task_rides_the_request_thread_and_its_connections(cluster):
         assert task.done.wait(10.0)
         assert task.reply["ok"] is True and task.reply["groups"][0][3] == 10
         assert c._fetcher.conns == conns      # the broker's one connection, no new one
+
+
+def test_a_task_can_assign_parts_from_the_request_thread(cluster):
+    (name,) = new_streams(cluster, 1, streamlets=2)
+    produce(cluster, [name], 20)
+    assigned = []
+    with Consumer(cluster.bootstrap, name, streamlets=[], on_assigned=assigned.append) as c:
+        task = OffsetsTask(c.info.address_of(0), c.info.id,
+                           then=lambda: c.assign([(name, 0), (name, 1)]))
+        c.add_task(task)
+        assert task.done.wait(10.0)
+        assert assigned == [[(name, 0), (name, 1)]]
+        assert sorted(r.value for r in drain(c, 20)) == sorted(
+            f"{name}:{i}".encode() for i in range(20))
