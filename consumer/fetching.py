@@ -122,9 +122,14 @@ class FetchState:
         for broker, fl in list(self.in_flight.items()):
             if fl.deadline <= now:
                 del self.in_flight[broker]
-                for part in fl.parts:
+                for part in self._still_read(fl):
                     self._read_failed(part, Timeout(f"no fetch reply from {broker} within "
                                                   f"{self.request_timeout_s:.1f} s"), now, [])
+
+    def _still_read(self, fl: InFlight) -> list:
+        """The parts of a request still read from the cursor it was built from."""
+        return [part for part, sent in zip(fl.parts, fl.sent_cursors)
+                if sent is not None and self.cursors.get(part) is sent]
 
     def next_wake(self, now: float) -> float | None:
         times = [fl.deadline for fl in self.in_flight.values()]
@@ -142,8 +147,7 @@ class FetchState:
             return []
         del self.in_flight[broker]
         items: list = []
-        live = [part for part, sent in zip(fl.parts, fl.sent_cursors)
-                if sent is not None and self.cursors.get(part) is sent]
+        live = self._still_read(fl)
         if header.get("ok") is not True:
             err = schema.error_reply(header)
             for part in live:

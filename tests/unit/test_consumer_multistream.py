@@ -84,3 +84,11 @@ def test_watermarks_and_lag_count_durable_records_of_retained_groups():
     assert lag_records(groups, 0, {}) == 20                 # a reader before the retained groups
     assert lag_records(groups, 5, {5: 2}) == 5 + 3          # group 4 consumed, 2 of group 5
     assert lag_records(groups, 7, {}) == 0
+
+
+def test_a_timed_out_read_does_not_back_off_a_part_sought_since():
+    st = state([("a", 0), ("b", 0)])
+    st.sent("b1", 1, [("a", 0), ("b", 0)], 0.0)
+    st.set_cursor(("a", 0), FetchCursor(0, 0, {0: 5}))
+    st.expire(1.0)
+    assert ("a", 0) not in st.retry_at and st.retry_at[("b", 0)] > 1.0
