@@ -145,7 +145,7 @@ class Consumer:
             if start not in NAMED_STARTS:
                 raise BadRequest(f"start must be 'earliest', 'latest' or a list of positions, "
                                  f"not {start!r}")
-            return {part: self._named_cursor(part, start) for part in parts}
+            return self._named_cursors(parts, start)
         given = _cursors_by_part(list(start), set(self.streams))
         unknown = sorted(part for part, (low, offsets, epoch) in given.items()
                          if epoch is None and (low, offsets) != (0, {0: 0}))
@@ -157,9 +157,18 @@ class Consumer:
         return {part: (*given[part], False) if part in given else (0, {}, None, True)
                 for part in parts}
 
-    def _named_cursor(self, part: tuple, where: str) -> tuple:
+    def _named_cursor(self, part: tuple, where: str, conns: dict | None = None) -> tuple:
         # A part starting from its beginning starts from its first retained group.
-        return (0, {}, None, True) if where == "earliest" else (*self._latest(part), False)
+        return (0, {}, None, True) if where == "earliest" else (*self._latest(part, conns), False)
+
+    def _named_cursors(self, parts, where: str) -> dict[tuple, tuple]:
+        """_named_cursor of each part, on one connection per broker."""
+        conns: dict = {}
+        try:
+            return {part: self._named_cursor(part, where, conns) for part in parts}
+        finally:
+            for conn in conns.values():
+                conn.close()
 
     def _set_cursors(self, starts: dict) -> None:
         """Read each part from its start on; anything fetched before for it is dropped."""
@@ -170,8 +179,10 @@ class Consumer:
                 self._consumed[part] = ConsumedCursor(part[1], low, offsets, epoch)
                 self._purge(part)
 
-    def _offsets(self, part: tuple) -> tuple[list, int, int | None]:
-        """(groups, first_group, epoch) of a part, from its owning broker's `offsets`."""
+    def _offsets(self, part: tuple, conns: dict | None = None) -> tuple[list, int, int | None]:
+        """(groups, first_group, epoch) of a part, from its owning broker's `offsets`; `conns`
+        (address -> rpc.Connection, the caller closes them): connections to reuse across
+        parts (else one per call)."""
         stream, sl = part
         deadline = time.monotonic() + self.request_timeout_s
         for _attempt in range(int(self.request_timeout_s / LATEST_RETRY_S) + 1):
@@ -181,8 +192,14 @@ class Consumer:
                 err = KeraError(f"streamlet {sl} of '{stream}' has no live broker", retriable=True)
             else:
                 try:
-                    header, _ = rpc.call(address, "offsets", {"sid": self._infos[stream].id, "sl": sl},
-                                         timeout_s=max(0.1, deadline - time.monotonic()))
+                    fields = {"sid": self._infos[stream].id, "sl": sl}
+                    left_s = max(0.1, deadline - time.monotonic())
+                    if conns is None:
+                        header, _ = rpc.call(address, "offsets", fields, timeout_s=left_s)
+                    else:
+                        conn = conns.get(address) or conns.setdefault(
+                            address, rpc.Connection(address, timeout_s=self.request_timeout_s))
+                        header, _ = conn.call("offsets", fields, timeout_s=left_s)
                     return _parse_offsets(header, address)
                 except KeraError as e:
                     if not e.retriable:
@@ -194,9 +211,9 @@ class Consumer:
             self._infos[stream] = self._meta.refresh(stream)
         raise Timeout(f"offsets of '{stream}' streamlet {sl}: {err.message}")
 
-    def _latest(self, part: tuple) -> tuple[int, dict[int, int], int | None]:
+    def _latest(self, part: tuple, conns: dict | None = None) -> tuple[int, dict[int, int], int | None]:
         """Each group's durable end."""
-        groups, first, epoch = self._offsets(part)
+        groups, first, epoch = self._offsets(part, conns)
         cursor = FetchCursor.at_end(part[1], groups, first)
         return cursor.low, cursor.offsets, epoch
 
@@ -324,7 +341,7 @@ class Consumer:
 
     def _seek_named(self, parts, where: str) -> None:
         parts = self.assignment() if parts is None else [tuple(p) for p in parts]
-        starts = {part: self._named_cursor(part, where) for part in parts}
+        starts = self._named_cursors(parts, where)
         self._check_assigned(starts)
         self._set_cursors(starts)
         self._wake()
@@ -349,9 +366,14 @@ class Consumer:
         with self._lock:
             consumed = {part: self._consumed_at(part) for part in self._consumed}
         out = {}
-        for part, (low, offsets) in sorted(consumed.items()):
-            groups, _first, _epoch = self._offsets(part)
-            out[part] = lagmath.lag_records(groups, low, offsets)
+        conns: dict = {}
+        try:
+            for part, (low, offsets) in sorted(consumed.items()):
+                groups, _first, _epoch = self._offsets(part, conns)
+                out[part] = lagmath.lag_records(groups, low, offsets)
+        finally:
+            for conn in conns.values():
+                conn.close()
         return out
 
     def _consumed_at(self, part: tuple) -> tuple[int, dict[int, int]]:
@@ -383,7 +405,7 @@ class Consumer:
         given = _cursors_by_part(list(positions or []), {st for st, _ in parts})
         with self._lock:
             fresh = [p for p in parts if p not in self._consumed]
-        starts = {p: self._named_cursor(p, self._default_start) for p in fresh if p not in given}
+        starts = self._named_cursors([p for p in fresh if p not in given], self._default_start)
         starts.update({p: (*c, False) for p, c in given.items() if p in set(parts)})
         self._set_cursors(starts)
         self._wake()
