@@ -1,14 +1,21 @@
 """The Consumer: a request thread fills a bounded cache of chunks; the caller walks records.
 
-    with Consumer("127.0.0.1:7000", "clicks", start="earliest") as c:
-        for record in c:              # kera.position.Record
+    with Consumer("127.0.0.1:7000", "clicks", start="earliest") as c:   # or ["clicks", "views"]
+        for record in c:              # kera.position.Record (record.stream names its stream)
             ...
         c.poll(timeout_s=1.0)         # one Record or None
         c.poll_batch(timeout_s=1.0)   # list of Batch (columnar: to_arrow(), values, ...)
         c.positions()                 # exact resumable positions of what was consumed
+        c.seek("clicks", 0, "earliest"); c.lag()   # {(stream, streamlet): records behind}
 
-Records of one group come in offset order and groups of one slot in order (the broker's fetch
-rules), so one producer's records to a streamlet are read in the order they were sent.
+One consumer reads any number of streams with one request thread and one connection per
+broker: what it reads are *parts*, (stream, streamlet) pairs. Records of one group come in
+offset order and groups of one slot in order (the broker's fetch rules), so one producer's
+records to a streamlet are read in the order they were sent.
+
+Thread use: poll/poll_batch/iteration from one thread; seek, assign, unassign, positions and
+lag may be called from any thread (a group-membership task calls assign/unassign from the
+request thread): they take effect atomically between two records.
 """
 
 from __future__ import annotations
@@ -20,10 +27,12 @@ import threading
 import time
 
 from kera import config, rpc
+from kera.consumer import lag as lagmath
 from kera.consumer.batch import Batch
 from kera.consumer.cursor import (ChunkItem, ConsumedCursor, ErrorItem, FetchCursor, LowItem,
                                   ResetItem, cursors_with_epochs, parse_groups)
 from kera.consumer.fetching import FetchState
+from kera.consumer.tasks import TaskRunner
 from kera.errors import BadRequest, ClientClosed, KeraError, Timeout
 from kera.metadata import Metadata
 from kera.position import Position, Record
@@ -33,17 +42,28 @@ log = logging.getLogger(__name__)
 LOST_POSITION_POLICIES = ("raise", "earliest", "latest")
 
 LATEST_RETRY_S = 0.05
+# start / seek targets that are not positions.
+NAMED_STARTS = ("earliest", "latest")
 
 
 class Consumer:
-    def __init__(self, bootstrap: str, stream: str, *, start="earliest",
+    def __init__(self, bootstrap: str, stream: str | list[str], *, start="earliest",
                  streamlets=None, member: int | None = None, members: int | None = None,
                  cache_chunks_max: int = config.DEFAULT_CACHE_CHUNKS_MAX,
                  fetch_max_bytes: int = config.DEFAULT_FETCH_MAX_BYTES,
                  request_timeout_s: float = config.DEFAULT_REQUEST_TIMEOUT_S,
                  fetch_wait_ms: float = config.DEFAULT_FETCH_WAIT_MS,
-                 on_lost_position: str = "raise"):
-        """`on_lost_position`: what to do when a streamlet no longer has the history a position
+                 on_lost_position: str = "raise", on_assigned=None, on_revoked=None):
+        """`stream`: one stream name or a list of them, all read by this one consumer.
+        `streamlets` / `member`+`members` choose streamlets of each stream (`streamlets=[]`:
+        none until `assign()`, for a group-membership layer). `start`: "earliest", "latest" or
+        positions (of any of the streams; parts without one start at the earliest).
+
+        `on_assigned(parts)` / `on_revoked(parts)`: called by `assign` (after) and `unassign`
+        (before: positions() still covers the parts, so the application can flush and save
+        them), in the thread that calls those, with the (stream, streamlet) parts.
+
+        `on_lost_position`: what to do when a streamlet no longer has the history a position
         points into (its data was lost: an R=1 broker restarted without it), like Kafka's
         auto.offset.reset: "raise" (the default) raises PositionLost from poll; "earliest"
         restarts the streamlet at its first record, "latest" at its end (both log a warning).
@@ -56,26 +76,43 @@ class Consumer:
         if on_lost_position not in LOST_POSITION_POLICIES:
             raise ValueError(f"on_lost_position must be one of {LOST_POSITION_POLICIES}, "
                              f"not {on_lost_position!r}")
-        self.stream = stream
+        self.streams = [stream] if isinstance(stream, str) else list(dict.fromkeys(stream))
+        if not self.streams:
+            raise BadRequest("give at least one stream to read")
+        # The one stream of a single-stream consumer (None when it reads several).
+        self.stream = self.streams[0] if isinstance(stream, str) else None
         self.cache_chunks_max = cache_chunks_max
         self.request_timeout_s = request_timeout_s
+        self.on_assigned, self.on_revoked = on_assigned, on_revoked
+        self._default_start = start if isinstance(start, str) else "earliest"
         self._meta = Metadata(bootstrap, timeout_s=request_timeout_s)
         try:
-            self.info = info = self._meta.stream(stream)
-            self.streamlets = _assigned(info.streamlets, streamlets, member, members)
-            starts = self._start_cursors(start)
+            self._infos = {name: self._meta.stream(name) for name in self.streams}
+            parts = [(name, sl) for name, info in self._infos.items()
+                     for sl in _assigned(info.streamlets, streamlets, member, members)]
+            starts = self._start_cursors(start, parts)
         except BaseException:
             self._meta.close()
             raise
-        self._consumed = {sl: ConsumedCursor(sl, low, offsets, epoch)
-                          for sl, (low, offsets, epoch) in starts.items()}
-        # A streamlet starting from its beginning starts from its first retained group.
-        self._fetch = FetchState(stream, info.id,
-                                 {sl: FetchCursor(sl, low, offsets, earliest=(low, offsets) == (0, {}),
-                                                  epoch=epoch)
-                                  for sl, (low, offsets, epoch) in starts.items()},
+        self._consumed = {}
+        self._fetch = FetchState({name: info.id for name, info in self._infos.items()}, {},
                                  fetch_max_bytes=fetch_max_bytes, request_timeout_s=request_timeout_s,
                                  idle_wait_s=fetch_wait_ms / 1000, on_lost_position=on_lost_position)
+        self._tasks = TaskRunner(request_timeout_s)
+        # Guards _fetch and _tasks; taken before _lock when both are (the request thread's order).
+        # Re-entrant: a task's on_reply runs under it and may call assign/unassign/seek.
+        self._state_lock = threading.RLock()
+        self._init_cache()
+        self._set_cursors(starts)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        from kera.consumer.fetcher import Fetcher
+        self._fetcher = Fetcher(self)
+        self._fetcher.start()
+
+    def _init_cache(self) -> None:
+        """The caller's side: the cache the request thread fills and what is being walked."""
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
         self._items: collections.deque = collections.deque()
@@ -89,116 +126,156 @@ class Consumer:
         self._cur_lists = None
         self._cur_idx = 0
         self.records_consumed = 0
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        from kera.consumer.fetcher import Fetcher
-        self._fetcher = Fetcher(self)
-        self._fetcher.start()
+
+    # ------------------------------------------------------------------ single-stream view
+    @property
+    def info(self):
+        """The stream descriptor of a single-stream consumer (its first stream's otherwise)."""
+        return self._infos[self.streams[0]]
+
+    @property
+    def streamlets(self) -> list[int]:
+        """The streamlets read of a single-stream consumer's stream (its first stream's)."""
+        return sorted(sl for st, sl in self._consumed if st == self.streams[0])
 
     # ------------------------------------------------------------------ start positions
-    def _start_cursors(self, start) -> dict[int, tuple[int, dict[int, int], int | None]]:
+    def _start_cursors(self, start, parts: list[tuple]) -> dict[tuple, tuple]:
+        """{part: (low, offsets, epoch, earliest)} where each part starts."""
         if isinstance(start, str):
-            if start == "earliest":
-                return {sl: (0, {}, None) for sl in self.streamlets}
-            if start == "latest":
-                return {sl: self._latest(sl) for sl in self.streamlets}
-            raise BadRequest(f"start must be 'earliest', 'latest' or a list of positions, not {start!r}")
-        given = cursors_with_epochs(list(start), self.stream)
-        unknown = sorted(sl for sl, (low, offsets, epoch) in given.items()
+            if start not in NAMED_STARTS:
+                raise BadRequest(f"start must be 'earliest', 'latest' or a list of positions, "
+                                 f"not {start!r}")
+            return self._named_cursors(parts, start)
+        given = _cursors_by_part(list(start), set(self.streams))
+        unknown = sorted(part for part, (low, offsets, epoch) in given.items()
                          if epoch is None and (low, offsets) != (0, {0: 0}))
         if unknown:
-            log.warning("stream '%s': positions of streamlets %s carry no epoch (saved by an "
-                        "older kera): resumed unchecked, a loss of their data since cannot be "
-                        "detected; save positions() again to get checked ones", self.stream, unknown)
-        # Streamlets without a saved position start at the beginning.
-        return {sl: given.get(sl, (0, {}, None)) for sl in self.streamlets}
+            log.warning("positions of %s carry no epoch (saved by an older kera): resumed "
+                        "unchecked, a loss of their data since cannot be detected; save "
+                        "positions() again to get checked ones", unknown)
+        # Parts without a saved position start at the beginning.
+        return {part: (*given[part], False) if part in given else (0, {}, None, True)
+                for part in parts}
 
-    def _latest(self, sl: int) -> tuple[int, dict[int, int]]:
-        """Each group's durable end, from the owning broker's `offsets`."""
+    def _named_cursor(self, part: tuple, where: str, conns: dict | None = None) -> tuple:
+        # A part starting from its beginning starts from its first retained group.
+        return (0, {}, None, True) if where == "earliest" else (*self._latest(part, conns), False)
+
+    def _named_cursors(self, parts, where: str) -> dict[tuple, tuple]:
+        """_named_cursor of each part, on one connection per broker."""
+        conns: dict = {}
+        try:
+            return {part: self._named_cursor(part, where, conns) for part in parts}
+        finally:
+            for conn in conns.values():
+                conn.close()
+
+    def _set_cursors(self, starts: dict) -> None:
+        """Read each part from its start on; anything fetched before for it is dropped."""
+        with self._state_lock, self._lock:
+            for part, (low, offsets, epoch, earliest) in starts.items():
+                self._fetch.set_cursor(part, FetchCursor(part[1], low, offsets, earliest=earliest,
+                                                         epoch=epoch))
+                self._consumed[part] = ConsumedCursor(part[1], low, offsets, epoch)
+                self._purge(part)
+
+    def _offsets(self, part: tuple, conns: dict | None = None) -> tuple[list, int, int | None]:
+        """(groups, first_group, epoch) of a part, from its owning broker's `offsets`; `conns`
+        (address -> rpc.Connection, the caller closes them): connections to reuse across
+        parts (else one per call)."""
+        stream, sl = part
         deadline = time.monotonic() + self.request_timeout_s
-        while True:
-            address = self.info.address_of(sl)
+        for _attempt in range(int(self.request_timeout_s / LATEST_RETRY_S) + 1):
+            address = self._infos[stream].address_of(sl)
             err: KeraError
             if address is None:
-                err = KeraError(f"streamlet {sl} of '{self.stream}' has no live broker", retriable=True)
+                err = KeraError(f"streamlet {sl} of '{stream}' has no live broker", retriable=True)
             else:
                 try:
-                    header, _ = rpc.call(address, "offsets", {"sid": self.info.id, "sl": sl},
-                                         timeout_s=max(0.1, deadline - time.monotonic()))
-                    first = header.get("first_group", 0)
-                    if not isinstance(first, int) or isinstance(first, bool) or first < 0:
-                        raise KeraError(f"bad first_group {first!r} from {address}", retriable=True)
-                    cursor = FetchCursor.at_end(sl, parse_groups(header.get("groups")), first)
-                    epoch = header.get("epoch")
-                    if epoch is not None and (not isinstance(epoch, int) or epoch < 0):
-                        raise KeraError(f"bad epoch {epoch!r} from {address}", retriable=True)
-                    return cursor.low, cursor.offsets, epoch
+                    fields = {"sid": self._infos[stream].id, "sl": sl}
+                    left_s = max(0.1, deadline - time.monotonic())
+                    if conns is None:
+                        header, _ = rpc.call(address, "offsets", fields, timeout_s=left_s)
+                    else:
+                        conn = conns.get(address) or conns.setdefault(
+                            address, rpc.Connection(address, timeout_s=self.request_timeout_s))
+                        header, _ = conn.call("offsets", fields, timeout_s=left_s)
+                    return _parse_offsets(header, address)
                 except KeraError as e:
                     if not e.retriable:
                         raise
                     err = e
             if time.monotonic() + LATEST_RETRY_S >= deadline:
-                raise Timeout(f"latest offsets of '{self.stream}' streamlet {sl}: {err.message}")
+                break
             time.sleep(LATEST_RETRY_S)
-            self.info = self._meta.refresh(self.stream)
+            self._infos[stream] = self._meta.refresh(stream)
+        raise Timeout(f"offsets of '{stream}' streamlet {sl}: {err.message}")
+
+    def _latest(self, part: tuple, conns: dict | None = None) -> tuple[int, dict[int, int], int | None]:
+        """Each group's durable end."""
+        groups, first, epoch = self._offsets(part, conns)
+        cursor = FetchCursor.at_end(part[1], groups, first)
+        return cursor.low, cursor.offsets, epoch
 
     # ------------------------------------------------------------------ reading
     def poll(self, timeout_s: float | None = None) -> Record | None:
         """The next record, waiting up to `timeout_s` (None: forever); None on timeout."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            cur = self._cur
-            if cur is not None:
-                i = self._cur_idx
-                keys, values, stamps = self._cur_lists
-                if i < len(values):
-                    self._cur_idx = i + 1
-                    self.records_consumed += 1
-                    return Record(keys[i], values[i], stamps[i], self.stream, cur.streamlet,
-                                  cur.group, cur.first + i)
-                self._finish_current()
-            item = self._next_item(deadline)
-            if item is None:
-                return None
-            if type(item) is ChunkItem:
-                chunk, skip = item.chunk, item.skip
-                self._cur = item
-                self._cur_idx = 0
-                self._cur_lists = (chunk.keys()[skip:], chunk.values()[skip:],
-                                   chunk.timestamps[skip:].tolist())
-            else:
-                self._apply(item)
+        with self._lock:
+            while True:
+                cur = self._cur
+                if cur is not None:
+                    i = self._cur_idx
+                    keys, values, stamps = self._cur_lists
+                    if i < len(values):
+                        self._cur_idx = i + 1
+                        self.records_consumed += 1
+                        return Record(keys[i], values[i], stamps[i], cur.stream, cur.streamlet,
+                                      cur.group, cur.first + i)
+                    self._finish_current()
+                item = self._next_item(deadline)
+                if item is None:
+                    return None
+                if type(item) is ChunkItem:
+                    chunk, skip = item.chunk, item.skip
+                    self._cur = item
+                    self._cur_idx = 0
+                    self._cur_lists = (chunk.keys()[skip:], chunk.values()[skip:],
+                                       chunk.timestamps[skip:].tolist())
+                else:
+                    self._apply(item)
 
     def poll_batch(self, timeout_s: float | None = 0.0, max_chunks: int | None = None) -> list[Batch]:
         """Whole chunks as columnar Batches (at least one unless `timeout_s` passes first)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         limit = self.cache_chunks_max if max_chunks is None else max(1, max_chunks)
         out: list[Batch] = []
-        cur = self._cur
-        if cur is not None:
-            i = self._cur_idx
-            if i < len(self._cur_lists[1]):
-                out.append(Batch(self.stream, cur.streamlet, cur.group, cur.first + i, cur.chunk,
-                                 cur.skip + i))
-                self.records_consumed += len(self._cur_lists[1]) - i
-            self._finish_current()
-        while len(out) < limit:
-            item = self._next_item(None if out else deadline, block=not out)
-            if item is None:
-                break
-            if type(item) is ChunkItem:
-                out.append(Batch(self.stream, item.streamlet, item.group, item.first, item.chunk, item.skip))
-                self._consumed[item.streamlet].consumed(item.group, item.end, item.epoch)
-                self.records_consumed += item.count
-            else:
-                try:
-                    self._apply(item)
-                except KeraError:
-                    if out:  # deliver what precedes the error; raise it on the next call
-                        self._items.appendleft(item)
-                        break
-                    raise
+        with self._lock:
+            cur = self._cur
+            if cur is not None:
+                i = self._cur_idx
+                if i < len(self._cur_lists[1]):
+                    out.append(Batch(cur.stream, cur.streamlet, cur.group, cur.first + i,
+                                     cur.chunk, cur.skip + i))
+                    self.records_consumed += len(self._cur_lists[1]) - i
+                self._finish_current()
+            while len(out) < limit:
+                item = self._next_item(None if out else deadline, block=not out)
+                if item is None:
+                    break
+                if type(item) is ChunkItem:
+                    out.append(Batch(item.stream, item.streamlet, item.group, item.first,
+                                     item.chunk, item.skip))
+                    self._consumed[item.part].consumed(item.group, item.end, item.epoch)
+                    self.records_consumed += item.count
+                else:
+                    try:
+                        self._apply(item)
+                    except KeraError:
+                        if out:  # deliver what precedes the error; raise it on the next call
+                            self._items.appendleft(item)
+                            break
+                        raise
         return out
 
     def __iter__(self):
@@ -210,41 +287,203 @@ class Consumer:
             if record is not None:
                 yield record
 
-    def positions(self) -> list[Position]:
+    def positions(self, parts=None) -> list[Position]:
         """Where to resume to read exactly what follows what was consumed: for each assigned
-        streamlet, every group from its lowest unfinished one up."""
+        part (or each of `parts`), every group from its lowest unfinished one up. Positions
+        name their stream: the list of every stream is one valid `start=`."""
+        with self._lock:
+            return self._positions(sorted(self._consumed) if parts is None else parts)
+
+    def _positions(self, parts) -> list[Position]:
         cur = self._cur
         out: list[Position] = []
-        for sl in self.streamlets:
+        for part in parts:
             partial = None
-            if cur is not None and cur.streamlet == sl:
+            if cur is not None and cur.part == part:
                 partial = (cur.group, cur.first + self._cur_idx)
                 if cur.epoch is not None:
-                    self._consumed[sl].epoch = cur.epoch   # its history, as consumed() does
-            out += self._consumed[sl].positions(self.stream, partial)
+                    self._consumed[part].epoch = cur.epoch   # its history, as consumed() does
+            out += self._consumed[part].positions(part[0], partial)
         return out
+
+    # ------------------------------------------------------------------ seeking (issue 14)
+    def seek(self, stream, streamlet: int | None = None, position=None) -> None:
+        """Read `streamlet` of `stream` from `position` on: "earliest", "latest", a Position or
+        the list of its positions (as positions() gives them); or `seek(positions)` with a list
+        of positions of any assigned parts. As with Kafka, it takes effect on the next poll:
+        records fetched before it and not yet handed out are dropped."""
+        if streamlet is None and position is None:
+            targets = _cursors_by_part(list(stream), set(self.streams))
+            starts = {part: (*c, False) for part, c in targets.items()}
+        elif isinstance(position, str):
+            if position not in NAMED_STARTS:
+                raise BadRequest(f"seek to 'earliest', 'latest' or positions, not {position!r}")
+            starts = {(stream, streamlet): self._named_cursor((stream, streamlet), position)}
+        else:
+            given = [position] if isinstance(position, Position) else list(position)
+            targets = _cursors_by_part(given, {stream})
+            if set(targets) - {(stream, streamlet)}:
+                raise BadRequest(f"positions {given} are not all of stream '{stream}' "
+                                 f"streamlet {streamlet}")
+            starts = {part: (*c, False) for part, c in targets.items()}
+        self._check_assigned(starts)
+        self._set_cursors(starts)
+        self._wake()
+
+    def seek_to_beginning(self, parts=None) -> None:
+        """Read each of `parts` (default: every assigned part) from its first retained record."""
+        self._seek_named(parts, "earliest")
+
+    def seek_to_end(self, parts=None) -> None:
+        """Read each of `parts` (default: every assigned part) from its durable end: only
+        records produced from now on (asks each part's broker, as start="latest" does)."""
+        self._seek_named(parts, "latest")
+
+    def _seek_named(self, parts, where: str) -> None:
+        parts = self.assignment() if parts is None else [tuple(p) for p in parts]
+        starts = self._named_cursors(parts, where)
+        self._check_assigned(starts)
+        self._set_cursors(starts)
+        self._wake()
+
+    def _check_assigned(self, parts) -> None:
+        with self._lock:
+            missing = sorted(p for p in parts if p not in self._consumed)
+        if missing:
+            raise BadRequest(f"parts {missing} are not assigned to this consumer: assign() them first")
+
+    def watermarks(self, stream: str, streamlet: int) -> tuple[int, int]:
+        """(low, high) in records of a streamlet, counted over its retained groups (records
+        deleted by retention are not counted: low is 0); asks its broker (`offsets`)."""
+        if stream not in self._infos:
+            self._infos[stream] = self._meta.stream(stream)
+        groups, _first, _epoch = self._offsets((stream, streamlet))
+        return lagmath.watermarks(groups)
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        """{(stream, streamlet): durable records not yet handed to the application}, for every
+        assigned part (one `offsets` request per part to its broker)."""
+        with self._lock:
+            consumed = {part: self._consumed_at(part) for part in self._consumed}
+        out = {}
+        conns: dict = {}
+        try:
+            for part, (low, offsets) in sorted(consumed.items()):
+                groups, _first, _epoch = self._offsets(part, conns)
+                out[part] = lagmath.lag_records(groups, low, offsets)
+        finally:
+            for conn in conns.values():
+                conn.close()
+        return out
+
+    def _consumed_at(self, part: tuple) -> tuple[int, dict[int, int]]:
+        cc = self._consumed[part]
+        offsets = dict(cc.offsets)
+        cur = self._cur
+        if cur is not None and cur.part == part and cur.group >= cc.low:
+            offsets[cur.group] = cur.first + self._cur_idx
+        return cc.low, offsets
+
+    # ------------------------------------------------------------------ assignment (issue 11)
+    def assignment(self) -> list[tuple[str, int]]:
+        """The (stream, streamlet) parts this consumer reads, sorted."""
+        with self._lock:
+            return sorted(self._consumed)
+
+    def assign(self, parts, positions=None) -> None:
+        """Start reading `parts` ((stream, streamlet) pairs, of any stream), each from its
+        position in `positions` (e.g. a group's committed ones) else from this consumer's
+        `start` ("earliest" unless "latest" was given). Parts already read are repositioned
+        only when `positions` names them. Then calls `on_assigned(parts)`."""
+        parts = [(str(st), int(sl)) for st, sl in parts]
+        for stream in dict.fromkeys(st for st, _ in parts):
+            self._add_stream(stream)
+        for stream, sl in parts:
+            if not 0 <= sl < self._infos[stream].streamlets:
+                raise BadRequest(f"stream '{stream}' has {self._infos[stream].streamlets} "
+                                 f"streamlets; no streamlet {sl}")
+        given = _cursors_by_part(list(positions or []), {st for st, _ in parts})
+        with self._lock:
+            fresh = [p for p in parts if p not in self._consumed]
+        starts = self._named_cursors([p for p in fresh if p not in given], self._default_start)
+        starts.update({p: (*c, False) for p, c in given.items() if p in set(parts)})
+        self._set_cursors(starts)
+        self._wake()
+        if self.on_assigned is not None:
+            self.on_assigned(parts)
+
+    def unassign(self, parts) -> list[Position]:
+        """Stop reading `parts`; returns their exact positions (what was handed out of them).
+        Calls `on_revoked(parts)` first. Their records fetched and not handed out are dropped."""
+        parts = [(str(st), int(sl)) for st, sl in parts]
+        if self.on_revoked is not None:
+            self.on_revoked(parts)
+        with self._state_lock, self._lock:
+            gone = [p for p in parts if p in self._consumed]
+            out = self._positions(gone)
+            for part in gone:
+                self._purge(part)
+                self._fetch.remove(part)
+                del self._consumed[part]
+        return out
+
+    def add_task(self, task) -> None:
+        """Have the request thread drive `task` (kera.consumer.tasks: next_request / on_reply /
+        on_error / next_wake) on the consumer's connections: the hook for group membership.
+        Call `wakeup()` when something outside makes the task want to send sooner."""
+        with self._state_lock:
+            self._tasks.add(task)
+        self._wake()
+
+    def wakeup(self) -> None:
+        """Have the request thread look at its fetches and tasks again now."""
+        self._wake()
+
+    def _add_stream(self, stream: str) -> None:
+        if stream in self._infos:
+            return
+        info = self._meta.stream(stream)
+        with self._state_lock:
+            self._infos[stream] = info
+            self._fetch.stream_ids[stream] = info.id
+            if stream not in self.streams:
+                self.streams.append(stream)
 
     # ------------------------------------------------------------------ cache
     def _next_item(self, deadline: float | None, block: bool = True):
-        with self._lock:
-            while not self._items:
-                if self._error is not None:
-                    raise self._error
-                if self._closed:
-                    raise ClientClosed("consumer is closed")
-                if not block:
-                    return None
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return None
-                self._ready.wait(left)
-            item = self._items.popleft()
-            if type(item) is ChunkItem:
-                self._cached_chunks -= 1
-                if self._fetcher_waiting:
-                    self._fetcher_waiting = False
-                    self._wake()
-            return item
+        """The next cache item (called with _lock held; waiting releases it)."""
+        while not self._items:
+            if self._error is not None:
+                raise self._error
+            if self._closed:
+                raise ClientClosed("consumer is closed")
+            if not block:
+                return None
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            self._ready.wait(left)
+        item = self._items.popleft()
+        if type(item) is ChunkItem:
+            self._cached_chunks -= 1
+            self._wake_fetcher_for_room()
+        return item
+
+    def _wake_fetcher_for_room(self) -> None:
+        if self._fetcher_waiting:
+            self._fetcher_waiting = False
+            self._wake()
+
+    def _purge(self, part: tuple) -> None:
+        """Drop what was fetched of `part` and not handed out (with _lock held)."""
+        kept = collections.deque(it for it in self._items
+                                 if type(it) is ErrorItem or it.part != part)
+        self._cached_chunks -= sum(1 for it in self._items
+                                   if type(it) is ChunkItem and it.part == part)
+        self._items = kept
+        if self._cur is not None and self._cur.part == part:
+            self._cur, self._cur_lists, self._cur_idx = None, None, 0
+        self._wake_fetcher_for_room()
 
     def _push(self, items: list) -> None:
         """Called by the request thread."""
@@ -255,23 +494,23 @@ class Consumer:
 
     def _apply(self, item) -> None:
         if type(item) is LowItem:
-            self._consumed[item.streamlet].finished_below(item.low)
+            self._consumed[item.part].finished_below(item.low)
         elif type(item) is ResetItem:
-            self._consumed[item.streamlet] = ConsumedCursor(item.streamlet, item.low,
-                                                            item.offsets, item.epoch)
+            self._consumed[item.part] = ConsumedCursor(item.part[1], item.low, item.offsets,
+                                                       item.epoch)
         elif type(item) is ErrorItem:
             self._error = item.error
             raise item.error
 
     def _finish_current(self) -> None:
         cur = self._cur
-        self._consumed[cur.streamlet].consumed(cur.group, cur.end, cur.epoch)
+        self._consumed[cur.part].consumed(cur.group, cur.end, cur.epoch)
         self._cur = None
         self._cur_lists = None
         self._cur_idx = 0
 
     def _wake(self) -> None:
-        if self._wake_w < 0:
+        if getattr(self, "_wake_w", -1) < 0:
             return
         try:
             os.write(self._wake_w, b"\0")
@@ -304,6 +543,29 @@ class Consumer:
     def stats(self) -> dict:
         with self._lock:
             return {"records_consumed": self.records_consumed, "cached_chunks": self._cached_chunks}
+
+
+def _parse_offsets(header: dict, address: str) -> tuple[list, int, int | None]:
+    first = header.get("first_group", 0)
+    if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+        raise KeraError(f"bad first_group {first!r} from {address}", retriable=True)
+    epoch = header.get("epoch")
+    if epoch is not None and (not isinstance(epoch, int) or epoch < 0):
+        raise KeraError(f"bad epoch {epoch!r} from {address}", retriable=True)
+    return parse_groups(header.get("groups")), first, epoch
+
+
+def _cursors_by_part(positions: list, streams: set) -> dict[tuple, tuple]:
+    """{(stream, streamlet): (low, offsets, epoch)} from positions of any of `streams`."""
+    by_stream: dict[str, list] = {}
+    for p in positions:
+        p = Position(*p)
+        if p.stream not in streams:
+            raise BadRequest(f"position {p} is not in a stream this consumer reads "
+                             f"({sorted(streams)})")
+        by_stream.setdefault(p.stream, []).append(p)
+    return {(stream, sl): c for stream, ps in by_stream.items()
+            for sl, c in cursors_with_epochs(ps, stream).items()}
 
 
 def _assigned(total: int, streamlets, member, members) -> list[int]:

@@ -111,12 +111,14 @@ class FetchCursor:
 
 
 class ChunkItem:
-    """A fetched chunk in the consumer's cache: records [skip, count) are to be delivered."""
-    __slots__ = ("streamlet", "group", "first", "skip", "chunk", "end", "epoch")
+    """A fetched chunk of `part` = (stream name, streamlet) in the consumer's cache: records
+    [skip, count) are to be delivered."""
+    __slots__ = ("part", "stream", "streamlet", "group", "first", "skip", "chunk", "end", "epoch")
 
-    def __init__(self, streamlet: int, chunk: Chunk, skip: int, epoch: int | None = None):
+    def __init__(self, part: tuple, chunk: Chunk, skip: int, epoch: int | None = None):
         h = chunk.header
-        self.streamlet = streamlet
+        self.part = part
+        self.stream, self.streamlet = part
         self.epoch = epoch
         self.group = h.group
         self.first = h.base_offset + skip
@@ -130,8 +132,9 @@ class ChunkItem:
 
 
 class LowItem(NamedTuple):
-    """Every group of `streamlet` below `low` is finished (once what precedes is consumed)."""
-    streamlet: int
+    """Every group of `part` (stream, streamlet) below `low` is finished (once what precedes
+    is consumed)."""
+    part: tuple
     low: int
 
 
@@ -141,8 +144,9 @@ class ErrorItem(NamedTuple):
 
 class ResetItem(NamedTuple):
     """The streamlet's position was lost (`on_lost_position`): the caller's cursor restarts
-    at (low, offsets) of the new history `epoch`, after what precedes is consumed."""
-    streamlet: int
+    at (low, offsets) of the new history `epoch`, after what precedes is consumed. `part`:
+    (stream, streamlet)."""
+    part: tuple
     low: int
     offsets: dict
     epoch: int | None

@@ -228,6 +228,10 @@ class SimConsumer(Client):
         self.state: FetchState | None = None
         self.errors: list = []
 
+    @property
+    def stream_id(self) -> int:
+        return self.state.stream_ids[self.stream]
+
     def start(self) -> None:
         self.boot()
         self.state = None
@@ -240,7 +244,8 @@ class SimConsumer(Client):
 
     def on_metadata(self, info: StreamInfo) -> None:
         if self.state is None:
-            self.state = FetchState(self.stream, info.id, {sl: FetchCursor(sl) for sl in range(info.streamlets)},
+            self.state = FetchState({self.stream: info.id},
+                                    {(self.stream, sl): FetchCursor(sl) for sl in range(info.streamlets)},
                                     fetch_max_bytes=self.fetch_max_bytes,
                                     request_timeout_s=self.request_timeout_s,
                                     idle_wait_s=self.idle_wait_s)
@@ -254,7 +259,7 @@ class SimConsumer(Client):
         now = self.sched.now
         state.expire(now)
         if state.want_refresh:
-            state.want_refresh = False
+            state.want_refresh = set()
             self.meta.refresh(self.stream, METADATA_REFRESH_INTERVAL_S_MIN)
         for broker, reads, streamlets in state.build(now, self.meta.address_of):
             req_id = self.send_request(broker, "fetch", {"reads": reads})
@@ -268,7 +273,7 @@ class SimConsumer(Client):
             for item in self.state.on_reply(src, header, frames, self.sched.now):
                 if isinstance(item, ChunkItem):
                     values = item.chunk.values()[item.skip:]
-                    self.checker.consumed(self.name, self.state.stream_id, item.streamlet, values)
+                    self.checker.consumed(self.name, self.state.stream_ids[self.stream], item.streamlet, values)
                 elif isinstance(item, ErrorItem):
                     self.errors.append(item.error)
         self.loop()

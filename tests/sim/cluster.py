@@ -671,9 +671,9 @@ class Cluster:
         for c in self.consumers:
             if c.state is None:
                 return f"{c.name} has not found its stream"
-            if all((c.state.stream_id, sl) in lost for sl in c.state.cursors):
+            if all((c.stream_id, sl) in lost for _, sl in c.state.cursors):
                 continue    # an R=1 stream whose broker failed over: its data may be gone
-            n = self.checker.unread(c.name, c.state.stream_id, lost)
+            n = self.checker.unread(c.name, c.stream_id, lost)
             if n:
                 return f"{c.name} has {n} acknowledged records left to read"
             if c.errors:
@@ -700,7 +700,7 @@ class Cluster:
     # ================================================================== final checks
     def _final_checks(self) -> None:
         c = self.checker
-        c.check_read_all([(x.name, x.state.stream_id) for x in self.consumers], self.lost_streamlets)
+        c.check_read_all([(x.name, x.stream_id) for x in self.consumers], self.lost_streamlets)
         c.check_brokers_hold(self.owners())
         c.check_stored_once(self.brokers)
         self.check_redundancy()

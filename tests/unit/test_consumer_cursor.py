@@ -83,11 +83,16 @@ def test_positions_round_trip_into_cursors():
 # --------------------------------------------------------------------------- FetchState
 
 def state(streamlets=(0, 1, 2), fetch_max=1 << 20):
-    return FetchState("s", SID, {sl: FetchCursor(sl) for sl in streamlets}, fetch_max_bytes=fetch_max,
+    return FetchState({"s": SID}, {("s", sl): FetchCursor(sl) for sl in streamlets},
+                      fetch_max_bytes=fetch_max,
                       request_timeout_s=1.0, idle_wait_s=0.005)
 
 
 OWNERS = {0: "b1", 1: "b2", 2: "b1"}
+
+
+def P(sl):
+    return ("s", sl)
 
 
 def address_of(sid, sl):
@@ -98,7 +103,7 @@ def address_of(sid, sl):
 def test_build_one_fetch_per_broker_with_each_streamlet_cursor():
     st = state()
     reqs = {b: (reads, sls) for b, reads, sls in st.build(0.0, address_of)}
-    assert reqs["b1"][1] == [0, 2] and reqs["b2"][1] == [1]
+    assert reqs["b1"][1] == [P(0), P(2)] and reqs["b2"][1] == [P(1)]
     assert reqs["b1"][0][0] == [SID, 0, {"low": 0, "offsets": {}}, (1 << 20) // 2]
     for b, (_, sls) in reqs.items():
         st.sent(b, 10, sls, 0.0)
@@ -107,7 +112,7 @@ def test_build_one_fetch_per_broker_with_each_streamlet_cursor():
 
 def test_reply_becomes_chunk_items_and_low_moves_in_order():
     st = state(streamlets=(0, 2))
-    st.sent("b1", 7, [0, 2], 0.0)
+    st.sent("b1", 7, [P(0), P(2)], 0.0)
     frames = [stamped(0, 0, 0, [b"a", b"b"]), stamped(0, 0, 2, [b"c"]) + stamped(0, 1, 0, [b"d"])]
     reply = {"id": 7, "ok": True, "results": [
         [None, 2, [[0, 0, 0, 3, True], [1, 0, 0, 1, False]]],
@@ -116,14 +121,14 @@ def test_reply_becomes_chunk_items_and_low_moves_in_order():
     assert [type(i) for i in items] == [ChunkItem, ChunkItem, ChunkItem, LowItem]
     assert [i.chunk.values() for i in items[:3]] == [[b"a", b"b"], [b"c"], [b"d"]]
     assert [(i.group, i.first, i.end) for i in items[:3]] == [(0, 0, 2), (0, 2, 3), (1, 0, 1)]
-    assert items[3] == LowItem(0, 1)
-    assert st.cursors[0].wire() == {"low": 1, "offsets": {1: 1}}
+    assert items[3] == LowItem(P(0), 1)
+    assert st.cursors[P(0)].wire() == {"low": 1, "offsets": {1: 1}}
     assert st.on_reply("b1", reply, frames, 0.0) == []  # a repeated / late reply is ignored
 
 
 def test_empty_reply_backs_off_that_broker():
     st = state(streamlets=(1,))
-    st.sent("b2", 1, [1], 0.0)
+    st.sent("b2", 1, [P(1)], 0.0)
     assert st.on_reply("b2", {"id": 1, "ok": True, "results": [[None, 0, []]]}, [], 0.0) == []
     assert st.build(0.001, address_of) == []
     assert len(st.build(0.006, address_of)) == 1
@@ -131,23 +136,23 @@ def test_empty_reply_backs_off_that_broker():
 
 def test_corrupt_chunk_does_not_move_the_cursor():
     st = state(streamlets=(0,))
-    st.sent("b1", 1, [0], 0.0)
+    st.sent("b1", 1, [P(0)], 0.0)
     bad = bytearray(stamped(0, 0, 0, [b"a"]))
     bad[-1] ^= 1
     items = st.on_reply("b1", {"id": 1, "ok": True, "results": [[None, 2, []]]},
                         [stamped(0, 0, 0, [b"z"]), bytes(bad)], 0.0)
     assert items == []
-    assert st.cursors[0].wire() == {"low": 0, "offsets": {}}
-    assert st.retry_at[0] > 0.0
+    assert st.cursors[P(0)].wire() == {"low": 0, "offsets": {}}
+    assert st.retry_at[P(0)] > 0.0
 
 
 def test_read_errors_retry_refresh_or_surface():
     st = state()
-    st.sent("b1", 1, [0, 2], 0.0)
+    st.sent("b1", 1, [P(0), P(2)], 0.0)
     items = st.on_reply("b1", {"id": 1, "ok": True, "results": [
         [["not_owner", "moved", True], 0, []],
         [["offset_out_of_range", "past the end", False], 0, []]]}, [], 0.0)
-    assert st.want_refresh and st.retry_at[0] > 0.0
+    assert st.want_refresh == {"s"} and st.retry_at[P(0)] > 0.0
     assert len(items) == 1 and isinstance(items[0], ErrorItem)
     assert items[0].error.code == "offset_out_of_range" and "streamlet 2" in items[0].error.message
     assert st.fatal and st.build(10.0, address_of) == []
@@ -155,26 +160,26 @@ def test_read_errors_retry_refresh_or_surface():
 
 def test_timeout_and_unreachable_broker_are_retried():
     st = state(streamlets=(0,))
-    st.sent("b1", 1, [0], 0.0)
+    st.sent("b1", 1, [P(0)], 0.0)
     st.expire(0.5)
     assert "b1" in st.in_flight
     st.expire(1.0)
-    assert "b1" not in st.in_flight and st.want_refresh
-    st.send_failed("b1", [0], 2.0)
-    assert st.retry_at[0] > 2.0 and not st.fatal
+    assert "b1" not in st.in_flight and st.want_refresh == {"s"}
+    st.send_failed("b1", [P(0)], 2.0)
+    assert st.retry_at[P(0)] > 2.0 and not st.fatal
 
 
 def test_malformed_reply_is_not_trusted():
     st = state(streamlets=(0, 2))
-    st.sent("b1", 1, [0, 2], 0.0)
+    st.sent("b1", 1, [P(0), P(2)], 0.0)
     items = st.on_reply("b1", {"id": 1, "ok": True, "results": [[None, 5, []], [None, 0, []]]},
                         [stamped(0, 0, 0, [b"a"])], 0.0)
-    assert items == [] and st.cursors[0].wire()["offsets"] == {}
+    assert items == [] and st.cursors[P(0)].wire()["offsets"] == {}
 
 
 def test_chunk_of_another_streamlet_is_rejected():
     st = state(streamlets=(0,))
-    st.sent("b1", 1, [0], 0.0)
+    st.sent("b1", 1, [P(0)], 0.0)
     items = st.on_reply("b1", {"id": 1, "ok": True, "results": [[None, 1, []]]},
                         [stamped(1, 0, 0, [b"a"])], 0.0)
-    assert items == [] and st.cursors[0].offsets == {}
+    assert items == [] and st.cursors[P(0)].offsets == {}
