@@ -381,6 +381,21 @@ class Consumer:
         assigned part (one `offsets` request per part to its broker)."""
         with self._lock:
             consumed = {part: self._consumed_at(part) for part in self._consumed}
+        return self._lag_at(consumed)
+
+    def lag_of(self, positions: list[Position]) -> dict[tuple[str, int], int]:
+        """{(stream, streamlet): durable records past `positions`} (e.g. a group's committed
+        ones, `kera group describe`), whether or not this consumer reads those parts."""
+        for stream in dict.fromkeys(p.stream for p in positions):
+            self._add_stream(stream)
+        at: dict[tuple[str, int], tuple[int, dict[int, int]]] = {}
+        for p in positions:
+            low, offsets = at.get((p.stream, p.streamlet), (p.group, {}))
+            offsets[p.group] = p.offset
+            at[(p.stream, p.streamlet)] = (min(low, p.group), offsets)
+        return self._lag_at(at)
+
+    def _lag_at(self, consumed: dict) -> dict[tuple[str, int], int]:
         out = {}
         conns: dict = {}
         try:

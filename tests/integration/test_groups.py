@@ -8,6 +8,9 @@ Values are `b"<n>"`: every record read names which one it is, so a test counts e
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -133,3 +136,38 @@ def test_stale_members_and_busy_groups_are_refused(cluster):
           "a closed consumer leaves its group at once")
     call(cluster, "group_delete", group=group)
     assert group not in [g["group"] for g in call(cluster, "group_list")["groups"]]
+
+
+def kera_cli(cluster, *args):
+    proc = subprocess.run([sys.executable, "-m", "kera", *args, "--bootstrap", cluster.bootstrap],
+                          capture_output=True, text=True, timeout=60)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_the_group_command_shows_lag_resets_and_deletes(cluster):
+    stream = new_stream(cluster, records=100)
+    group = f"g-{stream}"
+    values: list[int] = []
+    with Consumer(cluster.bootstrap, stream, group=group, auto_commit_interval_ms=None) as c:
+        until(lambda: len(c.assignment()) == STREAMLETS, "assignment")
+        read([c], values, 100)
+        c.commit()
+        code, out = kera_cli(cluster, "group", "delete", group)
+        assert code == 1 and "live members" in out and "(group_not_empty)" in out
+    produce(cluster, stream, 100, 40)
+    code, out = kera_cli(cluster, "group", "describe", group, "--json")
+    assert code == 0, out
+    assert sum(n for _s, _sl, n in json.loads(out)["lag"]) == 40, "40 records behind the commits"
+    code, out = kera_cli(cluster, "group", "list")
+    assert code == 0 and group in out and "empty" in out
+    code, out = kera_cli(cluster, "group", "reset-positions", group, "--stream", stream,
+                         "--to", "earliest")
+    assert code == 0, out
+    code, out = kera_cli(cluster, "group", "describe", group, "--json")
+    assert sum(n for _s, _sl, n in json.loads(out)["lag"]) == 140
+    with Consumer(cluster.bootstrap, stream, group=group) as c:
+        again: list[int] = []
+        read([c], again, 140)
+    assert sorted(again) == list(range(140))
+    assert kera_cli(cluster, "group", "delete", group)[0] == 0
+    assert group not in kera_cli(cluster, "group", "list")[1]
