@@ -53,7 +53,9 @@ class Consumer:
                  fetch_max_bytes: int = config.DEFAULT_FETCH_MAX_BYTES,
                  request_timeout_s: float = config.DEFAULT_REQUEST_TIMEOUT_S,
                  fetch_wait_ms: float = config.DEFAULT_FETCH_WAIT_MS,
-                 on_lost_position: str = "raise", on_assigned=None, on_revoked=None):
+                 on_lost_position: str = "raise", on_assigned=None, on_revoked=None,
+                 group: str | None = None, group_instance_id: str | None = None,
+                 session_timeout_ms: int = 10_000, auto_commit_interval_ms: int | None = 5_000):
         """`stream`: one stream name or a list of them, all read by this one consumer.
         `streamlets` / `member`+`members` choose streamlets of each stream (`streamlets=[]`:
         none until `assign()`, for a group-membership layer). `start`: "earliest", "latest" or
@@ -70,7 +72,16 @@ class Consumer:
         Raising is the default, unlike Kafka's "latest": kera promises not to lose
         acknowledged records, so a loss is an event the application must hear of and decide
         on, never something a reader skips past. The position is never reinterpreted in the
-        new history (that would silently skip the records produced after the loss)."""
+        new history (that would silently skip the records produced after the loss).
+
+        `group`: join that consumer group (kera.consumer.membership): the coordinator assigns
+        this consumer its share of the streams' streamlets, each from the group's committed
+        position (else from `start`); `commit()` / auto-commit every `auto_commit_interval_ms`
+        (None: off) save what was handed out. `group_instance_id`: static membership, a restart
+        within `session_timeout_ms` gets the same streamlets back without a rebalance."""
+        if group is not None and (streamlets is not None or member is not None):
+            raise BadRequest("a group member's streamlets are assigned by its group: give "
+                             "`group` or `streamlets`/`member`, not both")
         if cache_chunks_max < 1 or fetch_max_bytes < 1:
             raise ValueError("cache_chunks_max and fetch_max_bytes must be positive")
         if on_lost_position not in LOST_POSITION_POLICIES:
@@ -88,8 +99,9 @@ class Consumer:
         self._meta = Metadata(bootstrap, timeout_s=request_timeout_s)
         try:
             self._infos = {name: self._meta.stream(name) for name in self.streams}
-            parts = [(name, sl) for name, info in self._infos.items()
-                     for sl in _assigned(info.streamlets, streamlets, member, members)]
+            parts = [] if group is not None else [
+                (name, sl) for name, info in self._infos.items()
+                for sl in _assigned(info.streamlets, streamlets, member, members)]
             starts = self._start_cursors(start, parts)
         except BaseException:
             self._meta.close()
@@ -110,6 +122,10 @@ class Consumer:
         from kera.consumer.fetcher import Fetcher
         self._fetcher = Fetcher(self)
         self._fetcher.start()
+        self.group = group
+        self._membership = None
+        if group is not None:
+            self._join(group, group_instance_id, session_timeout_ms, auto_commit_interval_ms)
 
     def _init_cache(self) -> None:
         """The caller's side: the cache the request thread fills and what is being walked."""
@@ -365,6 +381,21 @@ class Consumer:
         assigned part (one `offsets` request per part to its broker)."""
         with self._lock:
             consumed = {part: self._consumed_at(part) for part in self._consumed}
+        return self._lag_at(consumed)
+
+    def lag_of(self, positions: list[Position]) -> dict[tuple[str, int], int]:
+        """{(stream, streamlet): durable records past `positions`} (e.g. a group's committed
+        ones, `kera group describe`), whether or not this consumer reads those parts."""
+        for stream in dict.fromkeys(p.stream for p in positions):
+            self._add_stream(stream)
+        at: dict[tuple[str, int], tuple[int, dict[int, int]]] = {}
+        for p in positions:
+            low, offsets = at.get((p.stream, p.streamlet), (p.group, {}))
+            offsets[p.group] = p.offset
+            at[(p.stream, p.streamlet)] = (min(low, p.group), offsets)
+        return self._lag_at(at)
+
+    def _lag_at(self, consumed: dict) -> dict[tuple[str, int], int]:
         out = {}
         conns: dict = {}
         try:
@@ -426,6 +457,56 @@ class Consumer:
                 self._fetch.remove(part)
                 del self._consumed[part]
         return out
+
+    # ------------------------------------------------------------------ groups (issue 11)
+    def _join(self, group, instance_id, session_timeout_ms, auto_commit_interval_ms) -> None:
+        from kera.consumer.membership import Membership
+        self._membership = Membership(
+            self, self._meta.coordinator, group, self.streams, time.monotonic(),
+            instance_id=instance_id, session_timeout_ms=session_timeout_ms,
+            auto_commit_interval_ms=auto_commit_interval_ms)
+        self.add_task(self._membership)
+
+    def commit(self, positions=None, timeout_s: float | None = None) -> None:
+        """Save positions in the group, synchronously: `positions` (a list of Position) or
+        those of everything handed to the application so far. Raises StaleMemberEpoch for
+        parts this consumer no longer holds, UnknownMember once the group dropped it."""
+        if self._membership is None:
+            raise BadRequest("commit() needs a consumer group: Consumer(..., group='name')")
+        held = self.positions() if positions is None else list(positions)
+        with self._state_lock:
+            future = self._membership.commit(held)
+        self._wake()
+        future.result(self.request_timeout_s if timeout_s is None else timeout_s)
+
+    def committed(self, parts=None) -> list[Position]:
+        """The group's committed positions (of `parts`, default every part it has)."""
+        if self.group is None:
+            raise BadRequest("committed() needs a consumer group: Consumer(..., group='name')")
+        from kera.consumer.membership import positions_from_wire
+        header, _ = rpc.call(self._meta.coordinator, "group_offsets", {"group": self.group},
+                             timeout_s=self.request_timeout_s)
+        out = positions_from_wire(header["positions"])
+        wanted = None if parts is None else {tuple(p) for p in parts}
+        return [p for p in out if wanted is None or (p.stream, p.streamlet) in wanted]
+
+    def _leave_group(self) -> None:
+        """On close: commit what was handed out (when auto-committing) and leave, so the
+        group reassigns this consumer's streamlets at once instead of after its timeout."""
+        m = self._membership
+        if m is None or not m.member_id:
+            return
+        try:
+            if m.auto_commit_s is not None and self.assignment():
+                from kera.consumer.membership import positions_to_wire
+                rpc.call(self._meta.coordinator, "group_commit", m.ids() | {
+                    "positions": positions_to_wire(self.positions())},
+                    timeout_s=self.request_timeout_s)
+            op, fields = m.leave_request()
+            rpc.call(self._meta.coordinator, op, fields, timeout_s=self.request_timeout_s)
+        except KeraError as err:
+            log.warning("group '%s': leaving failed (%s): the coordinator drops this member "
+                        "after its session timeout", self.group, err)
 
     def add_task(self, task) -> None:
         """Have the request thread drive `task` (kera.consumer.tasks: next_request / on_reply /
@@ -527,6 +608,7 @@ class Consumer:
             self._ready.notify_all()
         self._wake()
         self._fetcher.join(self.request_timeout_s + 5)
+        self._leave_group()
         self._meta.close()
         with self._lock:
             fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1

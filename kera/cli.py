@@ -21,7 +21,7 @@ import sys
 import time
 
 import kera
-from kera import config
+from kera import cli_groups, config
 from kera.errors import KeraError
 
 log = logging.getLogger("kera.cli")
@@ -100,6 +100,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     _add_stats(sub)
     _add_produce(sub)
     _add_consume(sub)
+    cli_groups.add_parser(sub, _admin_options)
     # `kera bench ...` is `python -m bench ...` (kera.bench.cli), loaded only when it runs.
     _add_daemon(sub, "bench", "kera.bench.cli", "benchmark kera against Apache Kafka",
                 load=(wanted == "bench"))

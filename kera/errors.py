@@ -150,3 +150,28 @@ class PositionLost(KeraError):
 
 
 _BY_CODE[PositionLost.code] = PositionLost
+
+
+class UnknownMember(KeraError):
+    """The consumer-group member is not (or no longer) in its group: it missed its session
+    timeout or left, and its streamlets were given to others. Rejoin (a Consumer does this by
+    itself) and resume from the group's committed positions."""
+    code = "unknown_member"
+
+
+class StaleMemberEpoch(KeraError):
+    """A consumer-group member acted on an assignment the group has moved past (a commit of a
+    streamlet it no longer holds, or from an older member epoch). Heartbeat for the current
+    assignment, then commit again; positions of revoked streamlets belong to their new owner."""
+    code = "stale_member_epoch"
+    retriable = True
+
+
+class GroupNotEmpty(KeraError):
+    """The consumer group still has live members: stop (or close) them first, then delete the
+    group or reset its positions."""
+    code = "group_not_empty"
+
+
+for _cls in (UnknownMember, StaleMemberEpoch, GroupNotEmpty):
+    _BY_CODE[_cls.code] = _cls

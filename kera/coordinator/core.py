@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from kera import config, wire
-from kera.coordinator import validate
+from kera.coordinator import groups, validate
 from kera.coordinator.recovery import Failover, parse_streamlets
 from kera.coordinator.validate import KINDS, StreamSpec
 from kera.errors import BadRequest, IdInUse, NotReady, StreamExists, UnknownStream, WrongCluster
@@ -148,6 +148,8 @@ class Coordinator:
         # The replica map's changes since the last commit, as store changes ("rput", "rdel",
         # "rclear"); None once more than REPLICA_JOURNAL_MAX piled up (snapshot instead).
         self.replica_journal: list[list] | None = []
+        # Consumer groups (kera.coordinator.groups): their commits persist with the rest.
+        self.groups = groups.Groups(self._streamlets_of)
         if state is not None:
             self._load(state)
             # The restart itself is a change: liveness is unknown until daemons heartbeat, and
@@ -168,10 +170,16 @@ class Coordinator:
             "recovery_status": self._op_recovery_status,
             "deregister": self._op_deregister,
         }
+        self._ops.update(groups.ops(self.groups))
 
     OPS = ("register", "heartbeat", "cluster", "create_stream", "describe_stream",
            "list_streams", "delete_stream", "alter_stream", "broker_streams", "replicas", "recovered",
-           "recovery_status", "deregister")
+           "recovery_status", "deregister", "group_heartbeat", "group_commit", "group_offsets",
+           "group_list", "group_describe", "group_reset", "group_delete")
+
+    def _streamlets_of(self, name: str) -> int | None:
+        stream = self.streams.get(name)
+        return stream.spec.streamlets if stream is not None else None
 
     # ------------------------------------------------------------------ request entry point
     def handle(self, op: str, header: dict | Fields, now: float) -> dict:
@@ -443,6 +451,7 @@ class Coordinator:
         if now - self._expiry_checked_s >= MEMBER_EXPIRY_CHECK_S:
             self._expiry_checked_s = now
             self.expire_members(now)
+        self.groups.expire(now)
         return dead
 
     # ------------------------------------------------------------------ forgetting members
@@ -712,6 +721,7 @@ class Coordinator:
                          "retention_bytes": s.spec.retention_bytes}
                         for _, s in sorted(self.streams.items())],
             "recovery": self.failover.to_state(),
+            "groups": self.groups.to_state(),
         }
 
     def _load(self, state: dict) -> None:
@@ -753,6 +763,8 @@ class Coordinator:
                 self.streams[spec.name] = stream
             # Absent in files written before broker failover existed.
             self.failover.load(state.get("recovery"))
+            # Absent in files written before consumer groups existed.
+            self.groups.load(state.get("groups", []))
             # Absent in files written before the replica map existed.
             for bid, entries in state.get("replicas", {}).items():
                 broker_id = _nonneg(int(bid))

@@ -115,7 +115,9 @@ class CoordinatorServer:
                 self.store.snapshot(self.core.to_state())
                 self.counters.add("snapshots")
             else:
-                moved = self.core.version != self._saved_version
+                # Group commits change persisted state without moving the metadata version
+                # (daemons need not refetch metadata for them).
+                moved = self.core.groups.take_dirty() or self.core.version != self._saved_version
                 if not self.store.commit(self.core.base_state() if moved else None, journal):
                     return
                 if self.store.wants_snapshot():

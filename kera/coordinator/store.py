@@ -43,7 +43,7 @@ STATE_BYTES_MAX = 256 * 1024 * 1024  # refuse to parse anything absurd
 SNAPSHOT_LOG_BYTES = 64 * 1024 * 1024
 RECORD_BYTES_MAX = STATE_BYTES_MAX   # one commit's record, at most (a whole state's worth)
 _RECORD_HEADER = struct.Struct("<II")   # payload length, crc32c of the payload
-SECTIONS = ("members", "streams")       # keyed sections of the state; the rest is `scalars`
+SECTIONS = ("members", "streams", "groups")   # keyed sections of the state; the rest is `scalars`
 
 
 def log_name(generation: int) -> str:
@@ -58,7 +58,9 @@ def split(state: dict) -> dict:
     "streams": {name: s}}."""
     out = {"scalars": {k: v for k, v in state.items() if k not in SECTIONS and k != "replicas"},
            "members": {f"{kind}/{m['id']}": m for kind, ms in state["members"].items() for m in ms},
-           "streams": {s["name"]: s for s in state["streams"]}}
+           "streams": {s["name"]: s for s in state["streams"]},
+           # Consumer groups' committed positions: absent in states written before groups.
+           "groups": {g["name"]: g for g in state.get("groups", [])}}
     return out
 
 
@@ -112,6 +114,7 @@ class Replay:
             members.setdefault(kind, [])
         state["members"] = members
         state["streams"] = [s for _, s in sorted(self.parts["streams"].items())]
+        state["groups"] = [g for _, g in sorted(self.parts["groups"].items())]
         state["replicas"] = {str(bid): [[vlog, vseg, b] for (vlog, vseg), b in table.items()]
                              for bid, table in sorted(self.replicas.items()) if table}
         return state

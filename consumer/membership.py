@@ -1,0 +1,177 @@
+"""A consumer's membership in a consumer group: heartbeats, assignment, commits. Sans-IO.
+
+`Membership` is a task the consumer's request thread drives (kera.consumer.tasks): it joins
+the group through the coordinator, heartbeats at the interval the coordinator asks for, and
+applies each reply's assignment to the consumer through a narrow interface (`Assignable`):
+revoked parts are unassigned first, their exact positions committed, and only then does the
+next heartbeat stop listing them (the acknowledgement that lets the coordinator grant them to
+another member, which starts from that commit: no duplicate, no gap). Granted parts are
+assigned from the group's committed positions, else from the consumer's `start`.
+
+Commits: `commit(positions)` queues one (a Future resolves with the outcome); auto-commit
+queues the positions of what the application has been handed every `auto_commit_interval_ms`.
+Fenced (UnknownMember: the member missed its session timeout) it drops every part without
+committing (their new owners resume from the last commit) and joins again.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from typing import Protocol
+
+from kera.errors import KeraError, StaleMemberEpoch, UnknownMember
+from kera.position import Position
+
+log = logging.getLogger(__name__)
+
+# After a failed heartbeat (coordinator unreachable or restarting), the next try: soon enough
+# to stay well inside a session timeout, slow enough not to spin.
+RETRY_BACKOFF_S = 0.2
+LEAVE_EPOCH, STATIC_LEAVE_EPOCH = -1, -2
+
+
+class Assignable(Protocol):
+    def assign(self, parts, positions=None) -> None: ...
+
+    def unassign(self, parts) -> list[Position]: ...
+
+    def assignment(self) -> list[tuple[str, int]]: ...
+
+    def positions(self, parts=None) -> list[Position]: ...
+
+
+def positions_to_wire(positions: list[Position]) -> list[list]:
+    """Positions (any parts, several groups each) as group_commit's [stream, sl, [[g, off, ep]]]."""
+    by_part: dict[tuple[str, int], list[list]] = {}
+    for p in positions:
+        by_part.setdefault((p.stream, p.streamlet), []).append([p.group, p.offset, p.epoch])
+    return [[s, sl, groups] for (s, sl), groups in sorted(by_part.items())]
+
+
+def positions_from_wire(entries) -> list[Position]:
+    return [Position(s, sl, g, off, ep) for s, sl, groups in entries for g, off, ep in groups]
+
+
+class Membership:
+    def __init__(self, consumer: Assignable, coordinator: str, group: str, streams, now: float,
+                 *, instance_id: str | None = None, session_timeout_ms: int = 10_000,
+                 auto_commit_interval_ms: int | None = 5_000):
+        self.consumer, self.coordinator, self.group = consumer, coordinator, group
+        self.streams = list(streams)
+        self.instance_id, self.session_timeout_ms = instance_id, session_timeout_ms
+        self.auto_commit_s = None if auto_commit_interval_ms is None else auto_commit_interval_ms / 1000
+        self.member_id, self.member_epoch = "", 0
+        self.next_beat_s = now
+        self.next_auto_commit_s = now + (self.auto_commit_s or 0)
+        self.commits: list[tuple[list, Future | None]] = []   # queued (positions, future)
+        self.inflight: tuple[str, Future | None] | None = None
+        self.last_auto_commit: list | None = None
+        self.joined = Future()   # resolves once the first assignment is applied
+
+    # ------------------------------------------------------------------ the task protocol
+    def next_request(self, now: float):
+        if self.member_id and self.auto_commit_s is not None and now >= self.next_auto_commit_s:
+            self.next_auto_commit_s = now + self.auto_commit_s
+            held = positions_to_wire(self.consumer.positions())
+            if held and held != self.last_auto_commit:   # nothing consumed since: no write
+                self.last_auto_commit = held
+                self.commits.append((held, None))
+        if self.member_id and self.commits:
+            wire, future = self.commits.pop(0)
+            self.inflight = ("commit", future)
+            return self.coordinator, ("group_commit", self.ids() | {"positions": wire})
+        if now >= self.next_beat_s:
+            self.inflight = ("heartbeat", None)
+            return self.coordinator, ("group_heartbeat", self._heartbeat())
+        return None
+
+    def on_reply(self, reply, now: float) -> None:
+        kind, future = self.inflight
+        self.inflight = None
+        if kind == "heartbeat":
+            self._apply(reply[0], now)
+        elif future is not None:
+            future.set_result(None)
+
+    def on_error(self, err: KeraError, now: float) -> None:
+        kind, future = self.inflight or ("heartbeat", None)
+        self.inflight = None
+        if isinstance(err, UnknownMember):
+            self._fenced(err, now)
+        if kind == "commit":
+            if future is not None:
+                future.set_exception(err)
+            elif isinstance(err, StaleMemberEpoch):
+                self.next_beat_s = now   # catch up with the assignment, then commit again
+            return
+        if not isinstance(err, UnknownMember):
+            log.warning("group '%s': heartbeat failed (%s); retrying", self.group, err)
+            self.next_beat_s = now + RETRY_BACKOFF_S
+
+    def next_wake(self, now: float) -> float | None:
+        wakes = [self.next_beat_s]
+        if self.member_id and self.auto_commit_s is not None:
+            wakes.append(self.next_auto_commit_s)
+        if self.member_id and self.commits:
+            wakes.append(now)
+        return min(wakes)
+
+    # ------------------------------------------------------------------ client side
+    def commit(self, positions: list[Position]) -> Future:
+        future: Future = Future()
+        self.commits.append((positions_to_wire(positions), future))
+        return future
+
+    def leave_request(self) -> tuple[str, dict] | None:
+        """The leave heartbeat to send when the consumer closes (None: never joined)."""
+        if not self.member_id:
+            return None
+        epoch = STATIC_LEAVE_EPOCH if self.instance_id else LEAVE_EPOCH
+        return "group_heartbeat", {"group": self.group, "member_id": self.member_id,
+                                   "member_epoch": epoch}
+
+    # ------------------------------------------------------------------ internals
+    def ids(self) -> dict:
+        return {"group": self.group, "member_id": self.member_id,
+                "member_epoch": self.member_epoch}
+
+    def _heartbeat(self) -> dict:
+        fields = self.ids() | {"streams": self.streams,
+                                "owned": [list(p) for p in self.consumer.assignment()],
+                                "session_timeout_ms": self.session_timeout_ms}
+        if self.instance_id:
+            fields["instance_id"] = self.instance_id
+        return fields
+
+    def _apply(self, header: dict, now: float) -> None:
+        self.member_id, self.member_epoch = header["member_id"], header["member_epoch"]
+        self.next_beat_s = now + header["heartbeat_interval_ms"] / 1000
+        granted = {(s, sl) for s, sl in header["assignment"]}
+        current = set(self.consumer.assignment())
+        revoked = sorted(current - granted)
+        if revoked:
+            # Commit where they stand before the next heartbeat acknowledges the revocation
+            # (commits go out before heartbeats), so their next owner resumes exactly there.
+            held = self.consumer.unassign(revoked)
+            if held:
+                self.commits.append((positions_to_wire(held), None))
+            self.next_beat_s = now
+            log.info("group '%s': %d streamlets revoked", self.group, len(revoked))
+        added = sorted(granted - current)
+        if added:
+            self.consumer.assign(added, positions_from_wire(header.get("positions", [])))
+            log.info("group '%s': %d streamlets assigned (member %s, epoch %d)", self.group,
+                     len(added), self.member_id, self.member_epoch)
+        if not self.joined.done():
+            self.joined.set_result(sorted(granted))
+
+    def _fenced(self, err: KeraError, now: float) -> None:
+        log.warning("group '%s': %s; dropping %d streamlets and rejoining", self.group, err,
+                    len(self.consumer.assignment()))
+        self.consumer.unassign(self.consumer.assignment())
+        for _wire, future in self.commits:    # they were of parts this member no longer holds
+            if future is not None:
+                future.set_exception(err)
+        self.commits = []
+        self.member_id, self.member_epoch, self.next_beat_s = "", 0, now

@@ -1,0 +1,173 @@
+"""Consumer groups against a real local cluster: members share a stream's streamlets, hand
+them over with no duplicate and no gap, commit positions that survive a coordinator kill -9,
+and are refused when stale.
+
+Values are `b"<n>"`: every record read names which one it is, so a test counts exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kera import Consumer, Producer, rpc
+from kera.errors import GroupNotEmpty, StaleMemberEpoch, UnknownMember
+
+STREAMLETS = 4
+SETTLE_TIMEOUT_S = 30.0
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def cluster(local_cluster):
+    return local_cluster(brokers=2, backups=1, log_level="WARNING")
+
+
+def new_stream(cluster, records=0):
+    name = f"grp-{next(_names)}"
+    with cluster.admin() as admin:
+        admin.create_stream(name, streamlets=STREAMLETS)
+    produce(cluster, name, 0, records)
+    return name
+
+
+def produce(cluster, stream, start, n):
+    with Producer(cluster.bootstrap) as p:
+        for i in range(start, start + n):
+            p.send(stream, str(i).encode(), key=str(i).encode())
+        p.flush()
+
+
+def until(condition, what, timeout_s=SETTLE_TIMEOUT_S):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.05)
+
+
+def read(consumers, values: list, until_count: int, timeout_s=SETTLE_TIMEOUT_S):
+    """Poll every consumer in turn until `values` holds `until_count` records."""
+    deadline = time.monotonic() + timeout_s
+    while len(values) < until_count:
+        assert time.monotonic() < deadline, f"{len(values)} of {until_count} records read"
+        for c in consumers:
+            r = c.poll(timeout_s=0.05)
+            if r is not None:
+                values.append(int(r.value))
+
+
+def call(cluster, op, **fields):
+    return rpc.call(cluster.bootstrap, op, fields)[0]
+
+
+def test_members_share_the_streamlets_and_hand_over_without_duplicates(cluster):
+    stream = new_stream(cluster, records=400)
+    group = f"g-{stream}"
+    values: list[int] = []
+    a = Consumer(cluster.bootstrap, stream, group=group, auto_commit_interval_ms=100)
+    try:
+        until(lambda: len(a.assignment()) == STREAMLETS, "the lone member gets every streamlet")
+        read([a], values, 150)
+        b = Consumer(cluster.bootstrap, stream, group=group, auto_commit_interval_ms=100)
+        try:
+            # Keep both polling while the group moves half of a's streamlets to b.
+            def settled():
+                read([a, b], values, len(values) + 1, timeout_s=0.2) if len(values) < 400 else None
+                return len(a.assignment()) == len(b.assignment()) == STREAMLETS // 2
+            until(settled, "two members with two streamlets each")
+            assert set(a.assignment()).isdisjoint(b.assignment())
+            read([a, b], values, 400)
+            produce(cluster, stream, 400, 200)
+            read([a, b], values, 600)
+        finally:
+            b.close()
+        until(lambda: len(a.assignment()) == STREAMLETS, "b's streamlets come back to a")
+        produce(cluster, stream, 600, 100)
+        read([a], values, 700)
+    finally:
+        a.close()
+    assert sorted(values) == list(range(700)), "every record exactly once across the handovers"
+
+
+def test_a_new_member_resumes_from_the_commits_after_a_coordinator_kill(fresh_cluster):
+    cluster = fresh_cluster(brokers=1, backups=1, log_level="WARNING")
+    stream = new_stream(cluster, records=300)
+    group = "resume"
+    values: list[int] = []
+    with Consumer(cluster.bootstrap, stream, group=group, auto_commit_interval_ms=None) as a:
+        until(lambda: len(a.assignment()) == STREAMLETS, "assignment")
+        read([a], values, 120)
+        a.commit()
+        committed = a.committed()
+        assert {(p.stream, p.streamlet) for p in committed} == set(a.assignment())
+    cluster.kill_coordinator()
+    cluster.restart_coordinator()
+    with Consumer(cluster.bootstrap, stream, group=group) as b:
+        read([b], values, 300)
+        assert b.poll(timeout_s=0.5) is None
+    assert sorted(values) == list(range(300)), "no gap, no duplicate across the kill -9"
+
+
+def test_stale_members_and_busy_groups_are_refused(cluster):
+    stream = new_stream(cluster)
+    group = f"g-{stream}"
+    with Consumer(cluster.bootstrap, stream, group=group, auto_commit_interval_ms=None) as a:
+        until(lambda: len(a.assignment()) == STREAMLETS, "assignment")
+        with pytest.raises(UnknownMember):
+            rpc.call(cluster.bootstrap, "group_commit", {
+                "group": group, "member_id": "impostor", "member_epoch": 1,
+                "positions": [[stream, 0, [[0, 0, None]]]]})
+        m = a._membership
+        with pytest.raises(StaleMemberEpoch):
+            rpc.call(cluster.bootstrap, "group_commit", {
+                "group": group, "member_id": m.member_id, "member_epoch": m.member_epoch + 5,
+                "positions": [[stream, 0, [[0, 0, None]]]]})
+        with pytest.raises(GroupNotEmpty):
+            call(cluster, "group_delete", group=group)
+        described = call(cluster, "group_describe", group=group)
+        assert described["state"] == "stable"
+        assert [len(m["assignment"]) for m in described["members"]] == [STREAMLETS]
+    until(lambda: call(cluster, "group_describe", group=group)["members"] == [],
+          "a closed consumer leaves its group at once")
+    call(cluster, "group_delete", group=group)
+    assert group not in [g["group"] for g in call(cluster, "group_list")["groups"]]
+
+
+def kera_cli(cluster, *args):
+    proc = subprocess.run([sys.executable, "-m", "kera", *args, "--bootstrap", cluster.bootstrap],
+                          capture_output=True, text=True, timeout=60)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_the_group_command_shows_lag_resets_and_deletes(cluster):
+    stream = new_stream(cluster, records=100)
+    group = f"g-{stream}"
+    values: list[int] = []
+    with Consumer(cluster.bootstrap, stream, group=group, auto_commit_interval_ms=None) as c:
+        until(lambda: len(c.assignment()) == STREAMLETS, "assignment")
+        read([c], values, 100)
+        c.commit()
+        code, out = kera_cli(cluster, "group", "delete", group)
+        assert code == 1 and "live members" in out and "(group_not_empty)" in out
+    produce(cluster, stream, 100, 40)
+    code, out = kera_cli(cluster, "group", "describe", group, "--json")
+    assert code == 0, out
+    assert sum(n for _s, _sl, n in json.loads(out)["lag"]) == 40, "40 records behind the commits"
+    code, out = kera_cli(cluster, "group", "list")
+    assert code == 0 and group in out and "empty" in out
+    code, out = kera_cli(cluster, "group", "reset-positions", group, "--stream", stream,
+                         "--to", "earliest")
+    assert code == 0, out
+    code, out = kera_cli(cluster, "group", "describe", group, "--json")
+    assert sum(n for _s, _sl, n in json.loads(out)["lag"]) == 140
+    with Consumer(cluster.bootstrap, stream, group=group) as c:
+        again: list[int] = []
+        read([c], again, 140)
+    assert sorted(again) == list(range(140))
+    assert kera_cli(cluster, "group", "delete", group)[0] == 0
+    assert group not in kera_cli(cluster, "group", "list")[1]
