@@ -1,6 +1,6 @@
 """The `kera` command: daemons, a local cluster, stream administration, produce and consume.
 
-    kera local --dir /tmp/kera --brokers 2 --backups 1
+    kera local --dir /tmp/kera-data --brokers 2 --backups 1
     kera stream create events --streamlets 4 --replication 2
     seq 10 | kera produce events
     kera consume events --from earliest --max-records 10
