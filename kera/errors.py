@@ -150,3 +150,9 @@ class PositionLost(KeraError):
 
 
 _BY_CODE[PositionLost.code] = PositionLost
+
+
+class SparkSetupError(KeraError):
+    """Spark is set up so the kera connector cannot work (e.g. its Python workers cannot
+    import kera). Raised on the driver, never sent on the wire."""
+    code = "spark_setup"
