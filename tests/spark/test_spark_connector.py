@@ -130,6 +130,20 @@ def test_write_to_a_missing_stream_fails_while_planning_and_save_mode_is_explain
         df.write.format("kera").options(**opts(cluster, "mode-check")).mode("overwrite").save()
 
 
+def test_subscribe_pattern_reads_every_stream_whose_whole_name_matches(spark, cluster):
+    for name in ("pat-a", "pat-b", "xpat-c"):
+        create(cluster, name, streamlets=1)
+        produce(cluster, name, [name.encode() + b"-%d" % i for i in range(5)])
+    reader = spark.read.format("kera").option("bootstrap", cluster.bootstrap)
+    rows = reader.option("subscribePattern", "pat-.*").load().select("stream", "value").collect()
+    assert sorted((r.stream, bytes(r.value)) for r in rows) == sorted(
+        (n, n.encode() + b"-%d" % i) for n in ("pat-a", "pat-b") for i in range(5))
+    with pytest.raises(Exception, match="no stream on .* matches subscribePattern 'nothing-.*'"):
+        reader.option("subscribePattern", "nothing-.*").load().collect()
+    with pytest.raises(Exception, match="'stream' or 'subscribePattern', not both"):
+        reader.options(stream="pat-a", subscribePattern="pat-.*").load().collect()
+
+
 # --------------------------------------------------------------------------- streaming read
 
 def wait_for(predicate, timeout_s=120.0, what="condition"):
