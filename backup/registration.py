@@ -17,6 +17,7 @@ from typing import Callable
 from kera import config, schema
 from kera.errors import IdInUse, KeraError, Timeout, WrongCluster
 from kera.identity import Identity
+from kera.interval_timer import IntervalTimer
 from kera.server import Server
 
 log = logging.getLogger(__name__)
@@ -55,20 +56,8 @@ class Registration:
         self._peer = server.peer(coordinator)
         self._busy = False
         self._unreachable_logged = False
-        self._timer_generation = 0
-        self._arm(self.heartbeat_interval_s)
-
-    def _arm(self, interval_s: float) -> None:
-        """Tick every `interval_s`; a timer armed before (kera.server timers cannot be removed)
-        turns into a no-op."""
-        self._timer_generation += 1
-        generation = self._timer_generation
-
-        def tick() -> None:
-            if generation == self._timer_generation:
-                self.tick()
-
-        self._server.every(interval_s, tick)
+        self._timer = IntervalTimer(server, self.tick)
+        self._timer.arm(self.heartbeat_interval_s)
 
     def tick(self) -> None:
         if self._busy:
@@ -115,7 +104,7 @@ class Registration:
         self.id = daemon_id
         if interval_ms / 1000 != self.heartbeat_interval_s:
             self.heartbeat_interval_s = interval_ms / 1000
-            self._arm(self.heartbeat_interval_s)  # the coordinator's interval, not our default
+            self._timer.arm(self.heartbeat_interval_s)  # the coordinator's interval, not our default
         self.registered = True
         self.registrations += 1
         self._unreachable_logged = False

@@ -44,6 +44,9 @@ READS_IN_FLIGHT_MAX = 16           # disk reads queued on the reader thread
 READ_MAX_BYTES = 64 * MiB          # one read_replica reply, at most (plus one chunk)
 SHUTDOWN_FLUSH_TIMEOUT_S = 30.0    # at SIGTERM, how long to keep flushing what is buffered
 FLUSH_POLL_INTERVAL_S = 0.05       # retry flushes that failed / were over the job bound
+# The counters the metrics thread serves: a scrape every few seconds needs no fresher copy,
+# and an idle backup should not compute them ten times a second.
+METRICS_SNAPSHOT_INTERVAL_S = 1.0
 
 
 class BackupServer(Server):
@@ -74,7 +77,7 @@ class BackupServer(Server):
         self.on("stats", lambda req: {"stats": self.stats()})
         self.after_batch.append(self.schedule_flushes)
         self.every(FLUSH_POLL_INTERVAL_S, self.schedule_flushes)
-        self.every(0.1, self._refresh_snapshot)
+        self.every(METRICS_SNAPSHOT_INTERVAL_S, self._refresh_snapshot)
         self.registration: Registration | None = None
 
     # ------------------------------------------------------------------ handlers

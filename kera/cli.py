@@ -1,6 +1,6 @@
 """The `kera` command: daemons, a local cluster, stream administration, produce and consume.
 
-    kera local --dir /tmp/kera --brokers 2 --backups 1
+    kera local --dir /tmp/kera-data --brokers 2 --backups 1
     kera stream create events --streamlets 4 --replication 2
     seq 10 | kera produce events
     kera consume events --from earliest --max-records 10
@@ -225,8 +225,9 @@ def _add_cluster(sub) -> None:
 def _add_stats(sub) -> None:
     p = sub.add_parser("stats", parents=[_admin_options()],
                        help="counters of the coordinator and every live broker and backup",
-                       description="Ask every live daemon for its counters and print them as "
-                                   "a table (one column per daemon).")
+                       description="Ask every live daemon for its counters and print them "
+                                   "grouped by daemon kind and topic, each group with a legend, "
+                                   "a unit column and one column per daemon (--json: raw).")
     p.set_defaults(func=cmd_stats)
 
 
@@ -394,13 +395,8 @@ def cmd_stats(args) -> int:
     if args.json:
         _print_json(stats)
         return 0
-    columns = {"coordinator": _flatten(stats.get("coordinator", {}))}
-    for kind in ("brokers", "backups"):
-        for daemon_id, counters in sorted(stats[kind].items()):
-            columns[f"{kind[:-1]}-{daemon_id}"] = _flatten(counters)
-    names = sorted({n for c in columns.values() for n in c})
-    rows = [[n, *(_fmt(c.get(n, "")) for c in columns.values())] for n in names]
-    print(_table(["COUNTER", *columns], rows, right=True))
+    from kera.stats_view import render
+    print(render(stats))
     return 0
 
 

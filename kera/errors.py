@@ -175,3 +175,9 @@ class GroupNotEmpty(KeraError):
 
 for _cls in (UnknownMember, StaleMemberEpoch, GroupNotEmpty):
     _BY_CODE[_cls.code] = _cls
+
+
+class SparkSetupError(KeraError):
+    """Spark is set up so the kera connector cannot work (e.g. its Python workers cannot
+    import kera). Raised on the driver, never sent on the wire."""
+    code = "spark_setup"

@@ -1,6 +1,6 @@
 """An embedded local cluster: a coordinator, N brokers and K backups, each its own subprocess.
 
-    with LocalCluster("/tmp/kera", brokers=2, backups=1) as cluster:
+    with LocalCluster("/tmp/kera-data", brokers=2, backups=1) as cluster:
         Admin(cluster.bootstrap).create_stream("s", replication=2)
 
 Every daemon runs as `python -m kera <kind> ...` on a free loopback port with its log in

@@ -15,9 +15,15 @@ See kera/spark/README.md for options, offsets and the exactly-once guarantee.
 from __future__ import annotations
 
 
-def register(spark) -> None:
-    """Register format "kera" with a SparkSession."""
+def register(spark, check_workers: bool = True) -> None:
+    """Register format "kera" with a SparkSession. First (unless `check_workers` is False)
+    check that Spark's Python workers can import kera: raises kera.errors.SparkSetupError
+    saying what to set (kera.spark.worker_python)."""
     from kera.spark.source import KeraDataSource
+    if check_workers:
+        from kera.spark import worker_python
+        sc = spark.sparkContext
+        worker_python.check(sc.master, sc.getConf().get("spark.pyspark.python"))
     spark.dataSource.register(KeraDataSource)
 
 

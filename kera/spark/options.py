@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import logging
+import re
 
 from kera import config
 
@@ -16,7 +17,7 @@ SPARK_OPTIONS = {"path", "checkpointlocation", "queryname"}
 OPTION_NAMES = (
     "bootstrap", "stream", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
     "failOnDataLoss", "minPartitions", "fetchMaxBytes", "timeoutMs", "chunkSizeBytes",
-    "requestSizeBytes", "inFlightPerBroker", "bufferBytes", "writeId")
+    "requestSizeBytes", "inFlightPerBroker", "bufferBytes", "writeId", "subscribePattern")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Options:
     in_flight_per_broker: int = config.DEFAULT_IN_FLIGHT_PER_BROKER
     buffer_bytes: int = 32 * config.MiB   # chunks a write task holds unacknowledged
     write_id: str | None = None           # batch sink: pin the producer identity across job runs
+    pattern: str | None = None            # source: read every stream whose whole name matches
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> "Options":
@@ -64,12 +66,26 @@ class Options:
             in_flight_per_broker=_int(opts, "inFlightPerBroker", config.DEFAULT_IN_FLIGHT_PER_BROKER, lo=1, hi=64),
             buffer_bytes=_int(opts, "bufferBytes", 32 * config.MiB, lo=1),
             write_id=opts.get("writeid"),
+            pattern=_pattern(opts, streams),
         )
 
     def need_streams(self) -> tuple[str, ...]:
         if not self.streams:
             raise ValueError("option 'stream' is required (one stream name, or several separated by commas)")
         return self.streams
+
+
+def _pattern(opts: Mapping[str, str], streams: tuple[str, ...]) -> str | None:
+    raw = opts.get("subscribepattern")
+    if raw is None:
+        return None
+    if streams:
+        raise ValueError("give option 'stream' or 'subscribePattern', not both")
+    try:
+        re.compile(raw)
+    except re.error as bad:
+        raise ValueError(f"option 'subscribePattern' is not a regular expression: {bad}") from None
+    return raw
 
 
 def _int(opts: Mapping[str, str], name: str, default, lo: int | None = None, hi: int | None = None):

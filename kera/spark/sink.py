@@ -106,6 +106,25 @@ def check_schema(schema: StructType, opts: Options) -> None:
         raise ValueError("the kera sink needs option 'stream' or a 'stream' column")
 
 
+def check_streams_exist(opts: Options) -> None:
+    """The streams named in option 'stream' exist: checked when Spark plans the write, so a
+    missing stream fails there in one line, not in every task attempt with the reason buried.
+    (Names in a 'stream' column are only known to the tasks.)"""
+    if not opts.streams:
+        return
+    meta = Metadata(opts.bootstrap, opts.timeout_s)
+    try:
+        for stream in opts.streams:
+            try:
+                meta.describe(stream)
+            except UnknownStream:
+                raise UnknownStream(f"the kera sink cannot write to stream {stream!r}: it does not "
+                                    f"exist on {opts.bootstrap}; create it first (kera stream "
+                                    f"create {stream} --bootstrap {opts.bootstrap})") from None
+    finally:
+        meta.close()
+
+
 class _TaskWriter:
     """One write task: rows -> chunks -> acknowledged."""
 
@@ -211,6 +230,7 @@ def _task_context():
 class KeraBatchWriter(DataSourceArrowWriter):
     def __init__(self, opts: Options, schema: StructType):
         check_schema(schema, opts)
+        check_streams_exist(opts)
         self.opts = opts
         # Drawn once on the driver: every attempt of every task of this write shares it.
         self.write_id = opts.write_id or uuid.uuid4().hex
@@ -235,6 +255,7 @@ class KeraBatchWriter(DataSourceArrowWriter):
 class KeraStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, opts: Options, schema: StructType):
         check_schema(schema, opts)
+        check_streams_exist(opts)
         self.opts = opts
         # Created on the driver once per micro-batch: task retries share the timestamp.
         self.timestamp_us = time.time_ns() // 1000

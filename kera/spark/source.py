@@ -15,9 +15,11 @@ split further by `minPartitions`.
 from __future__ import annotations
 
 import logging
+import re
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 
+from kera.errors import UnknownStream
 from kera.spark import offsets as ko
 from kera.spark.columns import SCHEMA_DDL
 from kera.spark.fetch import GroupRange, read_group
@@ -100,6 +102,25 @@ class _Planner:
         self.meta.close()
 
 
+def resolve_streams(opts: Options) -> tuple[str, ...]:
+    """The streams to read: option 'stream', or those whose whole name matches option
+    'subscribePattern' when the query starts (Kafka's matches(); a stream created later is not
+    picked up until the query is restarted)."""
+    if opts.pattern is None:
+        return opts.need_streams()
+    from kera.admin import Admin
+    admin = Admin(opts.bootstrap, timeout_s=opts.timeout_s)
+    try:
+        names = sorted(s["name"] for s in admin.list_streams())
+    finally:
+        admin.close()
+    matched = tuple(n for n in names if re.fullmatch(opts.pattern, n))
+    if not matched:
+        raise UnknownStream(f"no stream on {opts.bootstrap} matches subscribePattern "
+                            f"{opts.pattern!r} (streams: {', '.join(names) or 'none'})")
+    return matched
+
+
 def split(parts: list[GroupRange], min_partitions: int | None) -> list[GroupRange]:
     """Cut the largest ranges until there are at least `min_partitions` (for parallelism when
     a stream has fewer groups than Spark has cores). Deterministic."""
@@ -123,7 +144,7 @@ def split(parts: list[GroupRange], min_partitions: int | None) -> list[GroupRang
 class KeraBatchReader(DataSourceReader):
     def __init__(self, opts: Options):
         self.opts = opts
-        self.streams = opts.need_streams()
+        self.streams = resolve_streams(opts)
         if opts.max_offsets_per_trigger is not None:
             log.warning("maxOffsetsPerTrigger applies to streaming queries only; ignored")
         self.starting = ko.parse_boundary(opts.starting or "earliest", list(self.streams), ko.EARLIEST)
@@ -156,7 +177,7 @@ class KeraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, opts: Options):
         self.opts = opts
-        self.streams = opts.need_streams()
+        self.streams = resolve_streams(opts)
         if opts.ending is not None:
             raise ValueError("endingOffsets applies to batch queries only")
         self.starting = ko.parse_boundary(opts.starting or "latest", list(self.streams), ko.LATEST)

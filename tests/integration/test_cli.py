@@ -156,9 +156,12 @@ def test_stats_table(tmp_path):
         proc = kera("stats", bootstrap=cluster.bootstrap)
         as_json = kera("stats", "--json", bootstrap=cluster.bootstrap)
     assert proc.returncode == 0, proc.stderr
-    header = proc.stdout.splitlines()[0].split()
-    assert header == ["COUNTER", "coordinator", "backup-0"]
-    assert any(line.split()[0] == "streams" for line in proc.stdout.splitlines())
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "== coordinator ==" and "== backups ==" in lines
+    headers = [line.split() for line in lines if line.startswith("COUNTER")]
+    assert ["COUNTER", "UNIT", "coordinator"] in headers and ["COUNTER", "UNIT", "backup-0"] in headers
+    assert any(line.split()[:2] == ["streams", "count"] for line in lines)
+    assert any(line.startswith("metadata: ") for line in lines)   # a group's legend
     data = json.loads(as_json.stdout)
     assert set(data) == {"brokers", "backups", "coordinator"} and list(data["backups"]) == ["0"]
 

@@ -46,7 +46,8 @@ from tests.sim.scheduler import Scheduler
 from tests.sim.shell import SimHost, SimServer
 
 # The broker's loop wakes at least every 50 ms (kera.server run_once) and checks its heartbeat
-# clock on a 10 ms timer (TIMER_S); one 50 ms timer does both here, with far fewer events.
+# clock on a timer (TIMER_S, 50 ms since bench/idle_cpu.py; once 10 ms); one 50 ms timer does
+# both here, with far fewer events.
 BROKER_TIMER_S = 0.05
 
 

@@ -115,6 +115,35 @@ def test_batch_read_of_an_empty_stream_and_bad_options(spark, cluster):
         read_all(spark, cluster, "no-such-stream").collect()
 
 
+def test_write_to_a_missing_stream_fails_while_planning_and_save_mode_is_explained(spark, cluster):
+    df = spark.range(3).selectExpr("cast(id as string) as value")
+    writer = df.write.format("kera").options(**opts(cluster, "never-created"))
+    with pytest.raises(Exception) as missing:
+        writer.mode("append").save()
+    text = str(missing.value)
+    assert "'never-created': it does not exist" in text and "kera stream create never-created" in text
+    assert "failed 4 times" not in text and "in stage" not in text   # no task ran
+    create(cluster, "mode-check", streamlets=1)
+    with pytest.raises(Exception, match="Append"):     # Spark's default ErrorIfExists: refused
+        df.write.format("kera").options(**opts(cluster, "mode-check")).save()
+    with pytest.raises(Exception, match=r"append-only: use mode\('append'\)"):
+        df.write.format("kera").options(**opts(cluster, "mode-check")).mode("overwrite").save()
+
+
+def test_subscribe_pattern_reads_every_stream_whose_whole_name_matches(spark, cluster):
+    for name in ("pat-a", "pat-b", "xpat-c"):
+        create(cluster, name, streamlets=1)
+        produce(cluster, name, [name.encode() + b"-%d" % i for i in range(5)])
+    reader = spark.read.format("kera").option("bootstrap", cluster.bootstrap)
+    rows = reader.option("subscribePattern", "pat-.*").load().select("stream", "value").collect()
+    assert sorted((r.stream, bytes(r.value)) for r in rows) == sorted(
+        (n, n.encode() + b"-%d" % i) for n in ("pat-a", "pat-b") for i in range(5))
+    with pytest.raises(Exception, match="no stream on .* matches subscribePattern 'nothing-.*'"):
+        reader.option("subscribePattern", "nothing-.*").load().collect()
+    with pytest.raises(Exception, match="'stream' or 'subscribePattern', not both"):
+        reader.options(stream="pat-a", subscribePattern="pat-.*").load().collect()
+
+
 # --------------------------------------------------------------------------- streaming read
 
 def wait_for(predicate, timeout_s=120.0, what="condition"):

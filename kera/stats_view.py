@@ -1,0 +1,157 @@
+"""`kera stats` as a reader wants it: counters grouped by daemon kind and by what they are
+about, each group headed by a one-line legend, with a unit column and one column per daemon.
+
+Pure: `render(stats)` takes what `Admin.stats()` returns ({"coordinator": {...}, "brokers":
+{id: {...}}, "backups": {id: {...}}}) and returns the text; nothing here talks to a daemon.
+Daemons report no per-stream counters today, so there is no per-stream view here; `kera
+stream describe` shows each stream's streamlets and owners.
+"""
+
+from __future__ import annotations
+
+# Per daemon kind: (group, legend, name prefixes that belong to it). First match wins; a
+# counter matching none is shown under "other", so a new counter is never hidden.
+GROUPS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
+    "coordinator": [
+        ("requests", "requests answered since start, by op",
+         ("requests_",)),
+        ("membership", "registered daemons, how many are alive, and failovers run",
+         ("brokers", "backups", "failovers", "streamlets_recovering")),
+        ("metadata", "streams, the metadata version and the cost of persisting it",
+         ("streams", "metadata_", "snapshots", "persist", "replica_entries")),
+    ],
+    "broker": [
+        ("produce", "what producers appended since start; duplicates absorbed; requests waiting",
+         ("chunks_appended", "bytes_appended", "duplicates", "pending_produce", "producer_")),
+        ("replication", "copies sent to backups, and how far acknowledged data is ahead of them",
+         ("replication_", "chunks_per_replication", "durable_lag", "writes_in_flight",
+          "live_backups", "virtual_")),
+        ("memory and tiering", "memory held, segments resident/mapped, data moved to disk",
+         ("memory_", "tier", "segments_", "retention_")),
+        ("recovery", "recovery of dead brokers' streamlets run by this broker",
+         ("recovery_",)),
+        ("metadata", "streams this broker serves and the metadata version it applied",
+         ("streams", "metadata_")),
+    ],
+    "backup": [
+        ("replication in", "copies received from brokers since start; refused or repeated ones",
+         ("replicate_", "chunks_received", "bytes_received", "chunks_rejected",
+          "repeated_chunks", "chunks_per_replicate", "throttled")),
+        ("flushing and disk", "data written to disk, what still waits in memory, disk use",
+         ("flush", "unflushed", "disk_", "storage_errors", "memory_")),
+        ("reads", "replica reads served (recovery of a dead broker's streamlets)",
+         ("reads", "read_")),
+        ("replicas", "replicas held, open, on disk, failed; registration",
+         ("replicas", "registered", "backup_id")),
+    ],
+}
+OTHER = ("other", "counters without a group yet")
+KIND_TITLES = {"coordinator": "coordinator", "brokers": "broker", "backups": "backup"}
+BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+KIB = 1024
+
+
+def render(stats: dict) -> str:
+    """Every daemon kind present in `stats` as grouped tables (see the module docstring)."""
+    sections = []
+    for key, kind in KIND_TITLES.items():
+        columns = _columns(key, stats.get(key))
+        if columns:
+            sections.append(_section(kind, columns))
+    return "\n\n".join(sections)
+
+
+def _columns(key: str, part) -> dict[str, dict]:
+    """Daemon name -> its flat counters."""
+    if not part:
+        return {}
+    if key == "coordinator":
+        return {"coordinator": _flatten(part)}
+    kind = KIND_TITLES[key]
+    return {f"{kind}-{i}": _flatten(c) for i, c in sorted(part.items(), key=lambda kv: int(kv[0]))}
+
+
+def _section(kind: str, columns: dict[str, dict]) -> str:
+    names = sorted({n for c in columns.values() for n in c})
+    lines = [f"== {kind}s ==" if kind != "coordinator" else "== coordinator =="]
+    for group, legend, members in _grouped(kind, names):
+        rows = [[n, unit_of(n, _first(columns, n)), *(format_value(n, c.get(n)) for c in columns.values())]
+                for n in members]
+        lines += ["", f"{group}: {legend}", _table(["COUNTER", "UNIT", *columns], rows)]
+    return "\n".join(lines)
+
+
+def _grouped(kind: str, names: list[str]) -> list[tuple[str, str, list[str]]]:
+    groups = GROUPS.get(kind, [])
+    out = {g: [] for g, _, _ in groups}
+    out[OTHER[0]] = []
+    for n in names:
+        group = next((g for g, _, prefixes in groups if n.startswith(prefixes)), OTHER[0])
+        out[group].append(n)
+    legends = {g: legend for g, legend, _ in groups} | {OTHER[0]: OTHER[1]}
+    return [(g, legends[g], members) for g, members in out.items() if members]
+
+
+def unit_of(name: str, value) -> str:
+    """The unit a counter's name says (suffix), else what its value is."""
+    if isinstance(value, bool):
+        return "yes/no"
+    if "bytes" in name.split("_"):      # unflushed_bytes, bytes_appended
+        return "bytes"
+    if name.endswith(("_ms", "_ms_total")):
+        return "ms"
+    if name.endswith("_s"):
+        return "s"
+    if "_per_" in name:
+        return "ratio"
+    if name.endswith(("_version", "_id")):
+        return "id"
+    return "count"
+
+
+def format_value(name: str, value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if unit_of(name, value) == "bytes" and isinstance(value, (int, float)):
+        return format_bytes(value)
+    if isinstance(value, float):
+        return f"{value:,.3f}".rstrip("0").rstrip(".")
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def format_bytes(n: float) -> str:
+    """1536 -> "1.5 KiB"; below 1 KiB the exact count."""
+    if abs(n) < KIB:
+        return f"{int(n)} B"
+    for unit in BYTE_UNITS[1:]:
+        n /= KIB
+        if abs(n) < KIB or unit == BYTE_UNITS[-1]:
+            return f"{n:,.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _first(columns: dict[str, dict], name: str):
+    return next((c[name] for c in columns.values() if c.get(name) is not None), None)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    """Name and unit left-aligned, values right-aligned."""
+    cells = [header, *rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+                     for row in cells)
