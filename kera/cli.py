@@ -400,25 +400,6 @@ def cmd_stats(args) -> int:
     return 0
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, name + "."))
-        else:
-            out[name] = v
-    return out
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:,.3f}".rstrip("0").rstrip(".")
-    if isinstance(v, int) and not isinstance(v, bool):
-        return f"{v:,}"
-    return str(v)
-
-
 def _table(header: list[str], rows: list[list], right: bool = False) -> str:
     cells = [header, *[[str(c) for c in r] for r in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
