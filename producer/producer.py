@@ -56,6 +56,16 @@ def failure_error(failures: list[Failure]) -> KeraError:
     return err
 
 
+def _headers(headers) -> list[tuple[str, bytes]]:
+    """A copy of `headers` as (str, bytes) pairs; TypeError naming the first bad pair."""
+    out = []
+    for pair in headers:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise TypeError(f"headers are (str key, bytes value) pairs, not {pair!r}")
+        out.append((pair[0], _as_bytes(pair[1], f"header {pair[0]!r} value")))
+    return out
+
+
 def _as_bytes(value, what: str) -> bytes:
     if isinstance(value, (bytes, bytearray, memoryview)):  # a copy: the caller may reuse it
         return bytes(value)
@@ -86,11 +96,15 @@ class Producer:
                  send_timeout_s: float = config.DEFAULT_SEND_TIMEOUT_S,
                  request_timeout_s: float = config.DEFAULT_REQUEST_TIMEOUT_S,
                  producer_id: int | None = None,
-                 retries_max: int = DEFAULT_RETRIES_MAX):
+                 retries_max: int = DEFAULT_RETRIES_MAX,
+                 compression: str | None = None):
         if max_record_bytes + chunkcodec.HEADER_SIZE > chunkcodec.MAX_CHUNK_BYTES:
             raise ValueError(f"max_record_bytes={max_record_bytes} exceeds the chunk limit")
         if in_flight_per_broker < 1 or buffer_bytes < chunk_size_bytes:
             raise ValueError("in_flight_per_broker must be >= 1 and buffer_bytes >= chunk_size_bytes")
+        if compression not in chunkcodec.COMPRESSIONS:
+            raise ValueError(f"compression={compression!r}: use None, 'lz4' or 'zstd'")
+        self.compression = compression
         self.producer_id = new_producer_id() if producer_id is None else producer_id % (1 << 64)
         self.buffer_bytes = buffer_bytes
         self.send_timeout_s = send_timeout_s
@@ -100,7 +114,8 @@ class Producer:
                               in_flight_per_broker=in_flight_per_broker,
                               retries_max=retries_max, request_timeout_s=request_timeout_s)
         self._acc = Accumulator(self._pipe, self.producer_id, chunk_size_bytes=chunk_size_bytes,
-                                max_record_bytes=max_record_bytes, linger_s=linger_ms / 1000)
+                                max_record_bytes=max_record_bytes, linger_s=linger_ms / 1000,
+                                compression=compression)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # completions: flush and full-buffer waits
         self._streams: dict[str, StreamState] = {}
@@ -119,17 +134,24 @@ class Producer:
         self._sender.start()
 
     # ------------------------------------------------------------------ send
-    def send(self, stream: str, value: bytes, key: bytes | None = None,
-             timestamp: int | None = None, *, timestamp_ms: int | None = None) -> None:
+    def send(self, stream: str, value: bytes | None, key: bytes | None = None,
+             timestamp: int | None = None, *, timestamp_ms: int | None = None,
+             headers=None, streamlet: int | None = None) -> None:
         """Queue one record. Blocks (up to send_timeout_s) while the buffer is full.
-        `timestamp` is in microseconds; `timestamp_ms` (milliseconds, like Kafka) instead."""
+        `timestamp` is in microseconds; `timestamp_ms` (milliseconds, like Kafka) instead.
+        A None `value` is a tombstone (read back as None, unlike b""). `headers`: (str, bytes)
+        pairs kept in order. `streamlet` places the record there instead of by its key."""
         if timestamp_ms is not None:
             timestamp = _ms_to_us(timestamp_ms)
         st = self._streams.get(stream)
         if st is None:
             st = self._stream_state(stream)
-        if value.__class__ is not bytes:
+        if value is not None and value.__class__ is not bytes:
             value = _as_bytes(value, "value")
+        if headers:
+            headers = _headers(headers)
+        if streamlet is not None and not 0 <= streamlet < st.streamlets:
+            raise BadRequest(f"stream '{stream}' has streamlets 0..{st.streamlets - 1}, not {streamlet}")
         if key is not None and key.__class__ is not bytes:
             key = _as_bytes(key, "key")
         if timestamp is not None and timestamp.__class__ is not int:
@@ -137,7 +159,7 @@ class Producer:
         with self._lock:
             if self._acc.open_bytes + self._pipe.pending_bytes > self.buffer_bytes or self._closed:
                 self._wait_for_room()
-            event = self._acc.append(st, value, key, timestamp)
+            event = self._acc.append(st, value, key, timestamp, headers or None, streamlet)
             if event and self._idle:
                 self._idle = False
                 self._wake()
@@ -169,7 +191,8 @@ class Producer:
             self._acc.seal_streamlet(st, sl)  # records sent before this batch go first
             lane = st.lanes[sl]
             data = chunkcodec.encode(lane.producer_id, lane.next_sequence, st.info.id, sl,
-                                     piece.values, piece.keys, piece.timestamps)
+                                     piece.values, piece.keys, piece.timestamps,
+                                     compression=self.compression)
             self._pipe.add(lane, data, lane.next_sequence, piece.count)
             self._batch_records += piece.count
             if self._idle:
