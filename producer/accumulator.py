@@ -37,7 +37,7 @@ def _wall_clock_us() -> int:
 
 class OpenChunk:
     __slots__ = ("stream", "streamlet", "values", "keys", "timestamps", "nbytes", "keyed", "opened_at",
-                 "headers", "tombstones")
+                 "headers", "tombstones", "futures")
 
     def __init__(self, stream: "StreamState", streamlet: int, opened_at: float):
         self.stream = stream
@@ -50,6 +50,7 @@ class OpenChunk:
         self.opened_at = opened_at
         self.headers: list | None = None  # one list per record once any record has headers
         self.tombstones = False
+        self.futures: list | None = None  # (index, 1, DeliveryFuture) of records sent with one
 
 
 class StreamState:
@@ -94,7 +95,7 @@ class Accumulator:
 
     # ------------------------------------------------------------------ hot path
     def append(self, st: StreamState, value: bytes | None, key: bytes | None, timestamp: int | None,
-               headers: list | None = None, streamlet: int | None = None) -> int:
+               headers: list | None = None, streamlet: int | None = None, future=None) -> int:
         """Add one record (a None value is a tombstone; `streamlet` overrides the key's
         placement); returns 0, OPENED or SEALED (the request thread may need waking)."""
         value_bytes = 0 if value is None else len(value)
@@ -112,6 +113,10 @@ class Accumulator:
         event = 0
         if oc is None or oc.nbytes + size > self.capacity:
             oc, event = self._room(st, sl, key is None and streamlet is None, size, record_bytes)
+        if future is not None:
+            if oc.futures is None:
+                oc.futures = []
+            oc.futures.append((len(oc.values), 1, future))
         self._add(oc, value, key, timestamp, headers)
         oc.nbytes += size
         self.open_bytes += size
@@ -175,7 +180,7 @@ class Accumulator:
             blob, offsets = chunkcodec.values_columns(oc.values)
             data = chunkcodec.encode_columns(lane.producer_id, lane.next_sequence, st.info.id, sl,
                                              blob, offsets, keys, oc.timestamps)
-        self.pipeline.add(lane, data, lane.next_sequence, len(oc.values))
+        self.pipeline.add(lane, data, lane.next_sequence, len(oc.values), oc.futures)
 
     def seal_streamlet(self, st: StreamState, sl: int) -> None:
         """Seal the open chunk of a streamlet, if any (before a batch chunk goes after it)."""
@@ -205,8 +210,9 @@ class Accumulator:
             return oc.opened_at + self.linger_s
         return None
 
-    def drop_stream(self, st: StreamState) -> int:
-        """Discard a stream's open chunks (the stream is gone); returns the records dropped."""
+    def drop_stream(self, st: StreamState, error=None) -> int:
+        """Discard a stream's open chunks (the stream is gone); returns the records dropped.
+        Their delivery futures fail with `error`."""
         dropped = 0
         for sl, oc in enumerate(st.open):
             if oc is not None:
@@ -214,4 +220,6 @@ class Accumulator:
                 del self._open[oc]
                 self.open_bytes -= oc.nbytes
                 dropped += len(oc.values)
+                if oc.futures:
+                    self.pipeline.settled.append((oc.futures, st.name, sl, None, error))
         return dropped
