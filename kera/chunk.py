@@ -506,9 +506,10 @@ class Chunk:
         at = self._headers_at
         index = np.frombuffer(self.buf, dtype="<u4", count=n + 1, offset=at).tolist()
         m = index[-1]
-        koff = np.frombuffer(self.buf, dtype="<u4", count=m + 1, offset=at + 4 * (n + 1)).tolist()
-        voff = np.frombuffer(self.buf, dtype="<u4", count=m + 1, offset=at + 4 * (n + 1) + 4 * (m + 1)).tolist()
-        k_at = at + 4 * (n + 1) + 8 * (m + 1)
+        koff_at = at + 4 * (n + 1)
+        koff = np.frombuffer(self.buf, dtype="<u4", count=m + 1, offset=koff_at).tolist()
+        voff = np.frombuffer(self.buf, dtype="<u4", count=m + 1, offset=koff_at + 4 * (m + 1)).tolist()
+        k_at = koff_at + 8 * (m + 1)
         kblob = bytes(self.buf[k_at:k_at + koff[-1]])
         vblob = bytes(self.buf[k_at + koff[-1]:k_at + koff[-1] + voff[-1]])
         try:

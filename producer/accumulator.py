@@ -101,7 +101,8 @@ class Accumulator:
         value_bytes = 0 if value is None else len(value)
         record_bytes = value_bytes if key is None else value_bytes + len(key)
         if headers:
-            record_bytes += HEADERS_INDEX_BYTES + sum(len(k) + len(v) + HEADER_OVERHEAD_BYTES for k, v in headers)
+            record_bytes += HEADERS_INDEX_BYTES + sum(
+                len(k.encode()) + len(v) + HEADER_OVERHEAD_BYTES for k, v in headers)
         size = record_bytes + (RECORD_OVERHEAD_BYTES if key is None else KEYED_OVERHEAD_BYTES)
         if streamlet is not None:
             sl = streamlet
