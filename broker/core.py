@@ -24,7 +24,7 @@ from kera.broker.streamlet import Streamlet, growth
 from kera.broker.tier import TierConfig, TierStore
 from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
-from kera.chunk import FLAG_KEYS, HEADER_SIZE, verify
+from kera.chunk import HEADER_SIZE, check_columns, verify
 from kera.errors import (BadRequest, CorruptChunk, KeraError, NotOwner, NotReady, OffsetOutOfRange,
                          PositionLost, RecordTooLarge, ReplicationFailed, SequenceGap,
                          StorageError, Throttled, Timeout, UnknownStream)
@@ -389,7 +389,7 @@ class Broker:
             raise CorruptChunk(f"frame of {size} bytes holds a {HEADER_SIZE + h.body_len}-byte chunk")
         if h.record_count == 0:
             raise CorruptChunk("chunk holds no records")
-        _check_columns(buf, h.record_count, h.flags, h.body_len)
+        check_columns(buf, h)
         stream = self.streams.get(h.stream_id)
         if stream is None:
             raise UnknownStream(f"unknown stream id {h.stream_id}", retriable=True)
@@ -715,7 +715,6 @@ class Broker:
 
 
 
-_U32 = struct.Struct("<I")
 
 # Groups looked back over to find a slot's previous group (a few per active group suffice).
 SLOT_LOOKBACK_GROUPS = 64
@@ -751,23 +750,6 @@ def _check_cursor_end(sl: int, end_group: int, low: int, offsets: dict) -> None:
     if low > end_group or any(g >= end_group and off > 0 for g, off in offsets.items()):
         raise OffsetOutOfRange(f"position past the end of streamlet {sl} (it has groups below "
                                f"{end_group}): the data it read was lost")
-
-
-def _check_columns(buf, n: int, flags: int, body_len: int) -> None:
-    """O(1) layout check: the column sizes the header and the last offsets imply add up to the
-    body length (per-record monotonicity is left to readers: no per-record work here)."""
-    at = HEADER_SIZE + 8 * n
-    first, = _U32.unpack_from(buf, at)
-    values_len, = _U32.unpack_from(buf, at + 4 * n)
-    size = 12 * n + 4 + values_len
-    if flags & FLAG_KEYS:
-        k_at = at + 4 * (n + 1)
-        k_first, = _U32.unpack_from(buf, k_at)
-        keys_len, = _U32.unpack_from(buf, k_at + 4 * n)
-        size += 4 * (n + 1) + keys_len + n
-        first |= k_first
-    if first != 0 or size != body_len:
-        raise CorruptChunk("chunk columns do not add up to its body length")
 
 
 def _parse_read(read) -> tuple[int, int, int, dict, int, bool, int | None]:

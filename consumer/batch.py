@@ -72,13 +72,17 @@ class Batch:
     def offsets(self) -> np.ndarray:
         return np.arange(self.offset, self.offset + len(self), dtype=np.int64)
 
-    def value_list(self) -> list[bytes]:
+    def value_list(self) -> list[bytes | None]:
         return self.chunk.values()[self.skip:]
 
     def keys(self) -> list[bytes | None]:
         return self.chunk.keys()[self.skip:]
 
+    def headers(self) -> list[list[tuple[str, bytes]]]:
+        return self.chunk.headers()[self.skip:]
+
     def records(self) -> Iterator[Record]:
         s, sl, g, base = self.stream, self.streamlet, self.group, self.offset
-        for i, (k, v, t) in enumerate(zip(self.keys(), self.value_list(), self.timestamps.tolist())):
-            yield Record(k, v, t, s, sl, g, base + i)
+        rows = zip(self.keys(), self.value_list(), self.timestamps.tolist(), self.headers())
+        for i, (k, v, t, h) in enumerate(rows):
+            yield Record(k, v, t, s, sl, g, base + i, tuple(h))

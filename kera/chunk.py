@@ -7,7 +7,9 @@ read it back as numpy or pyarrow views, never paying a Python call per record un
 Layout (all integers little-endian, fixed width)::
 
     header (64 bytes)
-      0  u16 magic 0x4B45 ("KE")      2  u8 version      3  u8 flags (bit 0: keys present)
+      0  u16 magic 0x4B45 ("KE")      2  u8 version      3  u8 flags (bit 0: keys present;
+                                        version 2 adds bit 1 value nulls, bit 2 headers,
+                                        bits 3-4 compression: 1 lz4, 2 zstd)
       4  u32 header_crc  CRC32C of bytes 0..4 then 8..64 (covers body_crc, so the two chain)
       8  u32 body_crc    CRC32C of the body
      12  u32 body_len
@@ -23,6 +25,15 @@ Layout (all integers little-endian, fixed width)::
       bytes     value bytes
       bytes     key bytes                                 (only with keys)
       u8[n]     key is null (1) or present (0)            (only with keys)
+      u8[n]     value is null (1, a tombstone) or present (0)     (version 2, bit 1)
+      u32[n+1]  header index: record i has entries idx[i]..idx[i+1] (version 2, bit 2)
+      u32[m+1]  header key offsets, u32[m+1] header value offsets, key bytes, value bytes
+                (m = idx[n]; keys are UTF-8)
+
+Version 2 is written only when one of its flags is used, so plain chunks stay version 1 and
+both are read. A compressed chunk's stored body is u32 plain length + the lz4 frame or zstd
+frame of the plain body above; both checksums are over what is stored (the compressed bytes),
+so brokers and backups verify and keep it as-is and only consumers decompress.
 """
 
 from __future__ import annotations
@@ -38,7 +49,19 @@ from kera.errors import CorruptChunk, RecordTooLarge
 
 MAGIC = 0x4B45
 VERSION = 1
+VERSION_2 = 2  # value nulls, headers, compression
+VERSIONS = (VERSION, VERSION_2)
 FLAG_KEYS = 0x01
+FLAG_VALUE_NULLS = 0x02
+FLAG_HEADERS = 0x04
+COMPRESSION_SHIFT = 3
+COMPRESSION_MASK = 0x18
+COMPRESSIONS = {None: 0, "lz4": 1, "zstd": 2}
+FLAGS_V2 = FLAG_VALUE_NULLS | FLAG_HEADERS | COMPRESSION_MASK
+FLAGS_KNOWN = FLAG_KEYS | FLAGS_V2
+# zstd level 3 is the library's default: most of the ratio at a fraction of the CPU of higher levels.
+ZSTD_LEVEL = 3
+PLAIN_LEN = struct.Struct("<I")
 HEADER = struct.Struct("<HBBIIIQQQIIIIQ")
 HEADER_SIZE = HEADER.size
 assert HEADER_SIZE == 64
@@ -84,11 +107,16 @@ def read_header(buf) -> ChunkHeader:
      streamlet, count, group, segment, base_offset) = HEADER.unpack_from(buf, 0)
     if magic != MAGIC:
         raise CorruptChunk(f"bad chunk magic 0x{magic:04x}")
-    if version != VERSION:
-        raise CorruptChunk(f"unsupported chunk version {version}")
+    if version not in VERSIONS:
+        raise CorruptChunk(f"unsupported chunk version {version}: upgrade this kera to read it")
+    if flags & ~(FLAGS_KNOWN if version == VERSION_2 else FLAG_KEYS):
+        raise CorruptChunk(f"unknown flags 0x{flags:02x} in a version {version} chunk")
     if HEADER_SIZE + body_len > len(buf):
         raise CorruptChunk(f"chunk body of {body_len} bytes is truncated to {len(buf) - HEADER_SIZE}")
-    if _fixed_columns_size(count, flags) > body_len:
+    if flags & COMPRESSION_MASK:
+        if body_len < PLAIN_LEN.size:
+            raise CorruptChunk(f"compressed chunk body of {body_len} bytes has no length prefix")
+    elif _fixed_columns_size(count, flags) > body_len:
         raise CorruptChunk(f"{count} records cannot fit a {body_len}-byte body")
     return ChunkHeader(flags, header_crc, body_crc, body_len, producer_id, sequence, stream_id,
                        streamlet, count, group, segment, base_offset)
@@ -128,7 +156,95 @@ def _fixed_columns_size(count: int, flags: int) -> int:
     size = 8 * count + 4 * (count + 1)
     if flags & FLAG_KEYS:
         size += 4 * (count + 1) + count
+    if flags & FLAG_VALUE_NULLS:
+        size += count
+    if flags & FLAG_HEADERS:
+        size += 4 * (count + 1) + 8
     return size
+
+
+def compression_name(flags: int) -> str | None:
+    code = (flags & COMPRESSION_MASK) >> COMPRESSION_SHIFT
+    for name, c in COMPRESSIONS.items():
+        if c == code:
+            return name
+    raise CorruptChunk(f"unknown compression code {code}")
+
+
+def compress(plain: bytes, compression: str | None) -> bytes:
+    """The stored body for `plain` under `compression` (None: `plain` itself). The frames
+    carry their own content checksum so a body damaged before sealing is still refused."""
+    if compression is None:
+        return plain
+    if compression == "lz4":
+        import lz4.frame
+        packed = lz4.frame.compress(plain, content_checksum=True)
+    elif compression == "zstd":
+        import zstandard
+        packed = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True).compress(plain)
+    else:
+        raise ValueError(f"compression must be one of {sorted(k for k in COMPRESSIONS if k)} or None, "
+                         f"not {compression!r}")
+    return PLAIN_LEN.pack(len(plain)) + packed
+
+
+def decompress(stored, flags: int) -> bytes:
+    """The plain body of a compressed stored body; CorruptChunk if it does not decode to the
+    length its prefix promises (bounded by MAX_CHUNK_BYTES so a lying prefix cannot balloon)."""
+    name = compression_name(flags)
+    plain_len, = PLAIN_LEN.unpack_from(stored, 0)
+    if plain_len > MAX_CHUNK_BYTES:
+        raise CorruptChunk(f"compressed chunk claims {plain_len} plain bytes, over {MAX_CHUNK_BYTES}")
+    packed = bytes(stored[PLAIN_LEN.size:])
+    try:
+        if name == "lz4":
+            import lz4.frame
+            plain = lz4.frame.decompress(packed)
+        else:
+            import zstandard
+            plain = zstandard.ZstdDecompressor().decompress(packed, max_output_size=plain_len)
+    except Exception as err:  # the libraries raise their own types for bad frames
+        raise CorruptChunk(f"{name} chunk body does not decompress: {err}") from None
+    if len(plain) != plain_len:
+        raise CorruptChunk(f"{name} chunk body decompressed to {len(plain)} bytes, not {plain_len}")
+    return plain
+
+
+def check_columns(buf, h: ChunkHeader) -> None:
+    """O(1) layout check of a stored chunk: the column sizes the header and the last offsets
+    imply add up to the body length (per-record monotonicity is left to readers). A compressed
+    body is checked by the consumer that decompresses it: storing it needs only its checksums."""
+    if h.flags & COMPRESSION_MASK:
+        return
+    n = h.record_count
+    at = HEADER_SIZE + 8 * n
+    first, = PLAIN_LEN.unpack_from(buf, at)
+    size = 12 * n + 4 + PLAIN_LEN.unpack_from(buf, at + 4 * n)[0]
+    at += 4 * (n + 1)
+    if h.flags & FLAG_KEYS:
+        k_first, = PLAIN_LEN.unpack_from(buf, at)
+        size += 4 * (n + 1) + PLAIN_LEN.unpack_from(buf, at + 4 * n)[0] + n
+        first |= k_first
+        at += 4 * (n + 1)
+    if h.flags & FLAG_VALUE_NULLS:
+        size += n
+    if h.flags & FLAG_HEADERS:
+        size += _headers_size(buf, HEADER_SIZE + size, n, HEADER_SIZE + h.body_len)
+    if first != 0 or size != h.body_len:
+        raise CorruptChunk("chunk columns do not add up to its body length")
+
+
+def _headers_size(buf, at: int, n: int, end: int) -> int:
+    """Bytes of the headers section starting at `at`, from its offset columns' last entries."""
+    if at + 4 * (n + 1) > end:
+        raise CorruptChunk("chunk headers index runs past its body")
+    m, = PLAIN_LEN.unpack_from(buf, at + 4 * n)
+    k_at = at + 4 * (n + 1)
+    if k_at + 8 * (m + 1) > end:
+        raise CorruptChunk(f"chunk headers of {m} entries run past its body")
+    keys_len, = PLAIN_LEN.unpack_from(buf, k_at + 4 * m)
+    values_len, = PLAIN_LEN.unpack_from(buf, k_at + 4 * (m + 1) + 4 * m)
+    return 4 * (n + 1) + 8 * (m + 1) + keys_len + values_len
 
 
 # --------------------------------------------------------------------------- building
@@ -202,16 +318,25 @@ def _as_u32_offsets(offsets: np.ndarray) -> np.ndarray:
 
 
 def encode(producer_id: int, sequence: int, stream_id: int, streamlet: int, values,
-           keys: Sequence[bytes | None] | None = None, timestamps=None) -> bytes:
-    """Build one chunk. `values` as for values_columns; `keys` a sequence of bytes or None
-    (same length as values) or None for no keys; `timestamps` None (now), an int (all the
-    same) or an int64 sequence, in microseconds."""
+           keys: Sequence[bytes | None] | None = None, timestamps=None, headers=None,
+           compression: str | None = None) -> bytes:
+    """Build one chunk. `values` as for values_columns, or a list whose None entries are
+    tombstones; `keys` a sequence of bytes or None (same length as values) or None for no
+    keys; `timestamps` None (now), an int (all the same) or an int64 sequence, in
+    microseconds; `headers` None or one sequence of (str, bytes) pairs (or None) per record;
+    `compression` None, "lz4" or "zstd"."""
+    value_nulls = None
+    if isinstance(values, (list, tuple)) and None in values:
+        value_nulls = np.fromiter((v is None for v in values), dtype=np.uint8, count=len(values))
+        values = [b"" if v is None else v for v in values]
     blob, offsets = values_columns(values)
-    return encode_columns(producer_id, sequence, stream_id, streamlet, blob, offsets, keys, timestamps)
+    return encode_columns(producer_id, sequence, stream_id, streamlet, blob, offsets, keys,
+                          timestamps, value_nulls, headers, compression)
 
 
 def encode_columns(producer_id: int, sequence: int, stream_id: int, streamlet: int, blob,
-                   offsets: np.ndarray, keys=None, timestamps=None) -> bytes:
+                   offsets: np.ndarray, keys=None, timestamps=None, value_nulls=None,
+                   headers=None, compression: str | None = None) -> bytes:
     n = len(offsets) - 1
     ts = _timestamps_column(timestamps, n)
     parts = [ts.tobytes(), offsets.tobytes()]
@@ -233,16 +358,47 @@ def encode_columns(producer_id: int, sequence: int, stream_id: int, streamlet: i
         kblob, koffsets = values_columns(present)
         parts.append(koffsets.tobytes())
         key_tail = [kblob, nulls.tobytes()]
-    body = b"".join([*parts, blob, *key_tail])
+    v2_tail, v2_flags = _v2_columns(n, value_nulls, headers)
+    flags |= v2_flags | (COMPRESSIONS.get(compression, 0) << COMPRESSION_SHIFT)
+    body = compress(b"".join([*parts, blob, *key_tail, *v2_tail]), compression)
     if len(body) + HEADER_SIZE > MAX_CHUNK_BYTES:
         raise RecordTooLarge(f"chunk of {len(body) + HEADER_SIZE} bytes exceeds {MAX_CHUNK_BYTES}")
     return seal(flags, body, producer_id, sequence, stream_id, streamlet, n)
 
 
+def _v2_columns(n: int, value_nulls, headers) -> tuple[list, int]:
+    """The version-2 tail columns (value nulls, headers) and their flags; empty when unused."""
+    tail, flags = [], 0
+    if value_nulls is not None and value_nulls.any():
+        flags |= FLAG_VALUE_NULLS
+        tail.append(np.asarray(value_nulls, dtype=np.uint8).tobytes())
+    if headers is not None and any(headers):
+        if len(headers) != n:
+            raise ValueError(f"{len(headers)} header lists for {n} values")
+        flags |= FLAG_HEADERS
+        tail.extend(_headers_columns(headers))
+    return tail, flags
+
+
+def _headers_columns(headers) -> list[bytes]:
+    index = np.zeros(len(headers) + 1, dtype=np.int64)
+    np.cumsum([len(h) if h else 0 for h in headers], out=index[1:])
+    pairs = [pair for h in headers if h for pair in h]
+    for k, v in pairs:
+        if not isinstance(k, str) or not isinstance(v, (bytes, bytearray, memoryview)):
+            raise TypeError(f"a header is a (str key, bytes value) pair, not ({type(k).__name__}, "
+                            f"{type(v).__name__})")
+    kblob, koffsets = values_columns([k.encode() for k, _ in pairs])
+    vblob, voffsets = values_columns([bytes(v) for _, v in pairs])
+    return [_as_u32_offsets(index).tobytes(), koffsets.tobytes(), voffsets.tobytes(),
+            bytes(kblob), bytes(vblob)]
+
+
 def seal(flags: int, body: bytes, producer_id: int, sequence: int, stream_id: int,
          streamlet: int, count: int) -> bytes:
     header = bytearray(HEADER_SIZE)
-    HEADER.pack_into(header, 0, MAGIC, VERSION, flags, 0, crc32c(body), len(body), producer_id,
+    version = VERSION_2 if flags & FLAGS_V2 else VERSION
+    HEADER.pack_into(header, 0, MAGIC, version, flags, 0, crc32c(body), len(body), producer_id,
                      sequence, stream_id, streamlet, count, UNSET_U32, UNSET_U32, UNSET_U64)
     struct.pack_into("<I", header, 4, header_crc(header))
     return bytes(header) + body
@@ -273,12 +429,17 @@ class Chunk:
     """A decoded view over one chunk's bytes: numpy columns without copying."""
 
     __slots__ = ("buf", "header", "timestamps", "value_offsets", "key_offsets", "_values_at",
-                 "_keys_at", "_nulls_at")
+                 "_keys_at", "_nulls_at", "_vnulls_at", "_headers_at")
 
     def __init__(self, buf, check: bool = True):
         self.buf = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
         h = verify(self.buf) if check else read_header(self.buf)
         self.header = h
+        if h.flags & COMPRESSION_MASK:  # decompress once; the columns then view the plain copy
+            stored = self.buf[HEADER_SIZE:HEADER_SIZE + h.body_len]
+            self.buf = memoryview(bytes(self.buf[:HEADER_SIZE]) + decompress(stored, h.flags))
+            if _fixed_columns_size(h.record_count, h.flags) > len(self.buf) - HEADER_SIZE:
+                raise CorruptChunk(f"{h.record_count} records cannot fit a decompressed body")
         n = h.record_count
         base = HEADER_SIZE
         self.timestamps = np.frombuffer(self.buf, dtype="<i8", count=n, offset=base)
@@ -290,15 +451,20 @@ class Chunk:
             self.key_offsets = np.frombuffer(self.buf, dtype="<u4", count=n + 1, offset=base)
             base += 4 * (n + 1)
         self._values_at = base
-        values_len = int(self.value_offsets[-1]) if n >= 0 else 0
-        self._keys_at = base + values_len
-        end = HEADER_SIZE + h.body_len
+        self._keys_at = base + int(self.value_offsets[-1])
+        self._nulls_at = -1
+        tail = self._keys_at
         if self.key_offsets is not None:
             self._nulls_at = self._keys_at + int(self.key_offsets[-1])
             tail = self._nulls_at + n
-        else:
-            self._nulls_at = -1
-            tail = self._keys_at
+        self._vnulls_at = -1
+        if h.flags & FLAG_VALUE_NULLS:
+            self._vnulls_at, tail = tail, tail + n
+        self._headers_at = -1
+        end = len(self.buf) if h.flags & COMPRESSION_MASK else HEADER_SIZE + h.body_len
+        if h.flags & FLAG_HEADERS:
+            self._headers_at = tail
+            tail += _headers_size(self.buf, tail, n, end)
         if tail != end or not _monotonic(self.value_offsets) or (
                 self.key_offsets is not None and not _monotonic(self.key_offsets)):
             raise CorruptChunk("chunk columns do not match its body length")
@@ -316,10 +482,41 @@ class Chunk:
             return None
         return np.frombuffer(self.buf, dtype=np.uint8, count=len(self), offset=self._nulls_at)
 
-    def values(self) -> list[bytes]:
+    @property
+    def value_nulls(self) -> np.ndarray | None:
+        """u8[n], 1 where the value is None (a tombstone); None when the chunk has none."""
+        if self._vnulls_at < 0:
+            return None
+        return np.frombuffer(self.buf, dtype=np.uint8, count=len(self), offset=self._vnulls_at)
+
+    def values(self) -> list[bytes | None]:
         blob = bytes(self.values_blob)
         off = self.value_offsets.tolist()
-        return [blob[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+        out = [blob[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+        if self._vnulls_at >= 0:
+            for i in np.flatnonzero(self.value_nulls).tolist():
+                out[i] = None
+        return out
+
+    def headers(self) -> list[list[tuple[str, bytes]]]:
+        """Each record's headers as (str key, bytes value) pairs, in the order sent."""
+        n = len(self)
+        if self._headers_at < 0:
+            return [[] for _ in range(n)]
+        at = self._headers_at
+        index = np.frombuffer(self.buf, dtype="<u4", count=n + 1, offset=at).tolist()
+        m = index[-1]
+        koff_at = at + 4 * (n + 1)
+        koff = np.frombuffer(self.buf, dtype="<u4", count=m + 1, offset=koff_at).tolist()
+        voff = np.frombuffer(self.buf, dtype="<u4", count=m + 1, offset=koff_at + 4 * (m + 1)).tolist()
+        k_at = koff_at + 8 * (m + 1)
+        kblob = bytes(self.buf[k_at:k_at + koff[-1]])
+        vblob = bytes(self.buf[k_at + koff[-1]:k_at + koff[-1] + voff[-1]])
+        try:
+            pairs = [(kblob[koff[j]:koff[j + 1]].decode(), vblob[voff[j]:voff[j + 1]]) for j in range(m)]
+        except UnicodeDecodeError as err:
+            raise CorruptChunk(f"chunk header key is not UTF-8: {err}") from None
+        return [pairs[index[i]:index[i + 1]] for i in range(n)]
 
     def keys(self) -> list[bytes | None]:
         n = len(self)
@@ -340,8 +537,11 @@ class Chunk:
 
         n = len(self)
         buf = pa.py_buffer(self.buf)
+        value_valid = None
+        if self._vnulls_at >= 0:  # tombstones are arrow nulls
+            value_valid = pa.py_buffer(np.packbits(self.value_nulls == 0, bitorder="little"))
         values = pa.Array.from_buffers(
-            pa.binary(), n, [None, pa.py_buffer(self.value_offsets.astype(np.int32)),
+            pa.binary(), n, [value_valid, pa.py_buffer(self.value_offsets.astype(np.int32)),
                              buf.slice(self._values_at, self._keys_at - self._values_at)])
         if self.key_offsets is None:
             keys = pa.nulls(n, pa.binary())

@@ -243,6 +243,10 @@ def _add_produce(sub) -> None:
     p.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
                    help="producer option, e.g. -o linger_ms=20 (repeatable)")
     p.add_argument("--quiet", action="store_true", help="do not print the record count")
+    p.add_argument("-H", "--header", action="append", default=[], metavar="KEY=VALUE",
+                   help="a header on every record (repeatable; kcat's -H)")
+    p.add_argument("-z", "--compression", choices=["lz4", "zstd"], default=None,
+                   help="compress chunks (consumers decompress transparently)")
     p.set_defaults(func=cmd_produce)
 
 
@@ -263,7 +267,7 @@ def _add_consume(sub) -> None:
     p.add_argument("-f", "--format", default=None, metavar="FMT",
                    help="kcat-style output per record (overrides --print-key): %%s value, "
                         "%%k key, %%t stream, %%S streamlet, %%g group, %%o offset, "
-                        "%%T timestamp (ms), %%%% a percent sign; \\n newline, \\t tab. "
+                        "%%T timestamp (ms), %%h headers (k=v,k=v), %%%% a percent sign; \\n newline, \\t tab. "
                         "E.g. -f '%%S %%g:%%o %%k=%%s\\n'")
     p.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
                    help="consumer option, e.g. -o cache_chunks_max=64 (repeatable)")
@@ -437,7 +441,8 @@ def cmd_produce(args) -> int:
     from kera.producer import Producer
     sep = args.key_sep.encode() if args.key_sep else None
     count = 0
-    producer = Producer(args.bootstrap, **_options(args.option))
+    headers = [_header(h) for h in args.header]
+    producer = Producer(args.bootstrap, compression=args.compression, **_options(args.option))
     try:
         for line in sys.stdin.buffer:
             if line.endswith(b"\n"):
@@ -447,7 +452,7 @@ def cmd_produce(args) -> int:
                 k, found, v = line.partition(sep)
                 if found:
                     key, line = k, v
-            producer.send(args.stream, line, key=key)
+            producer.send(args.stream, line, key=key, headers=headers)
             count += 1
         producer.flush()
     finally:
@@ -457,12 +462,20 @@ def cmd_produce(args) -> int:
     return 0
 
 
+def _header(pair: str) -> tuple[str, bytes]:
+    key, sep, value = pair.partition("=")
+    if not sep or not key:
+        raise CliError(f"--header must be KEY=VALUE, not {pair!r}")
+    return key, value.encode()
+
+
 # kcat's -f fields that a kera record has (%p is kcat's partition: kera's streamlet, %S).
 FORMAT_FIELDS = {
-    "s": lambda r: r.value, "k": lambda r: r.key or b"", "t": lambda r: r.stream.encode(),
+    "s": lambda r: r.value or b"", "k": lambda r: r.key or b"", "t": lambda r: r.stream.encode(),
     "S": lambda r: b"%d" % r.streamlet, "p": lambda r: b"%d" % r.streamlet,
     "g": lambda r: b"%d" % r.group, "o": lambda r: b"%d" % r.offset,
     "T": lambda r: b"%d" % (r.timestamp // 1000),
+    "h": lambda r: b",".join(k.encode() + b"=" + v for k, v in r.headers),
 }
 FORMAT_ESCAPES = {"n": b"\n", "t": b"\t", "r": b"\r", "\\": b"\\"}
 
@@ -494,8 +507,8 @@ def _line_writer(args):
         return compile_format(args.format)
     sep = args.key_sep.encode()
     if args.print_key:
-        return lambda r: (r.key or b"") + sep + r.value + b"\n"
-    return lambda r: r.value + b"\n"
+        return lambda r: (r.key or b"") + sep + (r.value or b"") + b"\n"
+    return lambda r: (r.value or b"") + b"\n"  # a tombstone prints as an empty line
 
 
 def cmd_consume(args) -> int:
@@ -523,12 +536,14 @@ def cmd_consume(args) -> int:
 
 
 def _records(consumer, idle_timeout_s: float | None):
-    """The consumer's records; with a timeout, ends after that long without one."""
+    """The consumer's records, read as whole batches (whose records carry their headers); with
+    a timeout, ends after that long without one."""
     while True:
-        record = consumer.poll(timeout_s=idle_timeout_s)
-        if record is None:
+        batches = consumer.poll_batch(timeout_s=idle_timeout_s)
+        if not batches:
             return
-        yield record
+        for batch in batches:
+            yield from batch.records()
 
 
 def cmd_local(args) -> int:

@@ -181,3 +181,18 @@ class SparkSetupError(KeraError):
     """Spark is set up so the kera connector cannot work (e.g. its Python workers cannot
     import kera). Raised on the driver, never sent on the wire."""
     code = "spark_setup"
+
+
+class Undelivered(Timeout):
+    """flush() timed out with records unacknowledged. `streams`, `streamlets` ((stream,
+    streamlet) pairs) and `records` say which; every other record sent before the flush was
+    stored (its future resolved). Usually a streamlet's broker is down: check `kera stream
+    describe`, then flush again (the records are still being retried) or close."""
+    code = "undelivered"
+
+    def __init__(self, message: str = "", *, streamlets=(), records: int = 0,
+                 retriable: bool | None = None):
+        super().__init__(message, retriable=retriable)
+        self.streamlets = sorted(streamlets)
+        self.streams = sorted({stream for stream, _ in self.streamlets})
+        self.records = records

@@ -24,12 +24,13 @@ class Position(NamedTuple):
 
 class Record(NamedTuple):
     key: bytes | None
-    value: bytes
+    value: bytes | None  # None: a tombstone (distinct from b"")
     timestamp: int  # microseconds since the epoch
     stream: str
     streamlet: int
     group: int
     offset: int
+    headers: tuple = ()  # (str key, bytes value) pairs, in the order sent
 
     @property
     def timestamp_ms(self) -> int:

@@ -26,6 +26,9 @@ OPENED, SEALED = 1, 2
 # record also has a key offset (4) and a null flag (1).
 RECORD_OVERHEAD_BYTES = 12
 KEYED_OVERHEAD_BYTES = 17
+# A header costs its key and value bytes plus two offsets (8); a record with headers one index entry (4).
+HEADER_OVERHEAD_BYTES = 8
+HEADERS_INDEX_BYTES = 4
 
 
 def _wall_clock_us() -> int:
@@ -33,7 +36,8 @@ def _wall_clock_us() -> int:
 
 
 class OpenChunk:
-    __slots__ = ("stream", "streamlet", "values", "keys", "timestamps", "nbytes", "keyed", "opened_at")
+    __slots__ = ("stream", "streamlet", "values", "keys", "timestamps", "nbytes", "keyed", "opened_at",
+                 "headers", "tombstones", "futures")
 
     def __init__(self, stream: "StreamState", streamlet: int, opened_at: float):
         self.stream = stream
@@ -44,6 +48,9 @@ class OpenChunk:
         self.nbytes = 0
         self.keyed = False
         self.opened_at = opened_at
+        self.headers: list | None = None  # one list per record once any record has headers
+        self.tombstones = False
+        self.futures: list | None = None  # (index, 1, DeliveryFuture) of records sent with one
 
 
 class StreamState:
@@ -63,7 +70,7 @@ class StreamState:
 class Accumulator:
     def __init__(self, pipeline: Pipeline, producer_id: int, *, chunk_size_bytes: int,
                  max_record_bytes: int, linger_s: float, clock: Callable[[], float] = time.monotonic,
-                 wall_clock_us: Callable[[], int] = _wall_clock_us):
+                 wall_clock_us: Callable[[], int] = _wall_clock_us, compression: str | None = None):
         if chunk_size_bytes <= chunkcodec.HEADER_SIZE + 64:
             raise ValueError(f"chunk_size_bytes={chunk_size_bytes} is too small")
         self.pipeline = pipeline
@@ -75,6 +82,7 @@ class Accumulator:
         self.linger_s = linger_s
         self.clock = clock
         self.now_us = wall_clock_us
+        self.compression = compression
         self.open_bytes = 0
         self.records = 0
         # Open chunks in the order they were opened: the linger check scans only the front.
@@ -86,35 +94,55 @@ class Accumulator:
         return StreamState(info, lanes)
 
     # ------------------------------------------------------------------ hot path
-    def append(self, st: StreamState, value: bytes, key: bytes | None, timestamp: int | None) -> int:
-        """Add one record; returns 0, OPENED or SEALED (the request thread may need waking)."""
-        if key is None:
+    def append(self, st: StreamState, value: bytes | None, key: bytes | None, timestamp: int | None,
+               headers: list | None = None, streamlet: int | None = None, future=None) -> int:
+        """Add one record (a None value is a tombstone; `streamlet` overrides the key's
+        placement); returns 0, OPENED or SEALED (the request thread may need waking)."""
+        value_bytes = 0 if value is None else len(value)
+        record_bytes = value_bytes if key is None else value_bytes + len(key)
+        if headers:
+            record_bytes += HEADERS_INDEX_BYTES + sum(
+                len(k.encode()) + len(v) + HEADER_OVERHEAD_BYTES for k, v in headers)
+        size = record_bytes + (RECORD_OVERHEAD_BYTES if key is None else KEYED_OVERHEAD_BYTES)
+        if streamlet is not None:
+            sl = streamlet
+        elif key is None:
             sl = st.sticky
-            size = len(value) + RECORD_OVERHEAD_BYTES
         else:
             sl = crc32c(key) % st.streamlets
-            size = len(value) + len(key) + KEYED_OVERHEAD_BYTES
         oc = st.open[sl]
         event = 0
         if oc is None or oc.nbytes + size > self.capacity:
-            oc, event = self._room(st, sl, key, size, len(value))
-        oc.values.append(value)
-        oc.keys.append(key)
-        oc.timestamps.append(self.now_us() if timestamp is None else timestamp)
+            oc, event = self._room(st, sl, key is None and streamlet is None, size, record_bytes)
+        if future is not None:
+            if oc.futures is None:
+                oc.futures = []
+            oc.futures.append((len(oc.values), 1, future))
+        self._add(oc, value, key, timestamp, headers)
         oc.nbytes += size
         self.open_bytes += size
-        self.records += 1
-        if key is not None:
-            oc.keyed = True
         if oc.nbytes >= self.capacity:  # exactly full, or one record too large for a chunk
             self.seal(oc)
             event = SEALED
         return event
 
-    def _room(self, st: StreamState, sl: int, key: bytes | None, size: int, value_bytes: int
+    def _add(self, oc: OpenChunk, value, key, timestamp, headers) -> None:
+        if headers and oc.headers is None:
+            oc.headers = [None] * len(oc.values)
+        if oc.headers is not None:
+            oc.headers.append(headers)
+        oc.values.append(value)
+        oc.keys.append(key)
+        oc.timestamps.append(self.now_us() if timestamp is None else timestamp)
+        self.records += 1
+        if key is not None:
+            oc.keyed = True
+        if value is None:
+            oc.tombstones = True
+
+    def _room(self, st: StreamState, sl: int, sticky: bool, size: int, record_bytes: int
               ) -> tuple[OpenChunk, int]:
         """An open chunk with room for a record of `size` bytes (sealing full ones)."""
-        record_bytes = value_bytes + (0 if key is None else len(key))
         if record_bytes > self.max_record_bytes:
             raise RecordTooLarge(f"record of {record_bytes} bytes exceeds max_record_bytes="
                                  f"{self.max_record_bytes}")
@@ -123,7 +151,7 @@ class Accumulator:
         if oc is not None:
             self.seal(oc)
             event = SEALED
-            if key is None:  # the sticky streamlet moved on: follow it
+            if sticky:  # the sticky streamlet moved on: follow it
                 sl = st.sticky
                 oc = st.open[sl]
                 if oc is not None and oc.nbytes + size > self.capacity:
@@ -145,10 +173,15 @@ class Accumulator:
         if advance and sl == st.sticky:
             st.sticky = (sl + 1) % st.streamlets
         lane = st.lanes[sl]
-        blob, offsets = chunkcodec.values_columns(oc.values)
-        data = chunkcodec.encode_columns(lane.producer_id, lane.next_sequence, st.info.id, sl, blob,
-                                         offsets, oc.keys if oc.keyed else None, oc.timestamps)
-        self.pipeline.add(lane, data, lane.next_sequence, len(oc.values))
+        keys = oc.keys if oc.keyed else None
+        if oc.tombstones or oc.headers is not None or self.compression is not None:
+            data = chunkcodec.encode(lane.producer_id, lane.next_sequence, st.info.id, sl, oc.values,
+                                     keys, oc.timestamps, oc.headers, self.compression)
+        else:  # the common plain chunk: no per-record scan for tombstones
+            blob, offsets = chunkcodec.values_columns(oc.values)
+            data = chunkcodec.encode_columns(lane.producer_id, lane.next_sequence, st.info.id, sl,
+                                             blob, offsets, keys, oc.timestamps)
+        self.pipeline.add(lane, data, lane.next_sequence, len(oc.values), oc.futures)
 
     def seal_streamlet(self, st: StreamState, sl: int) -> None:
         """Seal the open chunk of a streamlet, if any (before a batch chunk goes after it)."""
@@ -178,8 +211,9 @@ class Accumulator:
             return oc.opened_at + self.linger_s
         return None
 
-    def drop_stream(self, st: StreamState) -> int:
-        """Discard a stream's open chunks (the stream is gone); returns the records dropped."""
+    def drop_stream(self, st: StreamState, error=None) -> int:
+        """Discard a stream's open chunks (the stream is gone); returns the records dropped.
+        Their delivery futures fail with `error`."""
         dropped = 0
         for sl, oc in enumerate(st.open):
             if oc is not None:
@@ -187,4 +221,6 @@ class Accumulator:
                 del self._open[oc]
                 self.open_bytes -= oc.nbytes
                 dropped += len(oc.values)
+                if oc.futures:
+                    self.pipeline.settled.append((oc.futures, st.name, sl, None, error))
         return dropped

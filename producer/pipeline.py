@@ -46,9 +46,11 @@ def next_identity(producer_id: int, slot_stride: int) -> int:
 
 
 class PendingChunk:
-    __slots__ = ("data", "lane", "sequence", "records", "serial", "state", "attempts")
+    __slots__ = ("data", "lane", "sequence", "records", "serial", "state", "attempts", "futures")
 
-    def __init__(self, data: bytes, lane: "Lane", sequence: int, records: int, serial: int):
+    def __init__(self, data: bytes, lane: "Lane", sequence: int, records: int, serial: int,
+                 futures: list | None = None):
+        self.futures = futures  # (index or -1, count, DeliveryFuture) to settle, or None
         self.data = data
         self.lane = lane
         self.sequence = sequence
@@ -139,6 +141,9 @@ class Pipeline:
     dead_streams: set = field(default_factory=set)     # stream ids refused as unknown for good
     want_refresh: set = field(default_factory=set)     # (name, id) of streams with no owner known
     stats: collections.Counter = field(default_factory=collections.Counter)
+    # Outcomes of chunks with futures, (futures, stream, streamlet, result, error): the request
+    # thread settles them outside the producer's lock (delivery.settle).
+    settled: list = field(default_factory=list)
 
     FAILURES_KEPT_MAX = 1000
 
@@ -155,13 +160,14 @@ class Pipeline:
             lane = self.lanes[key] = Lane(stream, stream_id, streamlet, producer_id, True, slot_stride)
         return lane
 
-    def add(self, lane: Lane, data: bytes, sequence: int, records: int) -> PendingChunk:
+    def add(self, lane: Lane, data: bytes, sequence: int, records: int,
+            futures: list | None = None) -> PendingChunk:
         """Queue a sealed chunk at the tail of its lane."""
         if lane.own:
             assert sequence == lane.next_sequence, (sequence, lane.next_sequence)
             lane.next_sequence += 1
         serial = next(self._serials)
-        c = PendingChunk(data, lane, sequence, records, serial)
+        c = PendingChunk(data, lane, sequence, records, serial, futures)
         lane.chunks.append(c)
         self.incomplete[serial] = c
         self.last_serial = serial
@@ -269,7 +275,7 @@ class Pipeline:
             if isinstance(result, KeraError):
                 refresh |= self._chunk_failed(c, result, now)
             else:
-                self._chunk_acked(c)
+                self._chunk_acked(c, result)
         return refresh
 
     def expire(self, now: float) -> set[tuple[str, int]]:
@@ -292,13 +298,13 @@ class Pipeline:
         return any(lane.cursor < len(lane.chunks) for lane in self.lanes.values())
 
     # ------------------------------------------------------------------ outcomes
-    def _chunk_acked(self, c: PendingChunk) -> None:
+    def _chunk_acked(self, c: PendingChunk, result: tuple) -> None:
         lane = c.lane
         c.state = ACKED
         lane.in_flight -= 1
         self.stats["chunks_acked"] += 1
         self.stats["records_acked"] += c.records
-        self._complete(c)
+        self._complete(c, result)
         lane.pop_acked()
         self._maybe_resume(lane)
         self._forget_if_done(lane)
@@ -308,9 +314,12 @@ class Pipeline:
         if not lane.own and not lane.chunks and not lane.in_flight:
             self.lanes.pop((lane.producer_id, lane.stream_id, lane.streamlet), None)
 
-    def _complete(self, c: PendingChunk) -> None:
+    def _complete(self, c: PendingChunk, result: tuple | None = None,
+                  error: KeraError | None = None) -> None:
         del self.incomplete[c.serial]
         self.pending_bytes -= len(c.data)
+        if c.futures:
+            self.settled.append((c.futures, c.lane.stream, c.lane.streamlet, result, error))
 
     def _chunk_failed(self, c: PendingChunk, error: KeraError, now: float) -> set[tuple[str, int]]:
         lane = c.lane
@@ -349,7 +358,7 @@ class Pipeline:
     def _fail_chunk(self, c: PendingChunk, error: KeraError) -> None:
         lane = c.lane
         lane.chunks.remove(c)
-        self._complete(c)
+        self._complete(c, error=error)
         self._record_failure(lane, error, c.records)
         if lane.own:
             lane.reidentify = True
@@ -357,9 +366,9 @@ class Pipeline:
             # The caller owns this sequence space: its later chunks can never be stored.
             for other in [o for o in lane.chunks if o.state == UNSENT]:
                 lane.chunks.remove(other)
-                self._complete(other)
-                self._record_failure(lane, KeraError(
-                    f"chunk {other.sequence} follows failed chunk {c.sequence}"), other.records)
+                follows = KeraError(f"chunk {other.sequence} follows failed chunk {c.sequence}")
+                self._complete(other, error=follows)
+                self._record_failure(lane, follows, other.records)
         lane.pop_acked()
 
     def _fail_stream(self, stream_id: int, error: KeraError) -> None:
@@ -368,7 +377,7 @@ class Pipeline:
         for lane in [lane for lane in self.lanes.values() if lane.stream_id == stream_id]:
             for c in [c for c in lane.chunks if c.state == UNSENT]:
                 lane.chunks.remove(c)
-                self._complete(c)
+                self._complete(c, error=error)
                 self._record_failure(lane, error, c.records)
             lane.pop_acked()
 

@@ -20,10 +20,11 @@ import time
 
 from kera import chunk as chunkcodec
 from kera import config
-from kera.errors import BadRequest, ClientClosed, KeraError, Timeout
+from kera.errors import BadRequest, ClientClosed, KeraError, Timeout, Undelivered
 from kera.metadata import Metadata, StreamInfo
 from kera.producer import batch as batching
 from kera.producer.accumulator import Accumulator, StreamState
+from kera.producer.delivery import DeliveryFuture, on_delivery_callback
 from kera.producer.pipeline import Failure, Pipeline
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,16 @@ def failure_error(failures: list[Failure]) -> KeraError:
     return err
 
 
+def _headers(headers) -> list[tuple[str, bytes]]:
+    """A copy of `headers` as (str, bytes) pairs; TypeError naming the first bad pair."""
+    out = []
+    for pair in headers:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise TypeError(f"headers are (str key, bytes value) pairs, not {pair!r}")
+        out.append((pair[0], _as_bytes(pair[1], f"header {pair[0]!r} value")))
+    return out
+
+
 def _as_bytes(value, what: str) -> bytes:
     if isinstance(value, (bytes, bytearray, memoryview)):  # a copy: the caller may reuse it
         return bytes(value)
@@ -86,11 +97,15 @@ class Producer:
                  send_timeout_s: float = config.DEFAULT_SEND_TIMEOUT_S,
                  request_timeout_s: float = config.DEFAULT_REQUEST_TIMEOUT_S,
                  producer_id: int | None = None,
-                 retries_max: int = DEFAULT_RETRIES_MAX):
+                 retries_max: int = DEFAULT_RETRIES_MAX,
+                 compression: str | None = None):
         if max_record_bytes + chunkcodec.HEADER_SIZE > chunkcodec.MAX_CHUNK_BYTES:
             raise ValueError(f"max_record_bytes={max_record_bytes} exceeds the chunk limit")
         if in_flight_per_broker < 1 or buffer_bytes < chunk_size_bytes:
             raise ValueError("in_flight_per_broker must be >= 1 and buffer_bytes >= chunk_size_bytes")
+        if compression not in chunkcodec.COMPRESSIONS:
+            raise ValueError(f"compression={compression!r}: use None, 'lz4' or 'zstd'")
+        self.compression = compression
         self.producer_id = new_producer_id() if producer_id is None else producer_id % (1 << 64)
         self.buffer_bytes = buffer_bytes
         self.send_timeout_s = send_timeout_s
@@ -100,7 +115,8 @@ class Producer:
                               in_flight_per_broker=in_flight_per_broker,
                               retries_max=retries_max, request_timeout_s=request_timeout_s)
         self._acc = Accumulator(self._pipe, self.producer_id, chunk_size_bytes=chunk_size_bytes,
-                                max_record_bytes=max_record_bytes, linger_s=linger_ms / 1000)
+                                max_record_bytes=max_record_bytes, linger_s=linger_ms / 1000,
+                                compression=compression)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # completions: flush and full-buffer waits
         self._streams: dict[str, StreamState] = {}
@@ -119,31 +135,49 @@ class Producer:
         self._sender.start()
 
     # ------------------------------------------------------------------ send
-    def send(self, stream: str, value: bytes, key: bytes | None = None,
-             timestamp: int | None = None, *, timestamp_ms: int | None = None) -> None:
+    def send(self, stream: str, value: bytes | None, key: bytes | None = None,
+             timestamp: int | None = None, *, timestamp_ms: int | None = None,
+             headers=None, streamlet: int | None = None, on_delivery=None) -> DeliveryFuture:
         """Queue one record. Blocks (up to send_timeout_s) while the buffer is full.
-        `timestamp` is in microseconds; `timestamp_ms` (milliseconds, like Kafka) instead."""
+        `timestamp` is in microseconds; `timestamp_ms` (milliseconds, like Kafka) instead.
+        A None `value` is a tombstone (read back as None, unlike b""). `headers`: (str, bytes)
+        pairs kept in order. `streamlet` places the record there instead of by its key.
+
+        Returns a DeliveryFuture resolving to the record's RecordMetadata (stream, streamlet,
+        group, offset as consumers see them) or its KeraError. `on_delivery(err, metadata)`
+        (confluent-kafka's signature) is called once settled, on the producer's IO thread:
+        keep it short, it delays the next request."""
         if timestamp_ms is not None:
             timestamp = _ms_to_us(timestamp_ms)
         st = self._streams.get(stream)
         if st is None:
             st = self._stream_state(stream)
-        if value.__class__ is not bytes:
+        if value is not None and value.__class__ is not bytes:
             value = _as_bytes(value, "value")
+        if headers:
+            headers = _headers(headers)
+        if streamlet is not None and not 0 <= streamlet < st.streamlets:
+            raise BadRequest(f"stream '{stream}' has streamlets 0..{st.streamlets - 1}, not {streamlet}")
         if key is not None and key.__class__ is not bytes:
             key = _as_bytes(key, "key")
         if timestamp is not None and timestamp.__class__ is not int:
             timestamp = int(timestamp)
+        future = DeliveryFuture()
+        if on_delivery is not None:
+            future.add_done_callback(on_delivery_callback(on_delivery))
         with self._lock:
             if self._acc.open_bytes + self._pipe.pending_bytes > self.buffer_bytes or self._closed:
                 self._wait_for_room()
-            event = self._acc.append(st, value, key, timestamp)
+            event = self._acc.append(st, value, key, timestamp, headers or None, streamlet, future)
             if event and self._idle:
                 self._idle = False
                 self._wake()
+        return future
 
-    def send_batch(self, stream: str, values, keys=None, timestamps=None) -> int:
-        """Queue many records with O(1) Python calls per chunk; returns how many.
+    def send_batch(self, stream: str, values, keys=None, timestamps=None) -> list[DeliveryFuture]:
+        """Queue many records with O(1) Python calls per chunk; returns one DeliveryFuture per
+        chunk, resolving to RecordMetadata(count=its records, offset=its first record's).
+        (`len()` of the list is no longer the record count: sum the futures' counts.)
 
         `values`: a list of bytes, a numpy 'S' array, a 2-D uint8 array (one row per value) or
         a pyarrow binary array. `keys`: None, or one bytes/None per value (numpy 'S' and
@@ -154,11 +188,9 @@ class Producer:
                                   capacity=self._acc.capacity,
                                   max_record_bytes=self._acc.max_record_bytes,
                                   keyless_streamlet=st.sticky)
-        for piece in pieces:
-            self._queue_piece(st, piece)
-        return n
+        return [self._queue_piece(st, piece) for piece in pieces]
 
-    def _queue_piece(self, st: StreamState, piece: batching.Piece) -> None:
+    def _queue_piece(self, st: StreamState, piece: batching.Piece) -> DeliveryFuture:
         sl = piece.streamlet
         with self._lock:
             if self._acc.open_bytes + self._pipe.pending_bytes > self.buffer_bytes or self._closed:
@@ -169,12 +201,15 @@ class Producer:
             self._acc.seal_streamlet(st, sl)  # records sent before this batch go first
             lane = st.lanes[sl]
             data = chunkcodec.encode(lane.producer_id, lane.next_sequence, st.info.id, sl,
-                                     piece.values, piece.keys, piece.timestamps)
-            self._pipe.add(lane, data, lane.next_sequence, piece.count)
+                                     piece.values, piece.keys, piece.timestamps,
+                                     compression=self.compression)
+            future = DeliveryFuture()
+            self._pipe.add(lane, data, lane.next_sequence, piece.count, [(-1, piece.count, future)])
             self._batch_records += piece.count
             if self._idle:
                 self._idle = False
                 self._wake()
+        return future
 
     # ------------------------------------------------------------------ explicit identity
     def stream_info(self, stream: str) -> StreamInfo:
@@ -237,11 +272,25 @@ class Producer:
                     raise KeraError(f"producer request thread died: {self._fatal!r}")
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise Timeout(f"flush: records still unacknowledged after {timeout:.1f} s")
+                    raise self._undelivered(target, timeout)
                 self._cond.wait(left)
             failures = self._pipe.take_failures()
         if failures:
             raise failure_error(failures)
+
+    def _undelivered(self, target: int, timeout: float) -> Undelivered:
+        """Under the lock: which streamlets still hold records sent before the flush."""
+        counts: dict[tuple[str, int], int] = {}
+        for serial, c in self._pipe.incomplete.items():
+            if serial > target:
+                break  # serial order: the rest were sent after the flush began
+            where = (c.lane.stream, c.lane.streamlet)
+            counts[where] = counts.get(where, 0) + c.records
+        names = ", ".join(f"'{s}' streamlet {sl} ({n})" for (s, sl), n in sorted(counts.items()))
+        total = sum(counts.values())
+        return Undelivered(f"flush: {total} records still unacknowledged after {timeout:.1f} s: "
+                           f"{names}; the rest were stored. Is their broker down? (kera stream "
+                           f"describe); flush again to keep retrying", streamlets=counts, records=total)
 
     def close(self, timeout: float | None = None) -> None:
         """Flush, then stop the request thread and close the connections."""
@@ -339,7 +388,7 @@ class Producer:
         st = self._streams.get(name)
         if st is not None and st.info.id == stream_id:
             del self._streams[name]
-            dropped = self._acc.drop_stream(st)
+            dropped = self._acc.drop_stream(st, error)
             if dropped:
                 self._pipe.stats["records_failed"] += dropped
                 self._pipe.failures.append(Failure(name, -1, error, dropped))

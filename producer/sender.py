@@ -15,6 +15,7 @@ import time
 import zmq
 
 from kera import rpc
+from kera.producer import delivery
 from kera.errors import BadRequest, KeraError, Timeout, UnknownStream
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,9 @@ class Sender(threading.Thread):
                 p._fatal = exc
                 p._cond.notify_all()
         finally:
+            with p._lock:  # outcomes of the last loop turn: settle them before exiting
+                settled, p._pipe.settled = p._pipe.settled, []
+            delivery.settle(settled)
             for conn in self.conns.values():
                 conn.close()
 
@@ -65,6 +69,9 @@ class Sender(threading.Thread):
                     p._cond.notify_all()
                 wake_at = [t for t in (pipe.next_deadline(now), acc.next_linger_deadline()) if t is not None]
                 p._idle = True
+                settled, pipe.settled = pipe.settled, []
+            if settled:
+                delivery.settle(settled)
             if refresh:
                 self._refresh(refresh)
             if out:
@@ -134,6 +141,8 @@ class Sender(threading.Thread):
             for address, header in replies:
                 refresh |= pipe.on_reply(address, header, now)
             p._cond.notify_all()
+            settled, pipe.settled = pipe.settled, []
+        delivery.settle(settled)  # outside the lock: callbacks may send
         if refresh:
             self._refresh(refresh)
 
