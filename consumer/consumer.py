@@ -242,12 +242,13 @@ class Consumer:
                 cur = self._cur
                 if cur is not None:
                     i = self._cur_idx
-                    keys, values, stamps = self._cur_lists
+                    keys, values, stamps, headers = self._cur_lists
                     if i < len(values):
                         self._cur_idx = i + 1
                         self.records_consumed += 1
                         return Record(keys[i], values[i], stamps[i], cur.stream, cur.streamlet,
-                                      cur.group, cur.first + i)
+                                      cur.group, cur.first + i,
+                                      tuple(headers[i]) if headers is not None else ())
                     self._finish_current()
                 item = self._next_item(deadline)
                 if item is None:
@@ -257,7 +258,8 @@ class Consumer:
                     self._cur = item
                     self._cur_idx = 0
                     self._cur_lists = (chunk.keys()[skip:], chunk.values()[skip:],
-                                       chunk.timestamps[skip:].tolist())
+                                       chunk.timestamps[skip:].tolist(),
+                                       chunk.headers()[skip:] if chunk.has_headers else None)
                 else:
                     self._apply(item)
 

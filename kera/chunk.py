@@ -498,6 +498,10 @@ class Chunk:
                 out[i] = None
         return out
 
+    @property
+    def has_headers(self) -> bool:
+        return self._headers_at >= 0
+
     def headers(self) -> list[list[tuple[str, bytes]]]:
         """Each record's headers as (str key, bytes value) pairs, in the order sent."""
         n = len(self)

@@ -13,11 +13,16 @@ from kera.producer import Producer
 POLL_DEADLINE_S = 30
 
 
-def _consume(bootstrap: str, stream: str, count: int) -> list:
+def _consume(bootstrap: str, stream: str, count: int, by_record: bool = False) -> list:
+    """`count` records through poll_batch (columnar) or, `by_record`, through poll()."""
     consumer = Consumer(bootstrap, stream, start="earliest")
     records, deadline = [], time.monotonic() + POLL_DEADLINE_S
     try:
         while len(records) < count and time.monotonic() < deadline:
+            if by_record:
+                record = consumer.poll(timeout_s=1)
+                records += [record] if record is not None else []
+                continue
             for batch in consumer.poll_batch(timeout_s=1):
                 records.extend(batch.records())
     finally:
@@ -25,10 +30,11 @@ def _consume(bootstrap: str, stream: str, count: int) -> list:
     return records
 
 
-@pytest.mark.parametrize("compression", [None, "lz4", "zstd"])
-def test_headers_tombstones_and_compression_round_trip(local_cluster, compression):
+@pytest.mark.parametrize("compression,by_record",
+                         [(None, False), ("lz4", False), ("zstd", False), ("zstd", True)])
+def test_headers_tombstones_and_compression_round_trip(local_cluster, compression, by_record):
     cluster = local_cluster(brokers=1)
-    stream = f"hdr_{compression}"
+    stream = f"hdr_{compression}_{by_record}"
     with Admin(cluster.bootstrap) as admin:
         admin.create_stream(stream, streamlets=3)
     sent = []
@@ -40,7 +46,7 @@ def test_headers_tombstones_and_compression_round_trip(local_cluster, compressio
             sent.append((i % 3, value, tuple(headers)))
         p.send_batch(stream, [b"batch"] * 50)
         p.flush()
-    got = _consume(cluster.bootstrap, stream, len(sent) + 50)
+    got = _consume(cluster.bootstrap, stream, len(sent) + 50, by_record)
     assert len(got) == len(sent) + 50
     by_streamlet = {sl: [(sl, r.value, r.headers) for r in got if r.streamlet == sl and r.value != b"batch"]
                     for sl in range(3)}
