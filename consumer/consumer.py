@@ -55,6 +55,7 @@ class Consumer:
                  fetch_wait_ms: float = config.DEFAULT_FETCH_WAIT_MS,
                  on_lost_position: str = "raise", on_assigned=None, on_revoked=None,
                  group: str | None = None, group_instance_id: str | None = None,
+                 pattern: str | None = None,
                  session_timeout_ms: int = 10_000, auto_commit_interval_ms: int | None = 5_000):
         """`stream`: one stream name or a list of them, all read by this one consumer.
         `streamlets` / `member`+`members` choose streamlets of each stream (`streamlets=[]`:
@@ -78,7 +79,10 @@ class Consumer:
         this consumer its share of the streams' streamlets, each from the group's committed
         position (else from `start`); `commit()` / auto-commit every `auto_commit_interval_ms`
         (None: off) save what was handed out. `group_instance_id`: static membership, a restart
-        within `session_timeout_ms` gets the same streamlets back without a rebalance."""
+        within `session_timeout_ms` gets the same streamlets back without a rebalance.
+        `pattern` (with `group`): also every stream whose whole name matches this regular
+        expression, including streams created later (Kafka's subscribe(pattern)); `stream`
+        may then be []."""
         if group is not None and (streamlets is not None or member is not None):
             raise BadRequest("a group member's streamlets are assigned by its group: give "
                              "`group` or `streamlets`/`member`, not both")
@@ -88,8 +92,8 @@ class Consumer:
             raise ValueError(f"on_lost_position must be one of {LOST_POSITION_POLICIES}, "
                              f"not {on_lost_position!r}")
         self.streams = [stream] if isinstance(stream, str) else list(dict.fromkeys(stream))
-        if not self.streams:
-            raise BadRequest("give at least one stream to read")
+        if not self.streams and (pattern is None or group is None):
+            raise BadRequest("give at least one stream to read (or, with a group, a pattern)")
         # The one stream of a single-stream consumer (None when it reads several).
         self.stream = self.streams[0] if isinstance(stream, str) else None
         self.cache_chunks_max = cache_chunks_max
@@ -125,7 +129,8 @@ class Consumer:
         self.group = group
         self._membership = None
         if group is not None:
-            self._join(group, group_instance_id, session_timeout_ms, auto_commit_interval_ms)
+            self._join(group, group_instance_id, session_timeout_ms, auto_commit_interval_ms,
+                       pattern)
 
     def _init_cache(self) -> None:
         """The caller's side: the cache the request thread fills and what is being walked."""
@@ -461,11 +466,12 @@ class Consumer:
         return out
 
     # ------------------------------------------------------------------ groups (issue 11)
-    def _join(self, group, instance_id, session_timeout_ms, auto_commit_interval_ms) -> None:
+    def _join(self, group, instance_id, session_timeout_ms, auto_commit_interval_ms,
+              pattern) -> None:
         from kera.consumer.membership import Membership
         self._membership = Membership(
-            self, self._meta.coordinator, group, self.streams, time.monotonic(),
-            instance_id=instance_id, session_timeout_ms=session_timeout_ms,
+            self, self._meta.coordinator, group, list(self.streams), time.monotonic(),
+            instance_id=instance_id, pattern=pattern, session_timeout_ms=session_timeout_ms,
             auto_commit_interval_ms=auto_commit_interval_ms)
         self.add_task(self._membership)
 

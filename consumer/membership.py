@@ -55,11 +55,13 @@ def positions_from_wire(entries) -> list[Position]:
 
 class Membership:
     def __init__(self, consumer: Assignable, coordinator: str, group: str, streams, now: float,
-                 *, instance_id: str | None = None, session_timeout_ms: int = 10_000,
+                 *, instance_id: str | None = None, pattern: str | None = None,
+                 session_timeout_ms: int = 10_000,
                  auto_commit_interval_ms: int | None = 5_000):
         self.consumer, self.coordinator, self.group = consumer, coordinator, group
         self.streams = list(streams)
         self.instance_id, self.session_timeout_ms = instance_id, session_timeout_ms
+        self.pattern = pattern   # the coordinator adds every stream whose name matches
         self.auto_commit_s = None if auto_commit_interval_ms is None else auto_commit_interval_ms / 1000
         self.member_id, self.member_epoch = "", 0
         self.next_beat_s = now
@@ -142,6 +144,8 @@ class Membership:
                                 "session_timeout_ms": self.session_timeout_ms}
         if self.instance_id:
             fields["instance_id"] = self.instance_id
+        if self.pattern is not None:
+            fields["pattern"] = self.pattern
         return fields
 
     def _apply(self, header: dict, now: float) -> None:

@@ -149,7 +149,7 @@ class Coordinator:
         # "rclear"); None once more than REPLICA_JOURNAL_MAX piled up (snapshot instead).
         self.replica_journal: list[list] | None = []
         # Consumer groups (kera.coordinator.groups): their commits persist with the rest.
-        self.groups = groups.Groups(self._streamlets_of)
+        self.groups = groups.Groups(self._streamlets_of, self.streams.keys)
         if state is not None:
             self._load(state)
             # The restart itself is a change: liveness is unknown until daemons heartbeat, and

@@ -28,6 +28,7 @@ coordinator restart forgets: members get UnknownMember, rejoin, and resume from 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from kera.coordinator.validate import NAME_CHARS_MAX
@@ -62,6 +63,7 @@ class GroupMember:
     owned: set = field(default_factory=set)     # parts it reported still holding
     target: set = field(default_factory=set)    # parts the assignment gives it
     left: bool = False                          # a static member away for a restart
+    pattern: re.Pattern | None = None           # also every stream whose name fully matches
 
     def holds(self) -> set:
         return self.granted | self.owned
@@ -84,22 +86,24 @@ class Group:
 
 class Groups:
     """Every consumer group of the cluster. `streamlets_of(stream) -> int | None` is the
-    coordinator's view of a stream's shape (None: no such stream)."""
+    coordinator's view of a stream's shape (None: no such stream); `stream_names()` lists the
+    streams, for pattern subscriptions."""
 
-    def __init__(self, streamlets_of, id_source=None):
+    def __init__(self, streamlets_of, stream_names=tuple, id_source=None):
         self.groups: dict[str, Group] = {}
-        self.streamlets_of = streamlets_of
+        self.streamlets_of, self.stream_names = streamlets_of, stream_names
         self._id_source = id_source or (lambda: os.urandom(8).hex())
         self.dirty = False   # committed positions changed since take_dirty()
 
     # ------------------------------------------------------------------ membership
     def heartbeat(self, name: str, member_id: str, member_epoch: int, now: float, *,
-                  streams=(), owned=(), instance_id: str | None = None,
+                  streams=(), owned=(), instance_id: str | None = None, pattern: str | None = None,
                   session_timeout_ms: int = SESSION_TIMEOUT_MS_DEFAULT) -> dict:
         group = self.groups.get(name)
         if member_epoch == JOIN_EPOCH and not member_id:
             group = self.groups.setdefault(name, Group(name))
-            member = self._join(group, instance_id, tuple(streams), session_timeout_ms, now)
+            member = self._join(group, instance_id, tuple(streams), session_timeout_ms, now,
+                                _compile(pattern))
         else:
             member = self._member(group, name, member_id)
             if member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
@@ -121,14 +125,16 @@ class Groups:
                                 f"session timeout or left): rejoin")
         return member
 
-    def _join(self, group: Group, instance_id, streams, session_timeout_ms, now) -> GroupMember:
-        if not streams:
-            raise BadRequest("a member joining a group must subscribe to at least one stream")
+    def _join(self, group: Group, instance_id, streams, session_timeout_ms, now,
+              pattern: re.Pattern | None) -> GroupMember:
+        if not streams and pattern is None:
+            raise BadRequest("a member joining a group must subscribe to at least one stream "
+                             "or a pattern")
         if not SESSION_TIMEOUT_MS_MIN <= session_timeout_ms <= SESSION_TIMEOUT_MS_MAX:
             raise BadRequest(f"session_timeout_ms={session_timeout_ms} is outside "
                              f"[{SESSION_TIMEOUT_MS_MIN}, {SESSION_TIMEOUT_MS_MAX}]")
         member = GroupMember(self._id_source(), instance_id, streams, session_timeout_ms / 1000,
-                             now)
+                             now, pattern=pattern)
         previous = next((m for m in group.members.values()
                          if instance_id is not None and m.instance_id == instance_id), None)
         if previous is not None:
@@ -164,18 +170,28 @@ class Groups:
 
     def _reshape(self, group: Group) -> None:
         """A new epoch and target when members, subscriptions or streams changed."""
+        names = list(self.stream_names()) if any(
+            m.pattern for m in group.members.values()) else []
+        wanted = {mid: self._subscription(m, names) for mid, m in group.members.items()}
         # A static member counts by its instance id: its restart is not a membership change.
-        subs = tuple(sorted((m.instance_id or mid, m.streams) for mid, m in group.members.items()))
-        streams = {s for m in group.members.values() for s in m.streams}
+        subs = tuple(sorted((m.instance_id or mid, wanted[mid])
+                            for mid, m in group.members.items()))
+        streams = {s for subscribed in wanted.values() for s in subscribed}
         shape = (subs, tuple(self._parts(streams)))
         if shape == group.shape:
             return
         group.shape = shape
         group.epoch += 1
-        targets = assign_parts(shape[1], {mid: m.streams for mid, m in group.members.items()},
+        targets = assign_parts(shape[1], wanted,
                                {mid: m.target for mid, m in group.members.items()})
         for mid, m in group.members.items():
             m.target = targets[mid]
+
+    @staticmethod
+    def _subscription(member: GroupMember, names) -> tuple[str, ...]:
+        if member.pattern is None:
+            return member.streams
+        return tuple(sorted(set(member.streams) | {n for n in names if member.pattern.fullmatch(n)}))
 
     def _reconcile(self, group: Group, member: GroupMember) -> None:
         kept = member.granted & member.target
@@ -245,7 +261,9 @@ class Groups:
         if group is None:
             raise BadRequest(f"no consumer group '{name}' (`kera group list` shows them)")
         members = [{"member_id": m.member_id, "instance_id": m.instance_id, "epoch": m.epoch,
-                    "streams": list(m.streams), "assignment": [list(p) for p in sorted(m.granted)],
+                    "streams": list(m.streams),
+                    "pattern": m.pattern.pattern if m.pattern is not None else None,
+                    "assignment": [list(p) for p in sorted(m.granted)],
                     "pending": [list(p) for p in sorted(m.target - m.granted)]}
                    for _, m in sorted(group.members.items())]
         return {"group": name, "epoch": group.epoch, "state": _state(group),
@@ -279,6 +297,16 @@ def _state(group: Group) -> str:
         return "empty"
     settled = all(m.epoch == group.epoch and m.granted == m.target for m in group.members.values())
     return "stable" if settled else "reconciling"
+
+
+def _compile(pattern: str | None) -> re.Pattern | None:
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as err:
+        raise BadRequest(f"subscription pattern {pattern!r} is not a regular expression: "
+                         f"{err}") from None
 
 
 def _part(value) -> Part:
@@ -326,6 +354,7 @@ GROUP_NAME_CHARS_MAX = 255       # Kafka's group.id bound
 MEMBER_ID_CHARS_MAX = 64         # ours are 16 hex characters
 STREAMS_PER_MEMBER_MAX = 4096    # streams one consumer subscribes to
 PARTS_PER_REQUEST_MAX = 65536    # parts in one heartbeat's `owned` or one commit
+PATTERN_CHARS_MAX = 1024         # a subscription regex: names are at most 255 characters
 GROUPS_PER_POSITION_MAX = 4096   # groups listed in one part's position (positions() lists
                                  # every group from the lowest unfinished one up)
 
@@ -342,6 +371,7 @@ def ops(groups: Groups) -> dict:
             streams=[_name(s) for s in f.list("streams", [], STREAMS_PER_MEMBER_MAX)],
             owned=[_part_field(p) for p in f.list("owned", [], PARTS_PER_REQUEST_MAX)],
             instance_id=f.str("instance_id", None, hi=GROUP_NAME_CHARS_MAX),
+            pattern=f.str("pattern", None, hi=PATTERN_CHARS_MAX),
             session_timeout_ms=f.int("session_timeout_ms", SESSION_TIMEOUT_MS_DEFAULT))
 
     def commit(f, now):

@@ -171,3 +171,17 @@ def test_the_group_command_shows_lag_resets_and_deletes(cluster):
     assert sorted(again) == list(range(140))
     assert kera_cli(cluster, "group", "delete", group)[0] == 0
     assert group not in kera_cli(cluster, "group", "list")[1]
+
+
+def test_a_pattern_member_reads_streams_created_after_it_joined(cluster):
+    first = new_stream(cluster, records=30)
+    group = f"g-pattern-{first}"
+    values: list[int] = []
+    with Consumer(cluster.bootstrap, [], group=group, pattern=f"{first}|{first}-later") as c:
+        read([c], values, 30)
+        with cluster.admin() as admin:
+            admin.create_stream(f"{first}-later", streamlets=2)
+        produce(cluster, f"{first}-later", 100, 20)
+        read([c], values, 50)
+        assert {s for s, _ in c.assignment()} == {first, f"{first}-later"}
+    assert sorted(values) == list(range(30)) + list(range(100, 120))

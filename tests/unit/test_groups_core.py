@@ -188,3 +188,18 @@ def test_the_ops_refuse_malformed_positions():
     with pytest.raises(BadRequest, match="part"):
         c.handle("group_heartbeat", {"group": "g", "member_epoch": 0, "streams": ["a"],
                                      "owned": [["a", "x"]]}, 0.0)
+
+
+def test_a_pattern_subscription_takes_streams_created_later():
+    shape = {"clicks-1": 2}
+    ids = itertools.count()
+    g = Groups(shape.get, shape.keys, id_source=lambda: f"m{next(ids)}")
+    r = g.heartbeat("g", "", 0, 0.0, pattern=r"clicks-\d+")
+    assert sorted(map(tuple, r["assignment"])) == [("clicks-1", 0), ("clicks-1", 1)]
+    shape["clicks-2"] = 1
+    shape["views"] = 3
+    r = beat(g, r, 0.1)
+    assert ("clicks-2", 0) in map(tuple, r["assignment"]) and r["group_epoch"] == 2
+    assert not any(p[0] == "views" for p in r["assignment"])
+    with pytest.raises(BadRequest, match="regular expression"):
+        g.heartbeat("g", "", 0, 0.2, pattern="(")
