@@ -80,9 +80,9 @@ class Consumer:
         position (else from `start`); `commit()` / auto-commit every `auto_commit_interval_ms`
         (None: off) save what was handed out. `group_instance_id`: static membership, a restart
         within `session_timeout_ms` gets the same streamlets back without a rebalance.
-        `pattern` (with `group`): also every stream whose whole name matches this regular
-        expression, including streams created later (Kafka's subscribe(pattern)); `stream`
-        may then be []."""
+        `pattern` (with `group`): also every stream whose name matches this glob ("clicks-*",
+        fnmatch syntax), including streams created later (Kafka's subscribe(pattern), with a
+        glob rather than a regex); `stream` may then be []."""
         if group is not None and (streamlets is not None or member is not None):
             raise BadRequest("a group member's streamlets are assigned by its group: give "
                              "`group` or `streamlets`/`member`, not both")

@@ -28,7 +28,7 @@ coordinator restart forgets: members get UnknownMember, rejoin, and resume from 
 from __future__ import annotations
 
 import os
-import re
+from fnmatch import fnmatchcase
 from dataclasses import dataclass, field
 
 from kera.coordinator.validate import NAME_CHARS_MAX
@@ -48,6 +48,13 @@ SESSION_TIMEOUT_MS_DEFAULT = 10_000
 HEARTBEAT_INTERVAL_MS = 1_000
 CONVERGING_INTERVAL_MS = 50
 
+# Bounds a flood of joins cannot pass: each group costs ~1 KB plus its committed positions and
+# each member ~0.5 KB plus its parts, so the coordinator's memory stays bounded (~100 MB at the
+# worst) whatever clients send; far above what the deployments kera targets run (Kafka's
+# default group.max.size is unbounded, but its brokers cap membership per group by config).
+GROUPS_MAX = 10_000
+MEMBERS_PER_GROUP_MAX = 1_000
+
 Part = tuple[str, int]
 
 
@@ -63,7 +70,7 @@ class GroupMember:
     owned: set = field(default_factory=set)     # parts it reported still holding
     target: set = field(default_factory=set)    # parts the assignment gives it
     left: bool = False                          # a static member away for a restart
-    pattern: re.Pattern | None = None           # also every stream whose name fully matches
+    pattern: str | None = None                  # also every stream whose name matches this glob
 
     def holds(self) -> set:
         return self.granted | self.owned
@@ -101,9 +108,9 @@ class Groups:
                   session_timeout_ms: int = SESSION_TIMEOUT_MS_DEFAULT) -> dict:
         group = self.groups.get(name)
         if member_epoch == JOIN_EPOCH and not member_id:
-            group = self.groups.setdefault(name, Group(name))
+            group = self._group_for_writes(name)
             member = self._join(group, instance_id, tuple(streams), session_timeout_ms, now,
-                                _compile(pattern))
+                                pattern)
         else:
             member = self._member(group, name, member_id)
             if member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
@@ -126,13 +133,16 @@ class Groups:
         return member
 
     def _join(self, group: Group, instance_id, streams, session_timeout_ms, now,
-              pattern: re.Pattern | None) -> GroupMember:
+              pattern: str | None) -> GroupMember:
         if not streams and pattern is None:
             raise BadRequest("a member joining a group must subscribe to at least one stream "
                              "or a pattern")
         if not SESSION_TIMEOUT_MS_MIN <= session_timeout_ms <= SESSION_TIMEOUT_MS_MAX:
             raise BadRequest(f"session_timeout_ms={session_timeout_ms} is outside "
                              f"[{SESSION_TIMEOUT_MS_MIN}, {SESSION_TIMEOUT_MS_MAX}]")
+        if len(group.members) >= MEMBERS_PER_GROUP_MAX:
+            raise BadRequest(f"group '{group.name}' has {MEMBERS_PER_GROUP_MAX} members, the "
+                             f"most one group may have: use another group or fewer consumers")
         member = GroupMember(self._id_source(), instance_id, streams, session_timeout_ms / 1000,
                              now, pattern=pattern)
         previous = next((m for m in group.members.values()
@@ -151,6 +161,7 @@ class Groups:
             member.left = True    # its place is kept until its session timeout
         else:
             del group.members[member.member_id]
+            self._forget_if_unused(group)
         return {"member_id": member.member_id, "member_epoch": LEAVE_EPOCH,
                 "group_epoch": group.epoch, "assignment": [], "heartbeat_interval_ms": 0}
 
@@ -162,7 +173,23 @@ class Groups:
                 if now - m.last_seen_s > m.session_timeout_s:
                     del group.members[mid]
                     gone.append((group.name, mid))
+        for name in {g for g, _ in gone}:
+            self._forget_if_unused(self.groups[name])
         return gone
+
+    def _forget_if_unused(self, group: Group) -> None:
+        """A group without members or commits is nothing to keep (a join that came to naught)."""
+        if not group.members and not group.committed:
+            del self.groups[group.name]
+
+    def _group_for_writes(self, name: str) -> Group:
+        group = self.groups.get(name)
+        if group is None:
+            if len(self.groups) >= GROUPS_MAX:
+                raise BadRequest(f"the cluster has {GROUPS_MAX} consumer groups, the most it "
+                                 f"keeps: delete unused ones (kera group delete)")
+            group = self.groups[name] = Group(name)
+        return group
 
     # ------------------------------------------------------------------ assignment
     def _parts(self, streams) -> list[Part]:
@@ -191,7 +218,8 @@ class Groups:
     def _subscription(member: GroupMember, names) -> tuple[str, ...]:
         if member.pattern is None:
             return member.streams
-        return tuple(sorted(set(member.streams) | {n for n in names if member.pattern.fullmatch(n)}))
+        return tuple(sorted(set(member.streams) | {n for n in names
+                                                   if fnmatchcase(n, member.pattern)}))
 
     def _reconcile(self, group: Group, member: GroupMember) -> None:
         kept = member.granted & member.target
@@ -228,14 +256,17 @@ class Groups:
         elif group is not None and group.members:
             raise GroupNotEmpty(f"group '{name}' has {len(group.members)} live members: only "
                                 f"they commit; pass their member id, or stop them first")
-        group = self.groups.setdefault(name, Group(name))
+        group = self._group_for_writes(name)
         group.committed.update(positions)
         self.dirty = True
 
     def reset(self, name: str, positions, streams=()) -> None:
         """Replace the committed positions of an empty group: drop every part of `streams`,
-        then record `positions`."""
-        group = self._empty(name)
+        then record `positions`. A group not known yet is created (Kafka's reset-offsets
+        does the same), so positions can be set before its first member starts."""
+        if name in self.groups:
+            self._empty(name)
+        group = self._group_for_writes(name)
         for part in [p for p in group.committed if p[0] in set(streams)]:
             del group.committed[part]
         group.committed.update(positions)
@@ -262,7 +293,7 @@ class Groups:
             raise BadRequest(f"no consumer group '{name}' (`kera group list` shows them)")
         members = [{"member_id": m.member_id, "instance_id": m.instance_id, "epoch": m.epoch,
                     "streams": list(m.streams),
-                    "pattern": m.pattern.pattern if m.pattern is not None else None,
+                    "pattern": m.pattern,
                     "assignment": [list(p) for p in sorted(m.granted)],
                     "pending": [list(p) for p in sorted(m.target - m.granted)]}
                    for _, m in sorted(group.members.items())]
@@ -297,16 +328,6 @@ def _state(group: Group) -> str:
         return "empty"
     settled = all(m.epoch == group.epoch and m.granted == m.target for m in group.members.values())
     return "stable" if settled else "reconciling"
-
-
-def _compile(pattern: str | None) -> re.Pattern | None:
-    if pattern is None:
-        return None
-    try:
-        return re.compile(pattern)
-    except re.error as err:
-        raise BadRequest(f"subscription pattern {pattern!r} is not a regular expression: "
-                         f"{err}") from None
 
 
 def _part(value) -> Part:
@@ -354,7 +375,10 @@ GROUP_NAME_CHARS_MAX = 255       # Kafka's group.id bound
 MEMBER_ID_CHARS_MAX = 64         # ours are 16 hex characters
 STREAMS_PER_MEMBER_MAX = 4096    # streams one consumer subscribes to
 PARTS_PER_REQUEST_MAX = 65536    # parts in one heartbeat's `owned` or one commit
-PATTERN_CHARS_MAX = 1024         # a subscription regex: names are at most 255 characters
+# A subscription pattern is a glob (fnmatch: * ? [..]), not a regular expression: a regex from
+# a client could backtrack for hours on the coordinator's one thread; a glob matches in time
+# linear in the name (Python's fnmatch avoids nested backtracking). Names are <= 255 characters.
+PATTERN_CHARS_MAX = 255
 GROUPS_PER_POSITION_MAX = 4096   # groups listed in one part's position (positions() lists
                                  # every group from the lowest unfinished one up)
 

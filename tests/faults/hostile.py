@@ -66,6 +66,14 @@ COORDINATOR_OPS = {
     "deregister": ["kind", "daemon_id"],
     "recovery_status": [],
     "stats": [],
+    "group_heartbeat": ["group", "member_id", "member_epoch", "streams", "pattern", "owned",
+                        "instance_id", "session_timeout_ms"],
+    "group_commit": ["group", "member_id", "member_epoch", "positions"],
+    "group_offsets": ["group"],
+    "group_list": [],
+    "group_describe": ["group"],
+    "group_reset": ["group", "streams", "positions"],
+    "group_delete": ["group"],
 }
 BROKER_OPS = {"produce": ["acks"], "fetch": ["reads"], "offsets": ["sid", "sl"], "stats": []}
 BACKUP_OPS = {
@@ -76,7 +84,7 @@ BACKUP_OPS = {
     "stats": [],
 }
 OPS_BY_KIND = {"coordinator": COORDINATOR_OPS, "broker": BROKER_OPS, "backup": BACKUP_OPS}
-LIST_FIELDS = {"vsegs", "held", "streamlets", "reads", "fence"}
+LIST_FIELDS = {"vsegs", "held", "streamlets", "reads", "fence", "streams", "owned", "positions"}
 MAP_FIELDS = {"stats"}
 
 FAMILIES = ("envelope", "types", "huge_numbers", "huge_counts", "unknown_ids", "forged_ids",
@@ -148,6 +156,14 @@ class HostileMessages:
             "token": rng.randbytes(16).hex(), "cluster_id": rng.randbytes(16).hex(),
             "stream_id_mark": rng.randrange(10), "limit": rng.randrange(1, 100),
             "after": [rng.randrange(3), rng.randrange(9), rng.randrange(1 << 32)],
+            "group": f"fuzz-group-{rng.randrange(100)}", "member_id": "",
+            "member_epoch": rng.choice([0, 0, 1, -1, -2]),
+            "streams": [rng.choice(list(live.protected_streams) + ["fuzz-unknown"])],
+            "pattern": rng.choice(["fuzz-*", "*", "[a-", "**" * 50]),
+            "owned": [[rng.choice(list(live.protected_streams)), rng.randrange(4)]],
+            "instance_id": f"fuzz-{rng.randrange(10)}", "session_timeout_ms": 1000,
+            "positions": [[rng.choice(list(live.protected_streams)), rng.randrange(2),
+                           [[rng.randrange(3), rng.randrange(100), None]]]],
         }
         if op == "list_streams":
             t["after"] = f"fuzz-{rng.randrange(10**6)}"

@@ -82,9 +82,13 @@ def test_counters_through_admin_kera_stats_and_prometheus(fresh_cluster):
     assert data["backups"]["0"]["flush_bytes"] == k["flush_bytes"]
     table = kera("stats", bootstrap=cluster.bootstrap)
     assert table.returncode == 0, table.stderr
-    rows = {line.split()[0]: line.split()[1:] for line in table.stdout.splitlines()[1:]}
-    assert table.stdout.splitlines()[0].split() == ["COUNTER", "coordinator", "broker-0", "backup-0"]
-    assert rows["chunks_appended"] == ["40"]          # only the broker has it
+    # Grouped per daemon kind (kera.stats_view): rows are COUNTER UNIT value-per-daemon.
+    lines = table.stdout.splitlines()
+    assert "== brokers ==" in lines and "== backups ==" in lines
+    rows = {line.split()[0]: line.split()[1:] for line in lines
+            if len(line.split()) >= 3 and not line.startswith(("COUNTER", "=="))
+            and ":" not in line.split()[0]}
+    assert rows["chunks_appended"] == ["count", "40"]
     assert "replication_writes" in rows and "flushes" in rows and "durable_lag_bytes" in rows
 
     # Prometheus text: the daemons refresh their snapshot on a timer, so wait for the figures.
