@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 import time
 
 from kera import Consumer
@@ -21,8 +22,14 @@ AUTO_COMMIT_INTERVAL_MS = 200
 SESSION_TIMEOUT_MS = 3000
 
 
+_out = threading.Lock()   # callbacks run on the request thread, records on the main one
+
+
 def emit(**event) -> None:
-    print(json.dumps({"t": time.monotonic(), **event}), flush=True)
+    line = json.dumps({"t": time.monotonic(), **event}) + "\n"
+    with _out:    # one whole line at a time: print() from two threads can interleave
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def main(bootstrap: str, stream: str, group: str) -> None:

@@ -21,6 +21,7 @@ from tests.faults.group_member import SESSION_TIMEOUT_MS
 STREAMLETS = 12
 PRODUCE_EVERY_S = 0.002      # ~500 records/s: continuous, yet light on two cores
 SETTLE_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0        # a graceful close: final commit + leave, each within a request timeout
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -55,8 +56,12 @@ class Member:
 
     def stop(self, sig=signal.SIGTERM) -> None:
         self.proc.send_signal(sig)
-        self.proc.wait(timeout=30)
-        self.reader.join(timeout=10)
+        try:
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()    # never leave a member behind; the test fails on its records
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+        self.reader.join(timeout=STOP_TIMEOUT_S)
 
 
 class Production:
