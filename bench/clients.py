@@ -63,35 +63,34 @@ class KeraProducerClient:
 
 
 class KeraConsumerClient:
-    """One kera Consumer per stream this process reads (the client reads one stream each)."""
+    """One kera Consumer for every stream this process reads: one request thread and one
+    connection per broker whatever the number of streams (issue 11), assigned exactly the
+    (stream, streamlet) parts the workload gives this client."""
 
     def __init__(self, bootstrap: str, prefix: str, w: Workload, partitions: dict[int, list[int]]):
         from kera.consumer import Consumer
 
-        self.consumers = []
+        names = [stream_name(prefix, s) for s in sorted(partitions)]
+        self.consumer = Consumer(bootstrap, names, start="earliest", streamlets=[])
         try:
-            for s, streamlets in sorted(partitions.items()):
-                self.consumers.append(Consumer(bootstrap, stream_name(prefix, s), start="earliest",
-                                               streamlets=streamlets))
+            self.consumer.assign([(stream_name(prefix, s), sl)
+                                  for s, streamlets in sorted(partitions.items())
+                                  for sl in streamlets])
         except BaseException:
             self.close()
             raise
-        self._next = 0
 
     def poll(self) -> np.ndarray | None:
-        """Stamps of every chunk ready now in any of the consumers; None if there was none."""
-        parts = []
-        for c in self.consumers:
-            for batch in c.poll_batch(timeout_s=0):
-                parts.append(stamps_from_blob(batch.values_blob, batch.value_offsets))
+        """Stamps of every chunk ready now; None if there was none."""
+        parts = [stamps_from_blob(batch.values_blob, batch.value_offsets)
+                 for batch in self.consumer.poll_batch(timeout_s=0)]
         if not parts:
             time.sleep(IDLE_SLEEP_S)
             return None
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def close(self) -> None:
-        for c in self.consumers:
-            c.close()
+        self.consumer.close()
 
 
 # ---------------------------------------------------------------------- Kafka

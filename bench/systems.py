@@ -120,7 +120,7 @@ class KeraSystem(_System):
                 "stream": {"streamlets": w.streamlets, "active_groups": w.active_groups,
                            "replication": w.replication, "durability": w.durability},
                 "consumer": {"api": "poll_batch", "start": "earliest",
-                             "one_client_per_stream": True},
+                             "one_client_for_all_streams": True},
                 "producer_api": "send_batch, one call per chunk"}
 
     def check_alive(self) -> None:
