@@ -38,7 +38,13 @@ from kera.metadata import Metadata
 from kera.position import Position, Record
 
 log = logging.getLogger(__name__)
-# What a consumer does with a position into a history its streamlet no longer has.
+# What a consumer does with a position into a history its streamlet no longer has (its data
+# was lost: an R=1 broker restarted without it), like Kafka's auto.offset.reset: "raise" raises
+# PositionLost from poll; "earliest" restarts the streamlet at its first record, "latest" at its
+# end (both log a warning). Raising is the default, unlike Kafka's "latest": kera promises not
+# to lose acknowledged records, so a loss is an event the application must hear of and decide
+# on, never something a reader skips past. The position is never reinterpreted in the new
+# history (that would silently skip the records produced after the loss).
 LOST_POSITION_POLICIES = ("raise", "earliest", "latest")
 
 LATEST_RETRY_S = 0.05
@@ -67,30 +73,17 @@ class Consumer:
         them), in the thread that calls those, with the (stream, streamlet) parts.
 
         `on_lost_position`: what to do when a streamlet no longer has the history a position
-        points into (its data was lost: an R=1 broker restarted without it), like Kafka's
-        auto.offset.reset: "raise" (the default) raises PositionLost from poll; "earliest"
-        restarts the streamlet at its first record, "latest" at its end (both log a warning).
-        Raising is the default, unlike Kafka's "latest": kera promises not to lose
-        acknowledged records, so a loss is an event the application must hear of and decide
-        on, never something a reader skips past. The position is never reinterpreted in the
-        new history (that would silently skip the records produced after the loss).
+        points into (see LOST_POSITION_POLICIES): "raise" (default), "earliest" or "latest".
 
         `group`: join that consumer group (kera.consumer.membership): the coordinator assigns
         this consumer its share of the streams' streamlets, each from the group's committed
         position (else from `start`); `commit()` / auto-commit every `auto_commit_interval_ms`
         (None: off) save what was handed out. `group_instance_id`: static membership, a restart
         within `session_timeout_ms` gets the same streamlets back without a rebalance.
-        `pattern` (with `group`): also every stream whose name matches this glob ("clicks-*",
-        fnmatch syntax), including streams created later (Kafka's subscribe(pattern), with a
-        glob rather than a regex); `stream` may then be []."""
-        if group is not None and (streamlets is not None or member is not None):
-            raise BadRequest("a group member's streamlets are assigned by its group: give "
-                             "`group` or `streamlets`/`member`, not both")
-        if cache_chunks_max < 1 or fetch_max_bytes < 1:
-            raise ValueError("cache_chunks_max and fetch_max_bytes must be positive")
-        if on_lost_position not in LOST_POSITION_POLICIES:
-            raise ValueError(f"on_lost_position must be one of {LOST_POSITION_POLICIES}, "
-                             f"not {on_lost_position!r}")
+        `pattern` (with `group`): also every stream whose name matches this glob ("clicks-*"),
+        streams created later included (Kafka's subscribe(pattern)); `stream` may be []."""
+        _check_options(group is not None and (streamlets is not None or member is not None),
+                       cache_chunks_max, fetch_max_bytes, on_lost_position)
         self.streams = [stream] if isinstance(stream, str) else list(dict.fromkeys(stream))
         if not self.streams and (pattern is None or group is None):
             raise BadRequest("give at least one stream to read (or, with a group, a pattern)")
@@ -633,6 +626,18 @@ class Consumer:
     def stats(self) -> dict:
         with self._lock:
             return {"records_consumed": self.records_consumed, "cached_chunks": self._cached_chunks}
+
+
+def _check_options(group_and_streamlets: bool, cache_chunks_max: int, fetch_max_bytes: int,
+                   on_lost_position: str) -> None:
+    if group_and_streamlets:
+        raise BadRequest("a group member's streamlets are assigned by its group: give "
+                         "`group` or `streamlets`/`member`, not both")
+    if cache_chunks_max < 1 or fetch_max_bytes < 1:
+        raise ValueError("cache_chunks_max and fetch_max_bytes must be positive")
+    if on_lost_position not in LOST_POSITION_POLICIES:
+        raise ValueError(f"on_lost_position must be one of {LOST_POSITION_POLICIES}, "
+                         f"not {on_lost_position!r}")
 
 
 def _parse_offsets(header: dict, address: str) -> tuple[list, int, int | None]:
