@@ -72,16 +72,15 @@ class Consumer:
         (before: positions() still covers the parts, so the application can flush and save
         them), in the thread that calls those, with the (stream, streamlet) parts.
 
-        `on_lost_position`: what to do when a streamlet no longer has the history a position
-        points into (see LOST_POSITION_POLICIES): "raise" (default), "earliest" or "latest".
+        `on_lost_position`: "raise" (default), "earliest" or "latest" (LOST_POSITION_POLICIES).
 
         `group`: join that consumer group (kera.consumer.membership): the coordinator assigns
         this consumer its share of the streams' streamlets, each from the group's committed
         position (else from `start`); `commit()` / auto-commit every `auto_commit_interval_ms`
         (None: off) save what was handed out. `group_instance_id`: static membership, a restart
         within `session_timeout_ms` gets the same streamlets back without a rebalance.
-        `pattern` (with `group`): also every stream whose name matches this glob ("clicks-*"),
-        streams created later included (Kafka's subscribe(pattern)); `stream` may be []."""
+        `pattern` (with `group`): also every stream matching this glob ("clicks-*"), later
+        ones included (Kafka's subscribe(pattern)); `stream` may be []."""
         _check_options(group is not None and (streamlets is not None or member is not None),
                        cache_chunks_max, fetch_max_bytes, on_lost_position)
         self.streams = [stream] if isinstance(stream, str) else list(dict.fromkeys(stream))
