@@ -9,7 +9,6 @@ outcome; `tick` expires what waited too long. No sockets, no threads, no clock r
 from __future__ import annotations
 
 import logging
-import struct
 from collections import deque
 from dataclasses import dataclass
 

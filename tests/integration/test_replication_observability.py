@@ -16,7 +16,7 @@ import pytest
 from kera.admin import Admin
 from kera.local import free_port
 
-from test_replication import Writer, create, flushed, stats_of, wait_for
+from test_replication import Writer, create, flushed, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
