@@ -22,6 +22,7 @@ from kera import Consumer
 from kera.local import LocalCluster
 
 ASSIGN_TIMEOUT_S = 30.0
+ASSIGN_POLL_S = 0.01     # how often to look for the first assignment while waiting
 
 
 def member(bootstrap: str, stream: str, group: str, commits: int, out: list) -> None:
@@ -30,7 +31,7 @@ def member(bootstrap: str, stream: str, group: str, commits: int, out: list) -> 
         while not c.assignment():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{group}: no assignment within {ASSIGN_TIMEOUT_S} s")
-            time.sleep(0.01)
+            time.sleep(ASSIGN_POLL_S)
         for _ in range(commits):
             started = time.perf_counter()
             c.commit()

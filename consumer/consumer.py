@@ -32,6 +32,7 @@ from kera.consumer.batch import Batch
 from kera.consumer.cursor import (ChunkItem, ConsumedCursor, ErrorItem, FetchCursor, LowItem,
                                   ResetItem, cursors_with_epochs, parse_groups)
 from kera.consumer.fetching import FetchState
+from kera.consumer.membership import Membership, positions_from_wire, positions_to_wire
 from kera.consumer.tasks import TaskRunner
 from kera.errors import BadRequest, ClientClosed, KeraError, Timeout
 from kera.metadata import Metadata
@@ -460,7 +461,6 @@ class Consumer:
     # ------------------------------------------------------------------ groups (issue 11)
     def _join(self, group, instance_id, session_timeout_ms, auto_commit_interval_ms,
               pattern) -> None:
-        from kera.consumer.membership import Membership
         self._membership = Membership(
             self, self._meta.coordinator, group, list(self.streams), time.monotonic(),
             instance_id=instance_id, pattern=pattern, session_timeout_ms=session_timeout_ms,
@@ -483,7 +483,6 @@ class Consumer:
         """The group's committed positions (of `parts`, default every part it has)."""
         if self.group is None:
             raise BadRequest("committed() needs a consumer group: Consumer(..., group='name')")
-        from kera.consumer.membership import positions_from_wire
         header, _ = rpc.call(self._meta.coordinator, "group_offsets", {"group": self.group},
                              timeout_s=self.request_timeout_s)
         out = positions_from_wire(header["positions"])
@@ -498,7 +497,6 @@ class Consumer:
             return
         try:
             if m.auto_commit_s is not None and self.assignment():
-                from kera.consumer.membership import positions_to_wire
                 rpc.call(self._meta.coordinator, "group_commit", m.ids() | {
                     "positions": positions_to_wire(self.positions())},
                     timeout_s=self.request_timeout_s)
