@@ -15,7 +15,7 @@ import logging
 from typing import Callable
 
 from kera import config, schema
-from kera.errors import IdInUse, KeraError, Timeout, WrongCluster
+from kera.errors import IdInUse, KeraError, NotAuthorized, Timeout, WrongCluster
 from kera.identity import Identity
 from kera.interval_timer import IntervalTimer
 from kera.server import Server
@@ -131,7 +131,7 @@ class Registration:
     def _fatal(self, err: KeraError | None) -> bool:
         """Is `err` a refusal of this daemon's identity? Then it must stop (and does, through
         `on_fatal`): another process holds its id, or it holds data of another cluster."""
-        if not isinstance(err, (IdInUse, WrongCluster)):
+        if not isinstance(err, (IdInUse, WrongCluster, NotAuthorized)):
             return False
         log.error("the coordinator %s refused this %s's identity (%s): %s; stopping, nothing "
                   "deleted", self._peer.address, self.kind, err.code, err.message)

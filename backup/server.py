@@ -23,6 +23,7 @@ from pathlib import Path
 import zmq
 
 from kera import config
+from kera import security as daemon_security
 from kera.config import MiB
 from kera.errors import BadRequest, CorruptChunk, KeraError, NotReady, StorageError, Throttled
 
@@ -31,6 +32,7 @@ from kera.metrics import serve_metrics
 from kera.server import DEFERRED, Request, Server
 
 from kera.backup import disk
+from kera.backup.broker_keys import BrokerKeys
 from kera.backup.incarnations import Incarnations, keep, parse_fence, parse_filter
 from kera.backup.registration import Registration
 from kera.identity import Identity
@@ -51,8 +53,9 @@ METRICS_SNAPSHOT_INTERVAL_S = 1.0
 
 class BackupServer(Server):
     def __init__(self, root: Path, store_config: StoreConfig | None = None, host: str = "127.0.0.1",
-                 port: int = 0):
-        super().__init__("backup", host, port)
+                 port: int = 0, security: daemon_security.Security | None = None):
+        super().__init__("backup", host, port, security)
+        self.broker_keys = BrokerKeys()   # which principal each broker id is (secure clusters)
         self.root = root
         self.store = ReplicaStore(store_config)
         # Fencing and freeing the replicas of dead broker incarnations (failover).
@@ -84,6 +87,7 @@ class BackupServer(Server):
     def handle_replicate(self, req: Request):
         f = req.fields
         key = (f.int("broker_id"), f.int("vlog", hi=U32_MAX), f.int("vseg"))
+        self.broker_keys.check(req.principal, key[0], "write")
         offset = f.int("offset")
         durability = f.str("durability", config.DEFAULT_DURABILITY, hi=16)
         close = f.bool("close", False)
@@ -107,6 +111,7 @@ class BackupServer(Server):
         free its memory and files. Idempotent: `dropped` is false for an unknown replica."""
         f = req.fields
         key = (f.int("broker_id"), f.int("vlog", hi=U32_MAX), f.int("vseg"))
+        self.broker_keys.check(req.principal, key[0], "drop")
         known, replies = self.store.drop(key)
         for token, err in replies:
             self.fail(token, err)
@@ -209,6 +214,8 @@ class BackupServer(Server):
         return {"held": self.incarnations.held()}
 
     def heartbeat_reply(self, header: dict) -> None:
+        if "broker_principals" in header:
+            self.broker_keys.update(header["broker_principals"])
         free = header.get("free")
         if free:
             for token, err in self.incarnations.free(free):
@@ -281,6 +288,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                         type=str.upper, help="log level (default: %(default)s)")
+    daemon_security.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -297,7 +305,11 @@ def run(args: argparse.Namespace) -> int:
         store_config.check()
         args.dir.mkdir(parents=True, exist_ok=True)
         identity = Identity.load(args.dir)
-        server = BackupServer(args.dir, store_config, args.host, args.port)
+        server = BackupServer(args.dir, store_config, args.host, args.port,
+                              daemon_security.from_args(args, "backup"))
+    except KeraError as err:   # a key file refused
+        log.error("cannot start the backup: %s", err.message)
+        return 2
     except (ValueError, OSError, zmq.ZMQError) as err:
         log.error("cannot start the backup: %s", err)
         return 1

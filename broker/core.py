@@ -304,9 +304,11 @@ class Broker:
         return vlog
 
     # ================================================================== produce
-    def produce(self, token, frames, now: float, acks: bool = True) -> list | None:
+    def produce(self, token, frames, now: float, acks: bool = True, check=None) -> list | None:
         """Append each chunk frame (buffer-like). Returns the `results` list when the reply can
-        go now, or None when it is deferred until durable (see take_replies)."""
+        go now, or None when it is deferred until durable (see take_replies). `check(name)`,
+        if given, raises NotAuthorized for a stream the caller may not write (that chunk's
+        result; the others are stored)."""
         if self.broker_id is None:
             raise NotReady("broker is not registered yet")
         if self._pending_count >= self.cfg.pending_produce_max:
@@ -317,7 +319,7 @@ class Broker:
         throttled = None
         for buf in frames:
             try:
-                results.append(self._append(buf, waits))
+                results.append(self._append(buf, waits, check))
             except KeraError as err:
                 self.counters.add(f"refused_{err.code}")
                 results.append([err.code, err.message, err.retriable])
@@ -381,7 +383,7 @@ class Broker:
                            f"another stream, or create streams with larger groups",
                            retriable=False)
 
-    def _append(self, buf, waits: list) -> list:
+    def _append(self, buf, waits: list, check=None) -> list:
         h = verify(buf)
         size = len(buf)
         if HEADER_SIZE + h.body_len != size:
@@ -393,6 +395,8 @@ class Broker:
         if stream is None:
             raise UnknownStream(f"unknown stream id {h.stream_id}", retriable=True)
         info = stream.info
+        if check is not None:
+            check(info.name)
         sl = h.streamlet
         if sl >= info.streamlets:
             raise BadRequest(f"stream {info.name!r} has no streamlet {sl}")
@@ -551,10 +555,11 @@ class Broker:
         streamlet = self._streamlet_for_read(sid, sl)
         return 0 if streamlet is None else streamlet.first_group
 
-    def fetch(self, reads, epochs: list | None = None) -> tuple[list, list]:
+    def fetch(self, reads, epochs: list | None = None, check=None) -> tuple[list, list]:
         """(results, frames) for a `fetch` request's `reads` (see docs/PROTOCOL.md); `epochs`,
         if given, gets each read's streamlet history epoch (None for a failed read or a
-        streamlet with no data yet), the reply's `epochs`."""
+        streamlet with no data yet), the reply's `epochs`. `check(name)`, if given, refuses
+        (that read's error) a stream the caller may not read."""
         if not isinstance(reads, list) or len(reads) > FETCH_READS_MAX:
             raise BadRequest(f"'reads' must be a list of at most {FETCH_READS_MAX} reads")
         self.counters.add("fetch_requests")
@@ -565,6 +570,8 @@ class Broker:
             before = len(frames)
             try:
                 sid, sl, low, offsets, max_bytes, earliest, epoch = _parse_read(read)
+                if check is not None:
+                    self.check_stream(sid, check)
                 self._check_epoch(sid, sl, epoch)
                 groups = self._read(sid, sl, low, offsets, max_bytes, frames, budget, earliest)
             except KeraError as err:
@@ -579,6 +586,12 @@ class Broker:
         self.counters.add("fetch_chunks", len(frames))
         self.counters.add("fetch_bytes", FETCH_REPLY_MAX_BYTES - budget[0])
         return results, frames
+
+    def check_stream(self, sid: int, check) -> None:
+        """Apply an access check to stream `sid`'s name (an unknown id is left to the read)."""
+        stream = self.streams.get(sid)
+        if stream is not None:
+            check(stream.info.name)
 
     def _check_epoch(self, sid: int, sl: int, epoch: int | None) -> None:
         """A cursor of another history than the streamlet's current one is refused: its group

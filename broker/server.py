@@ -23,6 +23,7 @@ import zmq
 
 
 from kera import config, schema
+from kera import security as daemon_security
 from kera.broker import history_epoch, replica_report
 from kera.broker.core import Broker, BrokerConfig
 from kera.broker.memory import default_memory_limit_bytes, parse_size
@@ -30,7 +31,8 @@ from kera.broker.recovery_service import RecoveryService
 from kera.broker.tier import TierConfig
 from kera.broker.tier_service import TierService
 from kera.broker.virtual_log import ReplicationWrite
-from kera.errors import BadRequest, IdInUse, KeraError, NotReady, WrongCluster
+from kera.acl import Acl
+from kera.errors import BadRequest, IdInUse, KeraError, NotAuthorized, NotReady, WrongCluster
 from kera.identity import Identity
 from kera.metrics import serve_metrics
 from kera.server import DEFERRED, Request, Server
@@ -79,10 +81,13 @@ class BrokerDaemon:
                  node: str | None = None, broker_id: int | None = None,
                  cfg: BrokerConfig | None = None,
                  heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
-                 advertise: str | None = None, identity: Identity | None = None):
+                 advertise: str | None = None, identity: Identity | None = None,
+                 security: daemon_security.Security | None = None):
         self.node = node or socket.gethostname()
         self.core = Broker(self.node, cfg)
-        self.server = _LoopServer("broker", host, port)
+        self.server = _LoopServer("broker", host, port, security)
+        # ACLs as the coordinator last sent them (-1: none yet; heartbeats ask for them).
+        self.acl_version = -1
         self.server.post_turn = self.pump
         self.server.after_batch.append(self.pump)
         self.server.on("produce", self._on_produce)
@@ -123,7 +128,8 @@ class BrokerDaemon:
         # The chunks are copied into segments now: a deferred request must not keep the
         # received frames alive until it is answered.
         req.frames = []
-        results = self.core.produce(req, frames, time.monotonic(), acks)
+        results = self.core.produce(req, frames, time.monotonic(), acks,
+                                    self._checker(req, "write"))
         del frames
         self._record_histories()
         self.tiering.write_live()
@@ -140,14 +146,22 @@ class BrokerDaemon:
 
     def _on_fetch(self, req: Request):
         epochs: list = []
-        results, frames = self.core.fetch(req.fields.list("reads"), epochs)
+        results, frames = self.core.fetch(req.fields.list("reads"), epochs,
+                                          self._checker(req, "read"))
         return {"results": results, "epochs": epochs}, frames
 
     def _on_offsets(self, req: Request):
         f = req.fields
         sid, sl = f.int("sid", hi=SID_MAX), f.int("sl", hi=SL_MAX)
+        check = self._checker(req, "describe")
+        if check is not None:
+            self.core.check_stream(sid, check)
         return {"groups": self.core.offsets(sid, sl), "first_group": self.core.first_group(sid, sl),
                 "epoch": self.core.history_epoch(sid, sl)}
+
+    def _checker(self, req: Request, operation: str):
+        guard = self.server.guard
+        return None if guard is None else guard.checker(req.principal, operation)
 
     def _on_stats(self, req: Request):
         return {"stats": {**self.core.stats(), **self.recovery.stats()}}
@@ -202,7 +216,7 @@ class BrokerDaemon:
         self.coordinator.request(op, fields, [], timeout_s, done)
 
     def _coordinator_error(self, op: str, error: KeraError) -> None:
-        if isinstance(error, (IdInUse, WrongCluster)):
+        if isinstance(error, (IdInUse, WrongCluster, NotAuthorized)):
             log.error("the coordinator %s refused this broker's identity (%s): %s; stopping, "
                       "nothing deleted", self.coordinator_address, error.code, error.message)
             self.exit_code = 1
@@ -268,6 +282,8 @@ class BrokerDaemon:
                   "token": self.identity.token, "stream_id_mark": self.identity.stream_id_mark,
                   "metadata_version": self.core.metadata_version, "stats": self.snapshot}
         fields.update(self.recovery.heartbeat_fields())   # `epoch`: which incarnation beats
+        if self.server.guard is not None:
+            fields["acl_version"] = self.acl_version
         report = replica_report.pending(self.core.vlog_list)
         if report:
             fields["vsegs"] = report   # where new virtual segments are replicated
@@ -277,8 +293,18 @@ class BrokerDaemon:
 
     def _heartbeat_reply(self, header: dict, report: list = ()) -> None:
         replica_report.acknowledged(self.core.vlog_list, report)
+        if "acls" in header and self.server.guard is not None:
+            self._apply_acls(header)
         if schema.metadata_version(header) > self.core.metadata_version:
             self._refresh_streams()
+
+    def _apply_acls(self, header: dict) -> None:
+        entries = header["acls"]
+        if not isinstance(entries, list) or not isinstance(header.get("acl_version"), int):
+            raise BadRequest("heartbeat reply with malformed 'acls'")
+        self.server.guard.acls.replace(Acl.parse(e) for e in entries)
+        self.acl_version = header["acl_version"]
+        log.info("ACLs at version %d: %d entries", self.acl_version, len(entries))
 
     def _refresh_streams(self, after: str | None = None) -> None:
         """Ask for this broker's streams: page after page (`next`), applied once whole."""
@@ -375,6 +401,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=0,
                         help="serve Prometheus metrics on this port (default: off)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+    daemon_security.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -403,7 +430,11 @@ def run(args: argparse.Namespace) -> int:
         identity = Identity.load(args.dir)
         daemon = BrokerDaemon(args.coordinator, host=args.host, port=args.port, node=args.node,
                               broker_id=args.id, cfg=cfg, advertise=args.advertise,
-                              identity=identity)
+                              identity=identity,
+                              security=daemon_security.from_args(args, "broker"))
+    except KeraError as exc:                 # a key file refused
+        log.error("cannot start: %s", exc.message)
+        return 2
     except ValueError as exc:                # a damaged identity file
         log.error("cannot start: %s", exc)
         return 1

@@ -63,7 +63,8 @@ class Consumer:
                  on_lost_position: str = "raise", on_assigned=None, on_revoked=None,
                  group: str | None = None, group_instance_id: str | None = None,
                  pattern: str | None = None,
-                 session_timeout_ms: int = 10_000, auto_commit_interval_ms: int | None = 5_000):
+                 session_timeout_ms: int = 10_000, auto_commit_interval_ms: int | None = 5_000,
+                 key_file: str | None = None):
         """`stream`: one stream name or a list of them, all read by this one consumer.
         `streamlets` / `member`+`members` choose streamlets of each stream (`streamlets=[]`:
         none until `assign()`, for a group-membership layer). `start`: "earliest", "latest" or
@@ -93,7 +94,8 @@ class Consumer:
         self.request_timeout_s = request_timeout_s
         self.on_assigned, self.on_revoked = on_assigned, on_revoked
         self._default_start = start if isinstance(start, str) else "earliest"
-        self._meta = Metadata(bootstrap, timeout_s=request_timeout_s)
+        self.key_file = key_file   # CURVE key (kera.keys): None is $KERA_KEY_FILE or plaintext
+        self._meta = Metadata(bootstrap, timeout_s=request_timeout_s, key_file=key_file)
         try:
             self._infos = {name: self._meta.stream(name) for name in self.streams}
             parts = [] if group is not None else [
@@ -209,10 +211,12 @@ class Consumer:
                     fields = {"sid": self._infos[stream].id, "sl": sl}
                     left_s = max(0.1, deadline - time.monotonic())
                     if conns is None:
-                        header, _ = rpc.call(address, "offsets", fields, timeout_s=left_s)
+                        header, _ = rpc.call(address, "offsets", fields, timeout_s=left_s,
+                                             key_file=self.key_file)
                     else:
                         conn = conns.get(address) or conns.setdefault(
-                            address, rpc.Connection(address, timeout_s=self.request_timeout_s))
+                            address, rpc.Connection(address, timeout_s=self.request_timeout_s,
+                                                    key_file=self.key_file))
                         header, _ = conn.call("offsets", fields, timeout_s=left_s)
                     return _parse_offsets(header, address)
                 except KeraError as e:
@@ -484,7 +488,7 @@ class Consumer:
         if self.group is None:
             raise BadRequest("committed() needs a consumer group: Consumer(..., group='name')")
         header, _ = rpc.call(self._meta.coordinator, "group_offsets", {"group": self.group},
-                             timeout_s=self.request_timeout_s)
+                             timeout_s=self.request_timeout_s, key_file=self.key_file)
         out = positions_from_wire(header["positions"])
         wanted = None if parts is None else {tuple(p) for p in parts}
         return [p for p in out if wanted is None or (p.stream, p.streamlet) in wanted]
@@ -499,9 +503,10 @@ class Consumer:
             if m.auto_commit_s is not None and self.assignment():
                 rpc.call(self._meta.coordinator, "group_commit", m.ids() | {
                     "positions": positions_to_wire(self.positions())},
-                    timeout_s=self.request_timeout_s)
+                    timeout_s=self.request_timeout_s, key_file=self.key_file)
             op, fields = m.leave_request()
-            rpc.call(self._meta.coordinator, op, fields, timeout_s=self.request_timeout_s)
+            rpc.call(self._meta.coordinator, op, fields, timeout_s=self.request_timeout_s,
+                     key_file=self.key_file)
         except KeraError as err:
             log.warning("group '%s': leaving failed (%s): the coordinator drops this member "
                         "after its session timeout", self.group, err)

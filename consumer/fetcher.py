@@ -101,7 +101,8 @@ class Fetcher(threading.Thread):
     def _conn(self, address: str) -> rpc.Connection:
         conn = self.conns.get(address)
         if conn is None:
-            conn = self.conns[address] = rpc.Connection(address, timeout_s=self.c.request_timeout_s)
+            conn = self.conns[address] = rpc.Connection(address, timeout_s=self.c.request_timeout_s,
+                                                          key_file=self.c.key_file)
             self.poller.register(conn.sock, zmq.POLLIN)
         return conn
 

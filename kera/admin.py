@@ -33,10 +33,13 @@ def parse_bootstrap(bootstrap: str) -> str:
 
 
 class Admin:
-    def __init__(self, bootstrap: str, timeout_s: float = 10.0):
+    def __init__(self, bootstrap: str, timeout_s: float = 10.0, key_file: str | None = None):
+        """`key_file`: CURVE key (kera.keys) to connect with; None is $KERA_KEY_FILE, else
+        plaintext."""
         self.bootstrap = parse_bootstrap(bootstrap)
         self.timeout_s = timeout_s
-        self._conn = rpc.Connection(self.bootstrap, timeout_s=timeout_s)
+        self.key_file = key_file
+        self._conn = rpc.Connection(self.bootstrap, timeout_s=timeout_s, key_file=key_file)
         self._lock = threading.Lock()
 
     def _call(self, op: str, fields: dict | None = None, timeout_s: float | None = None) -> dict:
@@ -165,13 +168,25 @@ class Admin:
             result["coordinator"] = {"error": f"{err.code}: {err.message}"}
         return result
 
-    @staticmethod
-    def _daemon_stats(address: str, timeout_s: float) -> dict:
+    def _daemon_stats(self, address: str, timeout_s: float) -> dict:
         try:
-            header, _ = rpc.call(address, "stats", timeout_s=timeout_s)
+            header, _ = rpc.call(address, "stats", timeout_s=timeout_s, key_file=self.key_file)
             return header.get("stats", {})
         except KeraError as err:
             return {"error": f"{err.code}: {err.message}"}
+
+    # ------------------------------------------------------------------ access control
+    def add_acls(self, entries) -> dict:
+        """Add ACL entries, each [principal, allow|deny, operation, stream|group|cluster,
+        name, literal|prefixed] (kera.acl); needs an admin key."""
+        return self._call("acl_add", {"acls": [list(e) for e in entries]})
+
+    def remove_acls(self, entries) -> dict:
+        return self._call("acl_remove", {"acls": [list(e) for e in entries]})
+
+    def list_acls(self, principal: str | None = None) -> list[list]:
+        fields = {"principal": principal} if principal is not None else {}
+        return self._call("acl_list", fields)["acls"]
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

@@ -21,7 +21,8 @@ import sys
 import time
 
 import kera
-from kera import cli_groups, config
+from kera import cli_groups, cli_security, config
+from kera.keys import KEY_FILE_ENV
 from kera.errors import KeraError
 
 log = logging.getLogger("kera.cli")
@@ -53,6 +54,9 @@ def _client_options() -> argparse.ArgumentParser:
                         f"{DEFAULT_BOOTSTRAP}; now %(default)s)")
     p.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS,
                    help="log level on stderr (default: %(default)s)")
+    p.add_argument("--key-file", default=os.environ.get(KEY_FILE_ENV),
+                   help=f"CURVE key to connect with, for a secure cluster (a NAME.key_secret "
+                        f"from `kera keys create`; default: ${KEY_FILE_ENV}, else plaintext)")
     return p
 
 
@@ -101,6 +105,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     _add_produce(sub)
     _add_consume(sub)
     cli_groups.add_parser(sub, _admin_options)
+    cli_security.add_parsers(sub, _admin_options)
     # `kera bench ...` is `python -m bench ...` (kera.bench.cli), loaded only when it runs.
     _add_daemon(sub, "bench", "kera.bench.cli", "benchmark kera against Apache Kafka",
                 load=(wanted == "bench"))
@@ -150,6 +155,9 @@ def _add_local(sub) -> None:
                    help="how long to wait for every daemon to register (default: %(default)s)")
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
                    help="log level of this command and of the daemons (default: %(default)s)")
+    p.add_argument("--secure", action="store_true",
+                   help="CURVE encryption and authentication on every daemon: keys for each "
+                        "daemon, an admin and a client are created in DIR/keys")
     p.set_defaults(func=cmd_local)
 
 
@@ -556,12 +564,16 @@ def cmd_local(args) -> int:
                                backups=args.backups, virtual_logs=args.virtual_logs,
                                log_level=args.log_level,
                                heartbeat_interval_ms=args.heartbeat_interval_ms,
-                               start_timeout_s=args.start_timeout_s)
+                               start_timeout_s=args.start_timeout_s, secure=args.secure)
     except ClusterError as exc:
         raise CliError(f"the local cluster did not start: {exc}") from None
     try:
         print(cluster.bootstrap, flush=True)
         print(cluster.summary(), flush=True)
+        if cluster.keys is not None:
+            print(f"secure (CURVE): keys in {cluster.keys.dir}\n  admin key:  {cluster.keys.admin}"
+                  f"\n  client key: {cluster.keys.client} (needs grants: kera acl add)\n"
+                  f"  e.g. export {KEY_FILE_ENV}={cluster.keys.admin}", flush=True)
         print("Ctrl-C to stop", file=sys.stderr, flush=True)
         reported: set[int] = set()
         while not stop:
@@ -618,6 +630,9 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "unavailable", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if getattr(args, "key_file", None):
+        # Every connection this command opens (kera.rpc) authenticates with it.
+        os.environ[KEY_FILE_ENV] = str(args.key_file)
     level = getattr(args, "log_level", "WARNING")
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -173,7 +173,13 @@ class GroupNotEmpty(KeraError):
     code = "group_not_empty"
 
 
-for _cls in (UnknownMember, StaleMemberEpoch, GroupNotEmpty):
+class NotAuthorized(KeraError):
+    """The caller's principal may not do this: the message names the principal, the operation
+    and the resource, and the grant that would allow it (`kera acl add`)."""
+    code = "not_authorized"
+
+
+for _cls in (UnknownMember, StaleMemberEpoch, GroupNotEmpty, NotAuthorized):
     _BY_CODE[_cls.code] = _cls
 
 

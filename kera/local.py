@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kera import keys as keyfiles
 from kera import rpc
 from kera.errors import KeraError
 
@@ -146,6 +147,31 @@ class Daemon:
             return "(no log)"
 
 
+class LocalKeys:
+    """The keys of a secure local cluster, created on first use and kept across restarts:
+    one per daemon (`coordinator`, `broker-I`, `backup-I`), an `admin` and a `client`."""
+
+    def __init__(self, keys_dir: Path, brokers: int, backups: int):
+        self.dir = keys_dir
+        wanted = [("coordinator", "coordinator"), ("admin", "admin"), ("client", "client")]
+        wanted += [(f"broker-{i}", "broker") for i in range(brokers)]
+        wanted += [(f"backup-{i}", "backup") for i in range(backups)]
+        for name, role in wanted:
+            if not self.secret(name).exists():
+                keyfiles.create_key(keys_dir, name, role)
+
+    def secret(self, name: str) -> Path:
+        return self.dir / (name + keyfiles.SECRET_SUFFIX)
+
+    @property
+    def admin(self) -> Path:
+        return self.secret("admin")
+
+    @property
+    def client(self) -> Path:
+        return self.secret("client")
+
+
 class LocalCluster:
     """Daemons: `.coordinator`, `.brokers[i]`, `.backups[i]` (each a Daemon with `.address`,
     `.pid`, `.log_path`); broker i registers as broker id i, backup i as backup id i."""
@@ -154,9 +180,14 @@ class LocalCluster:
                  backups: int = 0, virtual_logs: int | None = None, log_level: str = "INFO",
                  extra_broker_args=(), extra_backup_args=(), extra_coordinator_args=(),
                  heartbeat_interval_ms: int | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S, start: bool = True):
+                 start_timeout_s: float = START_TIMEOUT_S, start: bool = True,
+                 secure: bool = False):
+        """`secure`: CURVE on every daemon, keys in DATA_DIR/keys (see `keys`)."""
         self.data_dir = Path(data_dir).absolute()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.keys = LocalKeys(self.data_dir / "keys", brokers, backups) if secure else None
+        # This process's own calls (waiting for registration, `admin()`) use the admin key.
+        self.key_file = str(self.keys.admin) if secure else None
         self.log_dir = self.data_dir / "logs"
         self.start_timeout_s = start_timeout_s
         self.env = dict(os.environ)
@@ -174,6 +205,7 @@ class LocalCluster:
                       "--dir", str(self.data_dir / "coordinator"), *level]
         if heartbeat_interval_ms is not None:
             coord_args += ["--heartbeat-interval-ms", str(heartbeat_interval_ms)]
+        coord_args += self._key_args("coordinator")
         self.coordinator = Daemon("coordinator", 0, cport, coord_args + list(extra_coordinator_args),
                                   self.log_dir / "coordinator.log")
         self.bootstrap = self.coordinator.address
@@ -186,6 +218,7 @@ class LocalCluster:
 
             if virtual_logs is not None:
                 args += ["--virtual-logs", str(virtual_logs)]
+            args += self._key_args(f"broker-{i}")
             self.brokers.append(Daemon("broker", i, p, args + list(extra_broker_args),
                                        self.log_dir / f"broker-{i}.log"))
         self.backups: list[Daemon] = []
@@ -193,11 +226,16 @@ class LocalCluster:
             p = pick()
             args = ["backup", "--coordinator", self.bootstrap, "--host", HOST, "--port", str(p),
                     "--dir", str(self.data_dir / f"backup-{i}"), "--node", f"local-backup-{i}",
-                    "--id", str(i), *level]
+                    "--id", str(i), *level, *self._key_args(f"backup-{i}")]
             self.backups.append(Daemon("backup", i, p, args + list(extra_backup_args),
                                        self.log_dir / f"backup-{i}.log"))
         if start:
             self.start()
+
+    def _key_args(self, name: str) -> list[str]:
+        if self.keys is None:
+            return []
+        return ["--keys-dir", str(self.keys.dir), "--key-file", str(self.keys.secret(name))]
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -301,7 +339,7 @@ class LocalCluster:
 
     def _metadata_version(self) -> int:
         try:
-            header, _ = rpc.call(self.bootstrap, "cluster", timeout_s=1.0)
+            header, _ = rpc.call(self.bootstrap, "cluster", timeout_s=1.0, key_file=self.key_file)
             return header["metadata_version"]
         except KeraError:
             return 0
@@ -310,7 +348,7 @@ class LocalCluster:
         budget = self.start_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + budget
         last_error = None
-        with rpc.Connection(self.bootstrap, timeout_s=1.0) as conn:
+        with rpc.Connection(self.bootstrap, timeout_s=1.0, key_file=self.key_file) as conn:
             while True:
                 self._check_running()
                 try:
@@ -337,7 +375,7 @@ class LocalCluster:
     # ------------------------------------------------------------------ conveniences
     def admin(self, timeout_s: float = 10.0):
         from kera.admin import Admin
-        return Admin(self.bootstrap, timeout_s=timeout_s)
+        return Admin(self.bootstrap, timeout_s=timeout_s, key_file=self.key_file)
 
     def summary(self) -> str:
         return (f"kera local cluster at {self.bootstrap}: coordinator pid {self.coordinator.pid}, "

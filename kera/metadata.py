@@ -28,11 +28,13 @@ parse_stream = schema.stream_descriptor
 
 
 class Metadata:
-    def __init__(self, bootstrap: str, *, timeout_s: float = rpc.DEFAULT_TIMEOUT_S):
+    def __init__(self, bootstrap: str, *, timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
+                 key_file: str | None = None):
         from kera.admin import parse_bootstrap
 
         self.coordinator = parse_bootstrap(bootstrap)
         self.timeout_s = timeout_s
+        self.key_file = key_file   # CURVE key (kera.keys): None is $KERA_KEY_FILE or plaintext
         self._lock = threading.Lock()
         self._by_name: dict[str, StreamInfo] = {}
         self._by_id: dict[int, StreamInfo] = {}
@@ -95,7 +97,7 @@ class Metadata:
             if self._closed:
                 from kera.errors import ClientClosed
                 raise ClientClosed("metadata cache is closed")
-            conn = rpc.Connection(self.coordinator, timeout_s=self.timeout_s)
+            conn = rpc.Connection(self.coordinator, timeout_s=self.timeout_s, key_file=self.key_file)
             self._local.conn = conn
             with self._lock:
                 self._conns.append(conn)

@@ -13,6 +13,7 @@ import time
 
 import zmq
 
+from kera import keys as keyfiles
 from kera import wire
 from kera.errors import ClientClosed, PeerUnreachable, Timeout
 
@@ -27,11 +28,18 @@ def context() -> zmq.Context:
 
 
 class Connection:
+    """`key_file` (else $KERA_KEY_FILE, else plaintext): connect with CURVE as that key's
+    principal, trusting only the cluster key the file names (kera.keys)."""
+
     def __init__(self, address: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 ctx: zmq.Context | None = None):
+                 ctx: zmq.Context | None = None, key_file: str | None = None):
         self.address = address
         self.timeout_s = timeout_s
+        keys = keyfiles.client_keys(key_file)
+        self.secure = keys is not None
         self.sock = (ctx or context()).socket(zmq.DEALER)
+        if keys is not None:
+            keyfiles.secure_client(self.sock, keys)
         self.sock.setsockopt(zmq.LINGER, 0)
         # Queue nothing for a peer that is not connected: a send to a dead daemon waits for
         # POLLOUT and times out, instead of piling up messages delivered after a restart.
@@ -56,7 +64,8 @@ class Connection:
         req_id = next(self._ids)
         wait_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
         if not self.sock.poll(wait_ms, zmq.POLLOUT):
-            raise Timeout(f"{self.address} is not accepting requests ({op}) after {wait_ms} ms")
+            raise Timeout(f"{self.address} is not accepting requests ({op}) after {wait_ms} ms"
+                          f"{self._hint()}")
         msg = [wire.request(op, req_id, fields), *frames]
         self.sock.send_multipart(msg, copy=False, flags=zmq.NOBLOCK)
         return req_id
@@ -65,7 +74,7 @@ class Connection:
         """The next reply (header, payload frames), or Timeout."""
         wait_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
         if not self.sock.poll(wait_ms, zmq.POLLIN):
-            raise Timeout(f"no reply from {self.address} within {wait_ms} ms")
+            raise Timeout(f"no reply from {self.address} within {wait_ms} ms{self._hint()}")
         parts = self.sock.recv_multipart(copy=False)
         return wire.unpack_header(parts[0].buffer, wire.REPLY_CONTAINERS_MAX), parts[1:]
 
@@ -84,6 +93,14 @@ class Connection:
                 return wire.raise_for_reply(header), payload
             # A late reply to an earlier request that timed out: drop it.
 
+    def _hint(self) -> str:
+        """A refused CURVE handshake looks like a daemon that never answers: say so."""
+        if self.secure:
+            return (" (secure connection: if the daemon is up, check that this key's public half"
+                    " is in the cluster's keys directory and the key file names its cluster key)")
+        return (" (if the cluster runs with CURVE security, pass a key: key_file=, --key-file"
+                f" or ${keyfiles.KEY_FILE_ENV})")
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
@@ -96,7 +113,8 @@ class Connection:
         self.close()
 
 
-def call(address: str, op: str, fields: dict | None = None, frames=(), timeout_s: float = DEFAULT_TIMEOUT_S):
+def call(address: str, op: str, fields: dict | None = None, frames=(),
+         timeout_s: float = DEFAULT_TIMEOUT_S, key_file: str | None = None):
     """One-shot request on a fresh connection."""
-    with Connection(address, timeout_s=timeout_s) as conn:
+    with Connection(address, timeout_s=timeout_s, key_file=key_file) as conn:
         return conn.call(op, fields, frames)

@@ -22,8 +22,11 @@ from typing import Callable
 
 import zmq
 
-from kera import wire
+from kera import keys, wire
+from kera.access import Guard
 from kera.errors import BadRequest, KeraError, PeerUnreachable, Throttled, Timeout
+from kera.keys import Principal
+from kera.security import Security, ZapHandler, principal_of, warn_if_open
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,7 @@ class Request:
     fields: wire.Fields
     frames: list
     received_at: float = field(default_factory=time.monotonic)
+    principal: Principal | None = None   # who sent it (secure daemons); None in plaintext
 
 
 class Peer:
@@ -75,7 +79,7 @@ class Peer:
         self.sock = None
         if refused is None:
             try:
-                self.sock = _dealer(server.ctx, address)
+                self.sock = _dealer(server.ctx, address, server.security)
             except zmq.ZMQError as exc:
                 self.broken = f"cannot connect to {address!r}: {exc}"
         if self.broken is not None:
@@ -186,9 +190,11 @@ class Peer:
             self.server.guarded(callback, None, None, Timeout(f"connection to {self.address} closed"))
 
 
-def _dealer(ctx: zmq.Context, address: str) -> zmq.Socket:
+def _dealer(ctx: zmq.Context, address: str, security: Security | None) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
     try:
+        if security is not None:
+            keys.secure_client(sock, security.identity, security.server.public)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.SNDHWM, PEER_HWM_MESSAGES)
@@ -202,10 +208,20 @@ def _dealer(ctx: zmq.Context, address: str) -> zmq.Socket:
 
 
 class Server:
-    def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0,
+                 security: Security | None = None):
         self.name = name
-        self.ctx = zmq.Context.instance()
+        self.security = security
+        # A secure daemon has a context of its own: ZeroMQ allows one ZAP handler per context.
+        self.ctx = zmq.Context() if security else zmq.Context.instance()
+        self.zap: ZapHandler | None = None
+        # Who may call what (kera.access); None in plaintext, where every caller is trusted.
+        self.guard: Guard | None = None
         self.router = self.ctx.socket(zmq.ROUTER)
+        if security is not None:
+            self._secure()
+        else:
+            warn_if_open(name, host)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         self.router.setsockopt(zmq.RCVHWM, ROUTER_HWM_MESSAGES)
@@ -226,6 +242,17 @@ class Server:
         self.failure: BaseException | None = None
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
+        if self.zap is not None:
+            self.poller.register(self.zap.zap_socket, zmq.POLLIN)
+
+    def _secure(self) -> None:
+        """CURVE on the listening socket, before it binds, with the ZAP handler in place."""
+        self.zap = ZapHandler(self.ctx, self.security.keyring())
+        self.zap.start()
+        keys.secure_server(self.router, self.security.server)
+        self.guard = Guard(daemon=self.name)
+        log.info("%s: CURVE on, as %s; callers must hold a key under %s", self.name,
+                 self.security.identity.name, self.security.keys_dir)
 
     @property
     def address(self) -> str:
@@ -315,6 +342,8 @@ class Server:
         if any(peer.unsent or peer.refused for peer in self.peers.values()):
             wait = min(wait, 0.002)  # a connection is coming up: retry its first sends soon
         events = dict(self.poller.poll(int(wait * 1000)))
+        if self.zap is not None and self.zap.zap_socket in events:
+            self.guarded(self.zap.on_readable)
         if self.router in events:
             self._drain_router()
         if self.failure is not None:
@@ -400,6 +429,9 @@ class Server:
             if handler is None:
                 raise BadRequest(f"unknown op '{op}'")
             req = Request(identity, req_id, op, fields, parts[2:])
+            if self.guard is not None:
+                req.principal = principal_of(parts[1])
+                self.guard.admit(req.principal, op, header)
             result = handler(req)
         except KeraError as err:
             self._send(identity, wire.error_reply(req_id, err), ())
@@ -449,6 +481,10 @@ class Server:
         for address in list(self.peers):
             self.drop_peer(address)
         self.router.close(linger=0 if self.failure is None else FAILURE_REPLY_LINGER_MS)
+        if self.zap is not None:
+            self.poller.unregister(self.zap.zap_socket)
+            self.zap.stop()
+            self.zap = None
 
 
 def _is_int(value) -> bool:

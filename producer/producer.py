@@ -98,7 +98,8 @@ class Producer:
                  request_timeout_s: float = config.DEFAULT_REQUEST_TIMEOUT_S,
                  producer_id: int | None = None,
                  retries_max: int = DEFAULT_RETRIES_MAX,
-                 compression: str | None = None):
+                 compression: str | None = None,
+                 key_file: str | None = None):
         if max_record_bytes + chunkcodec.HEADER_SIZE > chunkcodec.MAX_CHUNK_BYTES:
             raise ValueError(f"max_record_bytes={max_record_bytes} exceeds the chunk limit")
         if in_flight_per_broker < 1 or buffer_bytes < chunk_size_bytes:
@@ -110,7 +111,9 @@ class Producer:
         self.buffer_bytes = buffer_bytes
         self.send_timeout_s = send_timeout_s
         self.request_timeout_s = request_timeout_s
-        self._meta = Metadata(bootstrap, timeout_s=request_timeout_s)
+        # CURVE key (kera.keys; None: $KERA_KEY_FILE, else plaintext), for every connection.
+        self.key_file = key_file
+        self._meta = Metadata(bootstrap, timeout_s=request_timeout_s, key_file=key_file)
         self._pipe = Pipeline(request_size_bytes=request_size_bytes,
                               in_flight_per_broker=in_flight_per_broker,
                               retries_max=retries_max, request_timeout_s=request_timeout_s)

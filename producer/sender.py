@@ -92,7 +92,8 @@ class Sender(threading.Thread):
     def _conn(self, address: str) -> rpc.Connection:
         conn = self.conns.get(address)
         if conn is None:
-            conn = self.conns[address] = rpc.Connection(address, timeout_s=self.p.request_timeout_s)
+            conn = self.conns[address] = rpc.Connection(address, timeout_s=self.p.request_timeout_s,
+                                                           key_file=self.p.key_file)
             self.poller.register(conn.sock, zmq.POLLIN)
         return conn
 

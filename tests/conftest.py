@@ -9,12 +9,16 @@
         cluster.kill_broker(0)
 
 Both factories take LocalCluster's keyword arguments (virtual_logs, log_level,
-extra_broker_args, ...). Each cluster gets its own temporary data dir; daemon logs are in
+extra_broker_args, ...). A module marked `pytestmark = pytest.mark.security_modes` runs each
+of its tests twice: against plaintext clusters and against CURVE ones (`secure=True`), the
+latter with $KERA_KEY_FILE set to the cluster's admin key so every client in the test
+authenticates (the same suite, parametrised, not copied). Each cluster gets its own temporary data dir; daemon logs are in
 `cluster.log_dir`, and their tails are printed when a test using a function-scoped cluster fails.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -25,36 +29,59 @@ if str(REPO_ROOT) not in sys.path:  # make `bench` importable under any rootdir
     sys.path.insert(0, str(REPO_ROOT))
 
 
-def _factory(tmp_path_factory, clusters: list):
+SECURITY_MODES = ("plaintext", "curve")
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("security_modes") is None:
+        return
+    if {"local_cluster", "fresh_cluster"} & set(metafunc.fixturenames):
+        metafunc.parametrize("security_mode", SECURITY_MODES, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def security_mode(request):
+    """'plaintext' (the default) or 'curve' (modules marked security_modes)."""
+    return getattr(request, "param", "plaintext")
+
+
+def _factory(tmp_path_factory, clusters: list, security_mode: str = "plaintext"):
+    from kera.keys import KEY_FILE_ENV
     from kera.local import LocalCluster
 
     def make(brokers: int = 1, backups: int = 0, **kw) -> LocalCluster:
         data_dir = tmp_path_factory.mktemp("kera-cluster")
+        kw.setdefault("secure", security_mode == "curve")
         cluster = LocalCluster(data_dir, brokers=brokers, backups=backups, **kw)
         clusters.append(cluster)
+        if cluster.key_file is not None:
+            os.environ[KEY_FILE_ENV] = cluster.key_file   # the test's clients: admin
         return cluster
 
     return make
 
 
 def _stop_all(clusters: list) -> None:
+    from kera.keys import KEY_FILE_ENV
     for cluster in clusters:
         cluster.stop()
+        if cluster.key_file is not None and os.environ.get(KEY_FILE_ENV) == cluster.key_file:
+            del os.environ[KEY_FILE_ENV]
 
 
 @pytest.fixture(scope="module")
-def local_cluster(tmp_path_factory):
+def local_cluster(tmp_path_factory, security_mode):
     """Factory `make(brokers=1, backups=0, **kw) -> LocalCluster`; clusters stop at module end."""
     clusters: list = []
-    yield _factory(tmp_path_factory, clusters)
+    yield _factory(tmp_path_factory, clusters, security_mode)
     _stop_all(clusters)
 
 
 @pytest.fixture
-def fresh_cluster(tmp_path_factory, request):
+def fresh_cluster(tmp_path_factory, request, security_mode):
     """Like `local_cluster`, but the clusters stop when the test ends."""
     clusters: list = []
-    yield _factory(tmp_path_factory, clusters)
+    yield _factory(tmp_path_factory, clusters, security_mode)
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
         for cluster in clusters:

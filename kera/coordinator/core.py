@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from kera import config, wire
-from kera.coordinator import groups, validate
+from kera.coordinator import acl_ops, groups, validate
 from kera.coordinator.recovery import Failover, parse_streamlets
 from kera.coordinator.validate import KINDS, StreamSpec
 from kera.errors import BadRequest, IdInUse, NotReady, StreamExists, UnknownStream, WrongCluster
@@ -97,6 +97,7 @@ class Member:
     stats: dict = field(default_factory=dict)
     token_sha256: str | None = None        # hash of the current incarnation's token (persisted)
     token: str | None = None               # the token itself, in memory only (register reply)
+    principal: str | None = None           # the key it registered with (secure clusters)
 
     def summary(self) -> dict:
         # `registered_version` lets a caller that restarted a daemon tell its new registration
@@ -150,6 +151,10 @@ class Coordinator:
         self.replica_journal: list[list] | None = []
         # Consumer groups (kera.coordinator.groups): their commits persist with the rest.
         self.groups = groups.Groups(self._streamlets_of, self.streams.keys)
+        # ACLs and their version (kera.coordinator.acl_ops); `caller` is the principal of the
+        # request being handled (None in plaintext).
+        self.access = acl_ops.AccessState()
+        self.caller = None
         if state is not None:
             self._load(state)
             # The restart itself is a change: liveness is unknown until daemons heartbeat, and
@@ -171,23 +176,30 @@ class Coordinator:
             "deregister": self._op_deregister,
         }
         self._ops.update(groups.ops(self.groups))
+        self._ops.update(acl_ops.ops(self.access, self._bump))
 
     OPS = ("register", "heartbeat", "cluster", "create_stream", "describe_stream",
            "list_streams", "delete_stream", "alter_stream", "broker_streams", "replicas", "recovered",
            "recovery_status", "deregister", "group_heartbeat", "group_commit", "group_offsets",
-           "group_list", "group_describe", "group_reset", "group_delete")
+           "group_list", "group_describe", "group_reset", "group_delete",
+           "acl_add", "acl_remove", "acl_list")
 
     def _streamlets_of(self, name: str) -> int | None:
         stream = self.streams.get(name)
         return stream.spec.streamlets if stream is not None else None
 
     # ------------------------------------------------------------------ request entry point
-    def handle(self, op: str, header: dict | Fields, now: float) -> dict:
+    def handle(self, op: str, header: dict | Fields, now: float, principal=None) -> dict:
+        """`principal`: the authenticated caller (kera.keys.Principal), None in plaintext."""
         fn = self._ops.get(op)
         if fn is None:
             raise BadRequest(f"unknown op '{op}'")
         f = header if isinstance(header, Fields) else Fields(header)
-        return fn(f, now)
+        self.caller = principal
+        try:
+            return fn(f, now)
+        finally:
+            self.caller = None
 
     def _op_register(self, f: Fields, now: float) -> dict:
         kind = validate.kind(f)
@@ -212,6 +224,7 @@ class Coordinator:
         mark = f.int("stream_id_mark", 0, hi=STREAM_ID_MARK_MAX)
         # Everything is checked before anything changes: a refused heartbeat changes nothing.
         self.authenticate(kind, member_id, f.str("token", None, hi=TOKEN_CHARS_MAX))
+        acl_ops.check_binding(kind, member_id, self.members[kind][member_id].principal, self.caller)
         if applied > self.version:
             raise BadRequest(f"metadata_version {applied} was never issued (the current one "
                              f"is {self.version})")
@@ -223,7 +236,12 @@ class Coordinator:
         if report:
             self.report_replicas(member_id, report)
         reply = {"metadata_version": self.version}
+        if kind == "broker":
+            reply.update(self.access.for_heartbeat(f.int("acl_version", None, lo=-1, hi=2**62)))
         if kind == "backup":
+            bound = {str(i): m.principal for i, m in self.members["broker"].items() if m.principal}
+            if bound:
+                reply["broker_principals"] = bound   # backups refuse other keys' replica ops
             free = self.failover.backup_heartbeat(self, member_id, f)
             if free:
                 reply["free"] = free   # incarnations whose replicas are no longer needed
@@ -393,6 +411,7 @@ class Coordinator:
         member = table.get(member_id)
         if member is None and len(table) >= validate.DAEMONS_MAX:
             raise NotReady(f"{validate.DAEMONS_MAX} {kind}s are registered already")
+        acl_ops.check_binding(kind, member_id, member and member.principal, self.caller)
         if member is not None and not self._may_claim(member, token, address, now):
             self._refuse_claim(member, address)
         if kind == "broker":
@@ -411,6 +430,8 @@ class Coordinator:
         member.applied_version = 0  # a (re)started daemon has applied nothing yet
         member.token = self._issue_token()
         member.token_sha256 = _sha256(member.token)
+        if self.caller is not None:
+            member.principal = self.caller.name
         if kind == "broker":
             self.forget_replicas(member_id)  # it reports its virtual segments again
         self._bump()
@@ -707,7 +728,7 @@ class Coordinator:
             "next_member_id": dict(self.next_member_id),
             "rotation": self.rotation,
             "members": {k: [{"id": m.id, "address": m.address, "node": m.node,
-                             "token_sha256": m.token_sha256}
+                             "token_sha256": m.token_sha256, "principal": m.principal}
                             for _, m in sorted(t.items())] for k, t in self.members.items()},
             "streams": [{"id": s.id, "placement": s.placement, "version": s.version,
                          "name": s.spec.name, "streamlets": s.spec.streamlets,
@@ -722,6 +743,7 @@ class Coordinator:
                         for _, s in sorted(self.streams.items())],
             "recovery": self.failover.to_state(),
             "groups": self.groups.to_state(),
+            "acls": self.access.to_state(),
         }
 
     def _load(self, state: dict) -> None:
@@ -746,7 +768,8 @@ class Coordinator:
                         raise ValueError(f"{kind} id {member_id} is duplicated or not below the next id")
                     self.members[kind][member_id] = Member(
                         kind, member_id, str(m["address"]), str(m["node"]),
-                        token_sha256=_token_hash(m.get("token_sha256")))
+                        token_sha256=_token_hash(m.get("token_sha256")),
+                        principal=_token_hash(m.get("principal")))
             for s in state["streams"]:
                 # Fields added later (retention) may be missing from an older file: defaults.
                 spec = StreamSpec(**{k: s[k] for k in StreamSpec.__slots__ if k in s})
@@ -765,6 +788,8 @@ class Coordinator:
             self.failover.load(state.get("recovery"))
             # Absent in files written before consumer groups existed.
             self.groups.load(state.get("groups", []))
+            # Absent in files written before ACLs existed.
+            self.access.load(state.get("acls"))
             # Absent in files written before the replica map existed.
             for bid, entries in state.get("replicas", {}).items():
                 broker_id = _nonneg(int(bid))

@@ -21,6 +21,7 @@ import time
 import zmq
 
 from kera import config
+from kera import security as daemon_security
 from kera.coordinator import store
 from kera.coordinator.core import Coordinator
 from kera.errors import KeraError, StorageError
@@ -35,7 +36,8 @@ DEFAULT_PORT = 7000
 class CoordinatorServer:
     def __init__(self, data_dir: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
                  heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
-                 heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX):
+                 heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX,
+                 security: daemon_security.Security | None = None):
         self.data_dir = data_dir
         os.makedirs(data_dir, exist_ok=True)
         self.store = store.MetadataStore(data_dir)
@@ -51,7 +53,9 @@ class CoordinatorServer:
         self._outbox: list[tuple[Request, dict | KeraError]] = []
         self.exit_code = 0
         self._persist()
-        self.server = Server("coordinator", host, port)
+        self.server = Server("coordinator", host, port, security)
+        if self.server.guard is not None:
+            self.server.guard.acls = self.core.access.acls   # enforced where they are kept
         for op in Coordinator.OPS:
             self.server.on(op, self._handle)
         self.server.after_batch.append(self._commit_turn)
@@ -67,7 +71,9 @@ class CoordinatorServer:
     def _handle(self, req: Request):
         self.counters.add(f"requests_{req.op}")
         try:
-            outcome = self.core.handle(req.op, req.fields, time.monotonic())
+            outcome = self.core.handle(req.op, req.fields, time.monotonic(), req.principal)
+            if req.op == "list_streams" and self.server.guard is not None:
+                outcome = self._visible_streams(req, outcome)
         except KeraError as err:
             # Held back too: a heartbeat may have bumped the version before failing
             # validation of a later field.
@@ -78,6 +84,13 @@ class CoordinatorServer:
             self.exit_code = 1
             self.server.stop()
         return DEFERRED
+
+    def _visible_streams(self, req: Request, reply: dict) -> dict:
+        """A listing shows only the streams the caller may describe, as Kafka's does."""
+        acls = self.server.guard.acls
+        reply["streams"] = [s for s in reply["streams"]
+                            if acls.allowed(req.principal, "describe", "stream", s["name"])]
+        return reply
 
     def _commit_turn(self) -> None:
         """After a turn's requests: one commit for all their changes, then their replies."""
@@ -180,6 +193,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                         type=str.upper, help="log level (default: %(default)s)")
+    daemon_security.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -191,7 +205,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         coord = CoordinatorServer(args.dir, args.host, args.port,
                                   heartbeat_interval_s=args.heartbeat_interval_ms / 1000,
-                                  heartbeat_missed_max=args.heartbeat_missed_max)
+                                  heartbeat_missed_max=args.heartbeat_missed_max,
+                                  security=daemon_security.from_args(args, "coordinator"))
+    except KeraError as exc:   # a key file refused
+        log.error("cannot start: %s", exc.message)
+        return 2
     except ValueError as exc:
         log.error("cannot start: %s", exc)
         return 1

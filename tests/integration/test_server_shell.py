@@ -182,7 +182,7 @@ def test_kera_error_in_a_timer_is_logged_and_the_server_serves_on(caplog):
 BUGGY_COORDINATOR = """
 import sys
 from kera.coordinator import core, server
-def handle(self, op, fields, now):
+def handle(self, op, fields, now, principal=None):
     raise AssertionError("injected bug in " + op)
 core.Coordinator.handle = handle
 parser = server.argparse.ArgumentParser()

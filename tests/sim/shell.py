@@ -57,7 +57,7 @@ class Frame:
 
 
 class SimRequest:
-    __slots__ = ("identity", "src_inc", "id", "op", "fields", "frames", "ctx")
+    __slots__ = ("identity", "src_inc", "id", "op", "fields", "frames", "ctx", "principal")
 
     def __init__(self, identity: str, src_inc: int, req_id, op: str, fields: wire.Fields, frames: list):
         self.identity = identity
@@ -67,6 +67,7 @@ class SimRequest:
         self.fields = fields
         self.frames = frames
         self.ctx = None          # what the simulation remembers until the request is answered
+        self.principal = None    # plaintext: no authenticated caller
 
 
 class _Poller:
@@ -120,8 +121,11 @@ class SimPeer:
 
 
 class SimServer(Node, kera_server.Server):
-    def __init__(self, name: str, host: SimHost, port: int = 1):
+    def __init__(self, name: str, host: SimHost, port: int = 1, security=None):
+        assert security is None, "the simulation runs plaintext (no CURVE in SimServer)"
         Node.__init__(self, host.net, f"{host.name}:{port}")
+        self.security = None
+        self.guard = None
         self.name = f"{name} {host.name}"
         self.rng = host.rng
         self.host = host.name

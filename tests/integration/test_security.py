@@ -1,0 +1,225 @@
+"""A secure cluster (`kera local --secure`'s LocalCluster): CURVE on every socket, roles, ACLs.
+
+Each test names what an attacker or a careless client tries, and asserts the cluster refuses it
+with `not_authorized` (naming the principal, the operation and the resource) or does not let
+it connect at all, while the same cluster serves the principals it should.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+import time
+
+import pytest
+
+from kera import chunk, rpc
+from kera.admin import Admin
+from kera.consumer import Consumer
+from kera.errors import NotAuthorized, Timeout
+from kera.keys import KEY_FILE_ENV, create_key
+from kera.producer import Producer
+
+WAIT_S = 15.0
+ACL_SPREAD_S = 10.0   # a grant reaches the brokers within a heartbeat; generous on a busy host
+
+
+@pytest.fixture(scope="module")
+def cluster(local_cluster):
+    c = local_cluster(brokers=2, backups=1, secure=True, log_level="WARNING",
+                      heartbeat_interval_ms=100)
+    os.environ.pop(KEY_FILE_ENV, None)   # every call below names its key
+    return c
+
+
+@pytest.fixture
+def admin(cluster):
+    with Admin(cluster.bootstrap, key_file=str(cluster.keys.admin)) as a:
+        yield a
+
+
+_names = iter(range(10**6))
+
+
+def stream(admin, **kw) -> str:
+    name = f"sec-{next(_names)}"
+    admin.create_stream(name, **kw)
+    return name
+
+
+def client_conn(cluster, address: str, key="client", timeout_s: float = 5.0) -> rpc.Connection:
+    return rpc.Connection(address, timeout_s=timeout_s, key_file=str(cluster.keys.secret(key)))
+
+
+def consume(cluster, name: str, count: int, key: str = "client") -> list[bytes]:
+    got: list[bytes] = []
+    with Consumer(cluster.bootstrap, name, key_file=str(cluster.keys.secret(key)),
+                  request_timeout_s=5.0) as c:
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < count and time.monotonic() < deadline:
+            record = c.poll(timeout_s=0.5)
+            if record is not None:
+                got.append(record.value)
+    return got
+
+
+def wait_for(check, what: str, timeout_s: float = ACL_SPREAD_S):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return check()
+        except NotAuthorized:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"still not authorized after {timeout_s} s: {what}")
+            time.sleep(0.1)
+
+
+def test_a_client_without_a_known_key_cannot_connect(cluster, tmp_path, monkeypatch):
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    with pytest.raises(Timeout, match="CURVE"):
+        rpc.call(cluster.bootstrap, "cluster", timeout_s=1.5)
+    stranger = create_key(tmp_path, "stranger", "admin")   # a key the cluster never saw
+    with pytest.raises(Timeout, match="keys directory"):
+        rpc.call(cluster.bootstrap, "cluster", timeout_s=1.5, key_file=str(stranger))
+
+
+def test_a_client_key_cannot_call_any_cluster_op(cluster):
+    with client_conn(cluster, cluster.bootstrap) as conn:
+        for op, fields in (("register", {"kind": "broker", "address": "127.0.0.1:1", "node": "x"}),
+                           ("heartbeat", {"kind": "broker", "daemon_id": 0}),
+                           ("broker_streams", {"broker_id": 0}),
+                           ("replicas", {}), ("recovered", {}),
+                           ("deregister", {"kind": "broker", "daemon_id": 0})):
+            with pytest.raises(NotAuthorized, match="client:client"):
+                conn.call(op, fields)
+    with client_conn(cluster, cluster.backups[0].address) as conn:
+        for op in ("replicate", "drop_replica", "list_replicas", "read_replica"):
+            with pytest.raises(NotAuthorized, match=f"may not call '{op}'"):
+                conn.call(op, {"broker_id": 0, "vlog": 0, "vseg": 0, "offset": 0})
+    with client_conn(cluster, cluster.brokers[0].address) as conn:
+        with pytest.raises(NotAuthorized, match="describe cluster"):
+            conn.call("stats")
+
+
+def test_a_client_key_cannot_delete_or_read_a_stream_without_a_grant(cluster, admin):
+    name = stream(admin)
+    with Producer(cluster.bootstrap, key_file=str(cluster.keys.admin)) as p:
+        p.send_batch(name, [b"secret-%d" % i for i in range(10)])
+        p.flush()
+    with Admin(cluster.bootstrap, key_file=str(cluster.keys.client)) as client:
+        with pytest.raises(NotAuthorized) as exc:
+            client.delete_stream(name)
+        assert "client:client" in exc.value.message and "delete" in exc.value.message \
+            and repr(name) in exc.value.message
+    with pytest.raises(NotAuthorized, match=f"read stream '{name}'|describe stream '{name}'"):
+        consume(cluster, name, 10)
+    admin.add_acls([["client", "allow", "read", "stream", name, "literal"]])
+    got = wait_for(lambda: consume(cluster, name, 10), "read after the grant")
+    assert sorted(got) == sorted(b"secret-%d" % i for i in range(10))
+    assert name in [s["name"] for s in admin.list_streams()]
+
+
+def test_a_deny_overrides_an_allow(cluster, admin):
+    name = stream(admin)
+    admin.add_acls([["client", "allow", "all", "stream", "sec-", "prefixed"]])
+
+    def produce():
+        with Producer(cluster.bootstrap, key_file=str(cluster.keys.client)) as p:
+            p.send_batch(name, [b"a", b"b"])
+            p.flush()
+
+    wait_for(produce, "write after the prefixed grant")
+    assert sorted(consume(cluster, name, 2)) == [b"a", b"b"]
+    admin.add_acls([["client", "deny", "read", "stream", name, "literal"]])
+    deadline = time.monotonic() + ACL_SPREAD_S
+    while True:
+        try:
+            consume(cluster, name, 2)
+        except NotAuthorized as err:
+            assert f"read stream '{name}'" in err.message
+            break
+        assert time.monotonic() < deadline, "the deny never took effect"
+        time.sleep(0.1)
+    produce()   # the deny is of reading only
+
+
+def test_a_broker_key_cannot_act_as_another_broker(cluster, admin):
+    name = stream(admin, replication=2, streamlets=2)
+    values = [b"kept-%d" % i for i in range(200)]
+    with Producer(cluster.bootstrap, key_file=str(cluster.keys.admin)) as p:
+        p.send_batch(name, values)
+        p.flush()
+    with client_conn(cluster, cluster.backups[0].address, key="broker-1") as conn:
+        for op in ("drop_replica", "replicate"):
+            with pytest.raises(NotAuthorized, match="belong to principal 'broker-0'"):
+                conn.call(op, {"broker_id": 0, "vlog": 0, "vseg": 0, "offset": 0})
+    with client_conn(cluster, cluster.bootstrap, key="broker-1") as conn:
+        with pytest.raises(NotAuthorized, match="bound to principal 'broker-0'"):
+            conn.call("register", {"kind": "broker", "daemon_id": 0,
+                                   "address": "127.0.0.1:1", "node": "forged"})
+    with client_conn(cluster, cluster.bootstrap, key="backup-0") as conn:
+        with pytest.raises(NotAuthorized, match="cannot act as a broker"):
+            conn.call("register", {"kind": "broker", "address": "127.0.0.1:1", "node": "x"})
+    assert sorted(consume(cluster, name, len(values), key="admin")) == sorted(values)
+
+
+class Relay:
+    """A TCP relay that keeps every byte passing through, both ways: what a wiretap sees."""
+
+    def __init__(self, target: str):
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.captured = bytearray()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.listener.settimeout(WAIT_S)
+        client, _ = self.listener.accept()
+        server = socket.create_connection(self.target, timeout=WAIT_S)
+        peers = {client: server, server: client}
+        while not self._stop.is_set():
+            ready, _, _ = select.select(list(peers), [], [], 0.1)
+            for sock in ready:
+                data = sock.recv(65536)
+                if not data:
+                    return
+                self.captured += data
+                peers[sock].sendall(data)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+        self.listener.close()
+
+
+@pytest.mark.parametrize("secure", [True, False], ids=["curve", "plaintext"])
+def test_a_captured_connection_holds_record_bytes_only_in_plaintext(local_cluster, secure):
+    c = local_cluster(brokers=1, secure=secure, log_level="WARNING")
+    os.environ.pop(KEY_FILE_ENV, None)
+    key = str(c.keys.admin) if secure else None
+    with Admin(c.bootstrap, key_file=key) as a:
+        sid = a.create_stream("tapped")["id"]
+    marker = b"THE-RECORD-" + os.urandom(16).hex().encode()
+    relay = Relay(c.brokers[0].address)
+    try:
+        with rpc.Connection(relay.address, timeout_s=WAIT_S, key_file=key) as conn:
+            header, _ = conn.call("produce", {}, [chunk.encode(7, 0, sid, 0, [marker] * 3)])
+        assert not isinstance(header["results"][0][0], str), header
+    finally:
+        relay.close()
+    assert len(relay.captured) > 3 * len(marker)
+    assert (marker in relay.captured) is not secure
+    with Consumer(c.bootstrap, "tapped", key_file=key) as consumer:
+        deadline = time.monotonic() + WAIT_S
+        got: list = []
+        while len(got) < 3 and time.monotonic() < deadline:
+            record = consumer.poll(timeout_s=0.5)
+            if record is not None:
+                got.append(record.value)
+    assert got == [marker] * 3
