@@ -25,7 +25,8 @@ import zmq
 from kera import config
 from kera import security as daemon_security
 from kera.config import MiB
-from kera.errors import BadRequest, CorruptChunk, KeraError, NotReady, StorageError, Throttled
+from kera.errors import (BadRequest, CorruptChunk, KeraError, NotAuthorized, NotReady,
+                         StorageError, Throttled)
 
 from kera.broker.memory import parse_size
 from kera.metrics import serve_metrics
@@ -121,7 +122,11 @@ class BackupServer(Server):
     def handle_list_replicas(self, req: Request):
         broker_id = req.fields.int("broker_id")
         # A recovery lists with `fence`: those incarnations may write no more.
-        self.incarnations.fence(broker_id, parse_fence(req.fields))
+        fence = parse_fence(req.fields)
+        if fence and req.principal is not None and req.principal.role != "broker":
+            raise NotAuthorized(f"principal {req.principal} may list replicas but not fence "
+                                f"broker {broker_id}: fencing is a recovering broker's")
+        self.incarnations.fence(broker_id, fence)
         return {"replicas": self.store.list_replicas(broker_id)}
 
     def handle_read_replica(self, req: Request):

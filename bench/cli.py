@@ -27,12 +27,15 @@ from .workload import PRESETS, Workload
 
 log = logging.getLogger(__name__)
 
-SYSTEM_ORDER = ("kera", "kafka")
+SYSTEM_ORDER = ("kera", "kera-curve", "kafka")
+DEFAULT_SYSTEMS = ("kera", "kafka")
+# --security: which kera systems run ("both": plaintext and CURVE side by side, alternating).
+SECURITY_SYSTEMS = {"off": ("kera",), "curve": ("kera-curve",), "both": ("kera", "kera-curve")}
 WARM_UP_S = 2.0   # alternation within each repeat: kera, Kafka, kera, Kafka ...
 
 
 def run_benchmark(workloads: list[Workload], *, preset: str, description: str, repeats: int,
-                  out_dir: Path, systems=SYSTEM_ORDER, ceiling_bytes: int = 0,
+                  out_dir: Path, systems=DEFAULT_SYSTEMS, ceiling_bytes: int = 0,
                   work_dir: Path | None = None, plots: bool = True, warm_up: bool = True,
                   progress=None) -> dict:
     """Run every workload `repeats` times on each system, alternating; write the results.
@@ -84,8 +87,10 @@ def _run_all(workloads, repeats, systems, work_dir: Path, results: dict, out_dir
                     try:
                         if system.ensure(w) and warm_up:
                             progress.note(f"{name}: new cluster {system.bootstrap}; warming up")
-                            run_trial(system, warm_up_workload(w), f"w{ci:02d}-{name}")
-                        trial = run_trial(system, w, f"t{ci:02d}-{repeat}-{name}", repeat)
+                            with system.client_env():
+                                run_trial(system, warm_up_workload(w), f"w{ci:02d}-{name}")
+                        with system.client_env():
+                            trial = run_trial(system, w, f"t{ci:02d}-{repeat}-{name}", repeat)
                     except Exception:  # noqa: BLE001 - recorded; the run goes on
                         err = traceback.format_exc()
                         results["errors"].append({"label": w.label(), "system": name,
@@ -177,12 +182,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only configurations whose tag or field KEY is VALUE (e.g. R=3); repeat")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a workload field in every configuration (e.g. duration_s=3)")
-    p.add_argument("--systems", default=",".join(SYSTEM_ORDER),
+    p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                    help="comma-separated systems to run (default: %(default)s)")
     p.add_argument("--out", type=Path, default=None,
                    help="results directory (default: results/<date>-<preset>)")
     p.add_argument("--work-dir", type=Path, default=None,
                    help="where cluster data goes (default: the system's temp dir)")
+    p.add_argument("--security", default="off", choices=sorted(SECURITY_SYSTEMS),
+                   help="kera with CURVE (curve), or plaintext and CURVE side by side in one "
+                        "run (both; ratio rows curve/plain); default: %(default)s")
     p.add_argument("--no-ceiling", action="store_true", help="skip the raw pyzmq ceiling")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--plain", action="store_true", help="plain progress lines even with rich")
@@ -208,6 +216,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"no configuration of preset {preset.name!r} matches {args.where}", file=sys.stderr)
         return 2
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if "kera" in systems and args.security != "off":
+        at = systems.index("kera")
+        systems[at:at + 1] = SECURITY_SYSTEMS[args.security]
     bad = [s for s in systems if s not in SYSTEM_ORDER]
     if bad or not systems:
         print(f"--systems: unknown {bad}; choose from {', '.join(SYSTEM_ORDER)}", file=sys.stderr)

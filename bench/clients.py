@@ -210,13 +210,13 @@ class KafkaConsumerClient:
 
 
 def make_producer(system: str, bootstrap: str, prefix: str, w: Workload, index: int):
-    if system == "kera":
+    if system.startswith("kera"):   # kera-curve: the key comes from $KERA_KEY_FILE
         return KeraProducerClient(bootstrap, prefix, w)
     return KafkaProducerClient(bootstrap, prefix, w, index)
 
 
 def make_consumer(system: str, bootstrap: str, prefix: str, w: Workload,
                   partitions: dict[int, list[int]], index: int):
-    if system == "kera":
+    if system.startswith("kera"):
         return KeraConsumerClient(bootstrap, prefix, w, partitions)
     return KafkaConsumerClient(bootstrap, prefix, w, partitions, index)

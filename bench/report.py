@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .runner import METRICS, TrialResult, median_of
 
-SYSTEMS = ("kera", "kafka")
+SYSTEMS = ("kera", "kera-curve", "kafka")   # kera-curve: `--security` (CURVE on)
 LOG_SCALE_SPAN = 30.0   # bar heights spanning more than this factor get a log axis
 PLOTS = {  # file: (title, metric, y label)
     "producer_throughput.png": ("Acknowledged producer throughput", "producer_records_per_s",
@@ -32,16 +32,19 @@ def summarize(config: dict) -> dict:
     trials = [TrialResult(**t) for t in config["trials"]]
     medians = {s: {m: median_of([t for t in trials if t.system == s], m) for m in METRICS}
                for s in SYSTEMS}
-    ratios = {}
-    for m in METRICS:
-        a, b = medians["kera"][m], medians["kafka"][m]
-        ratios[m] = a / b if a is not None and b else None
+    ratios = _ratios(medians["kera"], medians["kafka"])
     integrity = {s: all(t.drained and t.consumed == t.acked and t.failed == 0
                         for t in trials if t.system == s) for s in SYSTEMS}
-    return {"medians": medians, "ratios": ratios, "integrity_ok": integrity,
+    return {"medians": medians, "ratios": ratios,
+            "curve_ratios": _ratios(medians["kera-curve"], medians["kera"]),
+            "integrity_ok": integrity,
             "trials_per_system": {s: sum(t.system == s for t in trials) for s in SYSTEMS},
             "machine_busy_fraction": median_of(trials, "machine_busy_fraction"),
             "other_cpu_s": median_of(trials, "other_cpu_s")}
+
+
+def _ratios(a: dict, b: dict) -> dict:
+    return {m: a[m] / b[m] if a[m] is not None and b[m] else None for m in METRICS}
 
 
 def machine_info() -> dict:
@@ -138,6 +141,13 @@ def markdown(results: dict) -> str:
             f"{_ratio(r['latency_p99_ms'])} | {_ratio(r['cpu_s_per_million'])} | "
             f"{_ratio(r['server_cpu_s_per_million'])} | | busy "
             f"{(s['machine_busy_fraction'] or 0):.0%}, other {(s['other_cpu_s'] or 0):.1f} s |")
+        c = s.get("curve_ratios") or {}
+        if any(v is not None for v in c.values()):
+            lines.append(
+                f"| {label} | **CURVE/plaintext** | **{_ratio(c['producer_records_per_s'])}** | | "
+                f"**{_ratio(c['consumer_records_per_s'])}** | {_ratio(c['latency_p50_ms'])} | "
+                f"{_ratio(c['latency_p99_ms'])} | {_ratio(c['cpu_s_per_million'])} | "
+                f"{_ratio(c['server_cpu_s_per_million'])} | | |")
     lines += ["", "## Settings", "",
               "Every configuration's workload, kera and Kafka settings are in `results.json` "
               "(`configurations[].workload`, `.kera`, `.kafka`). Layout of R copies: kera runs "

@@ -16,7 +16,9 @@ How R copies are laid out (documented in the results):
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -69,6 +71,11 @@ class _System(abc.ABC):
     def bootstrap(self) -> str:
         return self.cluster.bootstrap
 
+    @contextlib.contextmanager
+    def client_env(self):
+        """The environment the trial's worker processes are spawned with (they inherit it)."""
+        yield
+
     def stop(self) -> None:
         if self.cluster is not None:
             self.cluster.stop()
@@ -78,7 +85,28 @@ class _System(abc.ABC):
 
 
 class KeraSystem(_System):
+    """kera in plaintext, or (`secure`, system "kera-curve") with CURVE on every daemon and
+    every client authenticating with the cluster's admin key."""
     name = "kera"
+
+    def __init__(self, work_dir: Path, secure: bool = False):
+        self.secure = secure
+        if secure:
+            self.name = "kera-curve"
+        super().__init__(work_dir)
+
+    @contextlib.contextmanager
+    def client_env(self):
+        from kera.keys import KEY_FILE_ENV
+        saved = os.environ.pop(KEY_FILE_ENV, None)
+        if self.secure:
+            os.environ[KEY_FILE_ENV] = self.cluster.key_file
+        try:
+            yield
+        finally:
+            os.environ.pop(KEY_FILE_ENV, None)
+            if saved is not None:
+                os.environ[KEY_FILE_ENV] = saved
 
     def layout_for(self, w: Workload) -> dict:
         return w.kera_layout()
@@ -87,7 +115,8 @@ class KeraSystem(_System):
         from kera.local import LocalCluster
 
         return LocalCluster(cluster_dir, brokers=layout["brokers"], backups=layout["backups"],
-                            virtual_logs=layout["virtual_logs"], log_level="WARNING")
+                            virtual_logs=layout["virtual_logs"], log_level="WARNING",
+                            secure=self.secure)
 
     def cluster_dir(self) -> Path:
         return self.cluster.data_dir
@@ -98,7 +127,8 @@ class KeraSystem(_System):
     def create(self, prefix: str, w: Workload) -> None:
         from kera.admin import Admin
 
-        with Admin(self.bootstrap, timeout_s=KERA_READY_TIMEOUT_S) as admin:
+        with Admin(self.bootstrap, timeout_s=KERA_READY_TIMEOUT_S,
+                   key_file=self.cluster.key_file) as admin:
             names = [stream_name(prefix, s) for s in range(w.streams)]
             for name in names:
                 admin.create_stream(name, streamlets=w.streamlets, active_groups=w.active_groups,
@@ -111,7 +141,7 @@ class KeraSystem(_System):
     def delete(self, prefix: str, w: Workload) -> None:
         from kera.admin import Admin
 
-        with Admin(self.bootstrap) as admin:
+        with Admin(self.bootstrap, key_file=self.cluster.key_file) as admin:
             for s in range(w.streams):
                 admin.delete_stream(stream_name(prefix, s))
 
@@ -175,6 +205,8 @@ class KafkaSystem(_System):
 def make_system(name: str, work_dir: Path):
     if name == "kera":
         return KeraSystem(work_dir)
+    if name == "kera-curve":
+        return KeraSystem(work_dir, secure=True)
     if name == "kafka":
         return KafkaSystem(work_dir)
-    raise ValueError(f"unknown system {name!r} (kera or kafka)")
+    raise ValueError(f"unknown system {name!r} (kera, kera-curve or kafka)")

@@ -32,7 +32,8 @@ from kera.broker.tier import TierConfig
 from kera.broker.tier_service import TierService
 from kera.broker.virtual_log import ReplicationWrite
 from kera.acl import Acl
-from kera.errors import BadRequest, IdInUse, KeraError, NotAuthorized, NotReady, WrongCluster
+from kera.errors import (BadRequest, IdInUse, KeraError, NotAuthorized, NotReady, Throttled,
+                         WrongCluster)
 from kera.identity import Identity
 from kera.metrics import serve_metrics
 from kera.server import DEFERRED, Request, Server
@@ -124,7 +125,10 @@ class BrokerDaemon:
     # ------------------------------------------------------------------ handlers
     def _on_produce(self, req: Request):
         acks = req.fields.bool("acks", True)
+        quota = self._quota(req, "produce")
         frames = [f.buffer for f in req.frames]
+        if quota is not None:
+            quota.charge(req.principal.name, "produce", sum(map(len, frames)), time.monotonic())
         # The chunks are copied into segments now: a deferred request must not keep the
         # received frames alive until it is answered.
         req.frames = []
@@ -146,8 +150,11 @@ class BrokerDaemon:
 
     def _on_fetch(self, req: Request):
         epochs: list = []
+        quota = self._quota(req, "fetch")
         results, frames = self.core.fetch(req.fields.list("reads"), epochs,
                                           self._checker(req, "read"))
+        if quota is not None:
+            quota.charge(req.principal.name, "fetch", sum(map(len, frames)), time.monotonic())
         return {"results": results, "epochs": epochs}, frames
 
     def _on_offsets(self, req: Request):
@@ -158,6 +165,19 @@ class BrokerDaemon:
             self.core.check_stream(sid, check)
         return {"groups": self.core.offsets(sid, sl), "first_group": self.core.first_group(sid, sl),
                 "epoch": self.core.history_epoch(sid, sl)}
+
+    def _quota(self, req: Request, kind: str):
+        """The quotas to charge `req` to, after refusing it (`throttled`) while its
+        principal is over its rate; None in plaintext."""
+        guard = self.server.guard
+        if guard is None or req.principal is None:
+            return None
+        try:
+            guard.quotas.admit(req.principal.name, kind, time.monotonic())
+        except Throttled:
+            self.core.counters.add(f"quota_throttled_{kind}")
+            raise
+        return guard.quotas
 
     def _checker(self, req: Request, operation: str):
         guard = self.server.guard
@@ -303,6 +323,7 @@ class BrokerDaemon:
         if not isinstance(entries, list) or not isinstance(header.get("acl_version"), int):
             raise BadRequest("heartbeat reply with malformed 'acls'")
         self.server.guard.acls.replace(Acl.parse(e) for e in entries)
+        self.server.guard.quotas.replace(header.get("quotas", {}))
         self.acl_version = header["acl_version"]
         log.info("ACLs at version %d: %d entries", self.acl_version, len(entries))
 

@@ -2,7 +2,9 @@
 
 Three kinds of op:
 - cluster ops (register, heartbeat, replicate, list/read/drop replica, recovered, ...): only
-  principals in a member role (broker, backup, coordinator), and only the roles listed;
+  principals in a member role (broker, backup, coordinator), and only the roles listed; the
+  read-only ones (the replica maps, a replica's listing and bytes) also for `admin`, which an
+  operator needs to see where data is (a fencing listing stays the brokers': kera.backup);
 - ACL ops: allowed when the cluster's ACLs (kera.acl) grant the operation on the resource the
   request names (`field`), or, for ops whose resources are inside the request (produce's
   chunks, fetch's reads), when the handler's per-resource check passes;
@@ -20,6 +22,7 @@ from typing import Callable
 from kera.acl import CLUSTER_NAME, Acls
 from kera.errors import NotAuthorized
 from kera.keys import MEMBER_ROLES, Principal
+from kera.quota import Quotas
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,8 @@ RULES: dict[str, Rule] = {
     # coordinator: cluster membership and metadata for daemons
     "register": _cluster("broker", "backup"),
     "heartbeat": _cluster("broker", "backup"),
-    "broker_streams": _cluster(*BROKERS),
-    "replicas": _cluster(*BROKERS),
+    "broker_streams": _cluster("broker", "admin"),
+    "replicas": _cluster("broker", "admin"),
     "recovered": _cluster(*BROKERS),
     "cluster": Rule(open=True),
     "recovery_status": _acl("describe", "cluster", None),
@@ -69,6 +72,8 @@ RULES: dict[str, Rule] = {
     "acl_add": _acl("alter", "cluster", None),
     "acl_remove": _acl("alter", "cluster", None),
     "acl_list": _acl("describe", "cluster", None),
+    "quota_set": _acl("alter", "cluster", None),
+    "quota_list": _acl("describe", "cluster", None),
     # broker: data (per stream, checked in the handler)
     "produce": _acl("write", "stream"),
     "fetch": _acl("read", "stream"),
@@ -78,8 +83,8 @@ RULES: dict[str, Rule] = {
     # backup: replicas, for brokers only (and bound to their broker id: kera.backup)
     "replicate": _cluster(*BROKERS),
     "drop_replica": _cluster(*BROKERS),
-    "list_replicas": _cluster(*BROKERS),
-    "read_replica": _cluster(*BROKERS),
+    "list_replicas": _cluster("broker", "admin"),
+    "read_replica": _cluster("broker", "admin"),
 }
 
 
@@ -88,6 +93,7 @@ class Guard:
 
     def __init__(self, acls: Acls | None = None, daemon: str = "daemon"):
         self.acls = acls if acls is not None else Acls()
+        self.quotas = Quotas()   # enforced by brokers (kera.quota)
         self.daemon = daemon
 
     def admit(self, principal: Principal | None, op: str, fields) -> None:

@@ -188,6 +188,19 @@ class Admin:
         fields = {"principal": principal} if principal is not None else {}
         return self._call("acl_list", fields)["acls"]
 
+    def set_quota(self, principal: str, produce_bytes_per_s: int | None = None,
+                  fetch_bytes_per_s: int | None = None) -> dict:
+        """Set a principal's (or '*', the default's) byte rates per broker (kera.quota);
+        None leaves a rate as it is, 0 removes it. Returns every principal's rates."""
+        fields: dict = {"principal": principal}
+        for kind, rate in (("produce", produce_bytes_per_s), ("fetch", fetch_bytes_per_s)):
+            if rate is not None:
+                fields[f"{kind}_bytes_per_s"] = rate
+        return self._call("quota_set", fields)["quotas"]
+
+    def list_quotas(self) -> dict:
+        return self._call("quota_list")["quotas"]
+
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         with self._lock:

@@ -1,4 +1,4 @@
-"""`kera keys create|list` and `kera acl add|remove|list`: the secure path from the command line.
+"""`kera keys create|list`, `kera acl add|remove|list`, `kera quota set|list`: the secure path.
 
 Keys are files (kera.keys); ACLs live in the coordinator (kera.acl, kera.coordinator.acl_ops)
 and need an admin key (`--key-file` or $KERA_KEY_FILE).
@@ -18,6 +18,7 @@ KEYS_DIR_ENV = "KERA_KEYS_DIR"
 def add_parsers(sub, admin_options) -> None:
     _add_keys(sub)
     _add_acl(sub, admin_options)
+    _add_quota(sub, admin_options)
 
 
 def _add_keys(sub) -> None:
@@ -127,4 +128,48 @@ def cmd_acl_list(args) -> int:
         return 0
     print(_table(["PRINCIPAL", "PERMISSION", "OPERATION", "TYPE", "RESOURCE", "PATTERN"],
                  reply["acls"]))
+    return 0
+
+
+def _add_quota(sub, admin_options) -> None:
+    p = sub.add_parser("quota", help="per-principal produce and fetch byte rates (admin key)",
+                       description="Byte-rate quotas per principal, metered on each broker: a "
+                                   "client over its rate gets a retriable `throttled` and slows "
+                                   "down; nothing is dropped. `*` sets the default.")
+    qsub = p.add_subparsers(dest="quota_command", metavar="ACTION", required=True)
+    s = qsub.add_parser("set", parents=[admin_options()], help="set (or, with 0, remove) rates")
+    s.add_argument("--principal", required=True, help="principal name, or '*' for the default")
+    s.add_argument("--produce-bytes-per-s", type=_rate, default=None, metavar="SIZE",
+                   help="bytes per second this principal may produce per broker (e.g. 10MiB; "
+                        "0 removes)")
+    s.add_argument("--fetch-bytes-per-s", type=_rate, default=None, metavar="SIZE",
+                   help="bytes per second it may fetch per broker (0 removes)")
+    s.set_defaults(func=cmd_quota_set)
+    qsub.add_parser("list", parents=[admin_options()], help="list quotas").set_defaults(
+        func=cmd_quota_list)
+
+
+def _rate(text: str) -> int:
+    from kera.cli import _size
+    return _size(text)
+
+
+def cmd_quota_set(args) -> int:
+    from kera.cli import CliError, _admin
+    if args.produce_bytes_per_s is None and args.fetch_bytes_per_s is None:
+        raise CliError("give --produce-bytes-per-s and/or --fetch-bytes-per-s")
+    rates = _admin(args).set_quota(args.principal, args.produce_bytes_per_s,
+                                   args.fetch_bytes_per_s)
+    print(f"quotas of {args.principal!r}: {rates.get(args.principal) or 'none'}")
+    return 0
+
+
+def cmd_quota_list(args) -> int:
+    from kera.cli import _admin, _print_json, _table
+    rates = _admin(args).list_quotas()
+    if args.json:
+        _print_json(rates)
+        return 0
+    print(_table(["PRINCIPAL", "PRODUCE BYTES/S", "FETCH BYTES/S"],
+                 [[p, r.get("produce", "-"), r.get("fetch", "-")] for p, r in sorted(rates.items())]))
     return 0

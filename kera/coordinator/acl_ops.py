@@ -15,6 +15,7 @@ from __future__ import annotations
 from kera.acl import Acl, Acls
 from kera.errors import NotAuthorized
 from kera.keys import Principal, check_name
+from kera.quota import KINDS, Quotas
 
 PRINCIPAL_FIELD = "principal"
 
@@ -24,6 +25,7 @@ class AccessState:
 
     def __init__(self):
         self.acls = Acls()
+        self.quotas = Quotas()   # per-principal byte rates (kera.quota), delivered alike
         self.version = 0
 
     def add(self, acls: list[Acl]) -> int:
@@ -40,15 +42,22 @@ class AccessState:
         """What a broker's heartbeat reply carries: the list, if the broker's is stale."""
         if held_version is None or held_version == self.version:
             return {}
-        return {"acl_version": self.version, "acls": self.acls.to_state()}
+        return {"acl_version": self.version, "acls": self.acls.to_state(),
+                "quotas": self.quotas.rates}
+
+    def set_quota(self, principal: str, kind: str, bytes_per_s: int | None) -> None:
+        self.quotas.set(principal, kind, bytes_per_s)
+        self.version += 1
 
     def to_state(self) -> dict:
-        return {"version": self.version, "entries": self.acls.to_state()}
+        return {"version": self.version, "entries": self.acls.to_state(),
+                "quotas": self.quotas.rates}
 
     def load(self, state: dict | None) -> None:
         if state:
             self.version = int(state["version"])
             self.acls.load(state["entries"])
+            self.quotas.replace(state.get("quotas", {}))
 
 
 def check_binding(kind: str, member_id: int, bound: str | None, caller: Principal | None) -> None:
@@ -89,4 +98,14 @@ def ops(access: AccessState, bump) -> dict:
         return {"acls": access.acls.listing(principal, f.str("resource", None, hi=255)),
                 "acl_version": access.version}
 
-    return {"acl_add": add, "acl_remove": remove, "acl_list": listing}
+    def set_quota(f, now):
+        principal = f.str(PRINCIPAL_FIELD, hi=255)
+        for kind in KINDS:
+            rate = f.int(f"{kind}_bytes_per_s", None, lo=0, hi=2**62)
+            if rate is not None:
+                access.set_quota(principal, kind, rate or None)   # 0: remove
+        bump()
+        return {"quotas": access.quotas.rates, "acl_version": access.version}
+
+    return {"acl_add": add, "acl_remove": remove, "acl_list": listing, "quota_set": set_quota,
+            "quota_list": lambda f, now: {"quotas": access.quotas.rates}}

@@ -182,7 +182,7 @@ class Coordinator:
            "list_streams", "delete_stream", "alter_stream", "broker_streams", "replicas", "recovered",
            "recovery_status", "deregister", "group_heartbeat", "group_commit", "group_offsets",
            "group_list", "group_describe", "group_reset", "group_delete",
-           "acl_add", "acl_remove", "acl_list")
+           "acl_add", "acl_remove", "acl_list", "quota_set", "quota_list")
 
     def _streamlets_of(self, name: str) -> int | None:
         stream = self.streams.get(name)

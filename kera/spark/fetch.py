@@ -34,8 +34,9 @@ class GroupRange(InputPartition):
 
     def __init__(self, bootstrap: str, stream: str, stream_id: int, streamlet: int, group: int,
                  start: int, end: int, address: str, fetch_max_bytes: int, timeout_s: float,
-                 fail_on_data_loss: bool = True):
+                 fail_on_data_loss: bool = True, key_file: str | None = None):
         self.bootstrap = bootstrap
+        self.key_file = key_file
         self.stream = stream
         self.stream_id = stream_id
         self.streamlet = streamlet
@@ -127,7 +128,7 @@ def read_group(part: GroupRange) -> Iterator[pa.RecordBatch]:
     if part is None or not isinstance(part, GroupRange) or part.start >= part.end:
         return
     reader = GroupReader(part)
-    meta = Metadata(part.bootstrap, part.timeout_s)
+    meta = Metadata(part.bootstrap, part.timeout_s, part.key_file)
     address = part.address
     try:
         pause = EMPTY_PAUSE_S

@@ -49,7 +49,9 @@ def _pause(attempt: int) -> float:
 
 
 class Metadata:
-    def __init__(self, bootstrap: str, timeout_s: float = rpc.DEFAULT_TIMEOUT_S):
+    def __init__(self, bootstrap: str, timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
+                 key_file: str | None = None):
+        self.key_file = key_file   # None: $KERA_KEY_FILE, else plaintext
         self.coordinators = [a.strip() for a in bootstrap.split(",") if a.strip()]
         if not self.coordinators:
             raise ValueError("option 'bootstrap' must name the coordinator, e.g. 127.0.0.1:7000")
@@ -59,7 +61,8 @@ class Metadata:
     def conn(self, address: str) -> rpc.Connection:
         c = self._conns.get(address)
         if c is None:
-            c = self._conns[address] = rpc.Connection(address, timeout_s=self.timeout_s)
+            c = self._conns[address] = rpc.Connection(address, timeout_s=self.timeout_s,
+                                                     key_file=self.key_file)
         return c
 
     def drop(self, address: str) -> None:

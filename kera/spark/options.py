@@ -17,7 +17,8 @@ SPARK_OPTIONS = {"path", "checkpointlocation", "queryname"}
 OPTION_NAMES = (
     "bootstrap", "stream", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
     "failOnDataLoss", "minPartitions", "fetchMaxBytes", "timeoutMs", "chunkSizeBytes",
-    "requestSizeBytes", "inFlightPerBroker", "bufferBytes", "writeId", "subscribePattern")
+    "requestSizeBytes", "inFlightPerBroker", "bufferBytes", "writeId", "subscribePattern",
+    "keyFile")
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Options:
     buffer_bytes: int = 32 * config.MiB   # chunks a write task holds unacknowledged
     write_id: str | None = None           # batch sink: pin the producer identity across job runs
     pattern: str | None = None            # source: read every stream whose whole name matches
+    key_file: str | None = None           # CURVE key (kera.keys) on driver and executors
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> "Options":
@@ -67,6 +69,7 @@ class Options:
             buffer_bytes=_int(opts, "bufferBytes", 32 * config.MiB, lo=1),
             write_id=opts.get("writeid"),
             pattern=_pattern(opts, streams),
+            key_file=opts.get("keyfile"),
         )
 
     def need_streams(self) -> tuple[str, ...]:

@@ -76,7 +76,7 @@ def send_tails(opts: Options, messages) -> int:
     tails = [(m.producer_id, *t) for m in messages if m is not None for t in m.tails]
     if not tails:
         return 0
-    sender = Sender(Metadata(opts.bootstrap, opts.timeout_s), opts.in_flight_per_broker,
+    sender = Sender(Metadata(opts.bootstrap, opts.timeout_s, opts.key_file), opts.in_flight_per_broker,
                     opts.request_size_bytes, opts.buffer_bytes, opts.timeout_s)
     try:
         for pid, stream, sid, sl, seq, chunk in sorted(tails, key=lambda t: t[:5]):
@@ -112,7 +112,7 @@ def check_streams_exist(opts: Options) -> None:
     (Names in a 'stream' column are only known to the tasks.)"""
     if not opts.streams:
         return
-    meta = Metadata(opts.bootstrap, opts.timeout_s)
+    meta = Metadata(opts.bootstrap, opts.timeout_s, opts.key_file)
     try:
         for stream in opts.streams:
             try:
@@ -133,7 +133,7 @@ class _TaskWriter:
         self.pid = pid
         self.partition_id = partition_id
         self.timestamp_us = timestamp_us
-        self.sender = Sender(Metadata(opts.bootstrap, opts.timeout_s), opts.in_flight_per_broker,
+        self.sender = Sender(Metadata(opts.bootstrap, opts.timeout_s, opts.key_file), opts.in_flight_per_broker,
                              opts.request_size_bytes, opts.buffer_bytes, opts.timeout_s)
         self.planners: dict[str, ChunkPlanner] = {}
         self.seqs: dict[tuple[int, int], int] = {}

@@ -74,7 +74,7 @@ class _Planner:
 
     def __init__(self, opts: Options):
         self.opts = opts
-        self.meta = Metadata(opts.bootstrap, opts.timeout_s)
+        self.meta = Metadata(opts.bootstrap, opts.timeout_s, opts.key_file)
 
     def snapshot(self, stream: str) -> tuple[StreamInfo, dict[int, list[ko.GroupInfo]]]:
         info = self.meta.describe(stream)
@@ -95,7 +95,7 @@ class _Planner:
                    infos: list[ko.GroupInfo] | None) -> list[GroupRange]:
         o = self.opts
         return [GroupRange(o.bootstrap, stream, info.id, sl, g, s, e, info.owner(sl),
-                           o.fetch_max_bytes, o.timeout_s, o.fail_on_data_loss)
+                           o.fetch_max_bytes, o.timeout_s, o.fail_on_data_loss, o.key_file)
                 for g, s, e in ko.plan(start, end, infos)]
 
     def close(self) -> None:
@@ -109,7 +109,7 @@ def resolve_streams(opts: Options) -> tuple[str, ...]:
     if opts.pattern is None:
         return opts.need_streams()
     from kera.admin import Admin
-    admin = Admin(opts.bootstrap, timeout_s=opts.timeout_s)
+    admin = Admin(opts.bootstrap, timeout_s=opts.timeout_s, key_file=opts.key_file)
     try:
         names = sorted(s["name"] for s in admin.list_streams())
     finally:
@@ -135,7 +135,8 @@ def split(parts: list[GroupRange], min_partitions: int | None) -> list[GroupRang
         bounds = [p.start + (len(p) * i) // pieces for i in range(pieces + 1)]
         for a, b in zip(bounds, bounds[1:]):
             out.append(GroupRange(p.bootstrap, p.stream, p.stream_id, p.streamlet, p.group, a, b,
-                                  p.address, p.fetch_max_bytes, p.timeout_s, p.fail_on_data_loss))
+                                  p.address, p.fetch_max_bytes, p.timeout_s, p.fail_on_data_loss,
+                                  p.key_file))
     return out
 
 

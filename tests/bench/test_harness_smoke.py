@@ -23,8 +23,9 @@ def run(tmp_path_factory):
                  tags={"smoke": "tiny"})
     results = run_benchmark([w], preset="smoke", description="harness smoke test", repeats=1,
                             out_dir=out, ceiling_bytes=8 * MiB, warm_up=False,
+                            systems=("kera", "kera-curve", "kafka"),
                             work_dir=tmp_path_factory.mktemp("bench-work"),
-                            progress=PlainProgress(2))
+                            progress=PlainProgress(3))
     return out, results
 
 
@@ -32,10 +33,10 @@ def test_no_errors_and_one_trial_per_system(run):
     _, results = run
     assert results["errors"] == []
     trials = results["configurations"][0]["trials"]
-    assert sorted(t["system"] for t in trials) == ["kafka", "kera"]
+    assert sorted(t["system"] for t in trials) == ["kafka", "kera", "kera-curve"]
 
 
-@pytest.mark.parametrize("system", ["kera", "kafka"])
+@pytest.mark.parametrize("system", ["kera", "kera-curve", "kafka"])
 def test_consumers_read_exactly_what_was_acknowledged(run, system):
     _, results = run
     (t,) = [t for t in results["configurations"][0]["trials"] if t["system"] == system]
@@ -63,8 +64,9 @@ def test_rates_latency_and_cpu_are_positive(run, system):
 def test_summary_has_ratios_and_the_ceiling(run):
     _, results = run
     summary = results["configurations"][0]["summary"]
-    assert summary["integrity_ok"] == {"kera": True, "kafka": True}
+    assert summary["integrity_ok"] == {"kera": True, "kera-curve": True, "kafka": True}
     assert summary["ratios"]["producer_records_per_s"] > 0
+    assert summary["curve_ratios"]["producer_records_per_s"] > 0
     assert results["ceiling"]["4096"]["bytes_per_s"] > 0
 
 
@@ -76,8 +78,8 @@ def test_files_are_written_with_every_setting(run):
     assert config["kafka"]["producer"]["acks"] == "all"
     assert config["kafka"]["producer"]["batch.size"] == 4096
     assert config["kera"]["producer"]["chunk_size_bytes"] == 4096
-    assert len(config["trials"]) == 2
+    assert len(config["trials"]) == 3
     md = (out / "results.md").read_text()
-    assert "kera/Kafka" in md and "smoke=tiny" in md
+    assert "kera/Kafka" in md and "CURVE/plaintext" in md and "smoke=tiny" in md
     for name in PLOTS:
         assert (out / name).read_bytes()[:8] == PNG_MAGIC, name

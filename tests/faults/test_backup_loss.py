@@ -4,10 +4,15 @@ coordinator's map of which backups hold which virtual segments follows exactly."
 
 from __future__ import annotations
 
+import pytest
+
 import faultkit as fk
 from faultkit import call, wait_for
 
 from kera import Producer
+
+# Run against plaintext and CURVE clusters (tests/conftest.py).
+pytestmark = pytest.mark.security_modes
 
 STREAM = "lossy"
 R = 3

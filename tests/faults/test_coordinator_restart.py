@@ -3,10 +3,15 @@ placement or recovery marker is lost, and the data path keeps working meanwhile.
 
 from __future__ import annotations
 
+import pytest
+
 import faultkit as fk
 from faultkit import call, wait_for
 
 from kera import Producer
+
+# Run against plaintext and CURVE clusters (tests/conftest.py).
+pytestmark = pytest.mark.security_modes
 
 
 def test_coordinator_restart_loses_no_stream_or_placement(fresh_cluster):

@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 import faultkit as fk
 from faultkit import call, wait_for
+
+# Run against plaintext and CURVE clusters (tests/conftest.py).
+pytestmark = pytest.mark.security_modes
 
 STREAM = "faults"
 ROUNDS = ("broker", "backup", "coordinator") * 2

@@ -15,8 +15,13 @@ import threading
 import time
 from collections import Counter
 
+import pytest
+
 from kera import Producer
 from tests.faults.group_member import SESSION_TIMEOUT_MS
+
+# Run against plaintext and CURVE clusters (tests/conftest.py).
+pytestmark = pytest.mark.security_modes
 
 STREAMLETS = 12
 PRODUCE_EVERY_S = 0.002      # ~500 records/s: continuous, yet light on two cores

@@ -6,11 +6,16 @@ consumer's saved positions resume with no gap, no duplicate and no PositionLost.
 
 from __future__ import annotations
 
+import pytest
+
 from kera import Consumer
 
 from tests.integration.test_lost_positions import produce, read_all_and_save
 from tests.integration.test_produce_consume import (check_exactly_once_in_order, drain,
                                                     identities)
+
+# Run against plaintext and CURVE clusters (tests/conftest.py).
+pytestmark = pytest.mark.security_modes
 
 # Far above what the test writes, so nothing is tiered on its own before the kill.
 MEMORY_LIMIT = "1GiB"

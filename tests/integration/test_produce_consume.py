@@ -18,6 +18,9 @@ from kera import chunk as chunkcodec
 from kera.errors import ClientClosed, RecordTooLarge, Timeout, UnknownStream
 from kera.position import Position
 
+# Run against plaintext and CURVE clusters (tests/conftest.py).
+pytestmark = pytest.mark.security_modes
+
 VALUE_BYTES = 100
 ID = struct.Struct("<IQ")  # producer index, sequence number
 

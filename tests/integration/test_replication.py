@@ -24,7 +24,8 @@ from kera import Consumer, chunk, rpc
 from kera.backup import meta as meta_codec
 from kera.coordinator import store as coordinator_store
 
-pytestmark = pytest.mark.timeout(180)
+# Run against plaintext and CURVE clusters (tests/conftest.py).
+pytestmark = [pytest.mark.timeout(180), pytest.mark.security_modes]
 
 WAIT_S = 30.0
 BROKER_ID = 0   # LocalCluster: broker i registers as broker id i

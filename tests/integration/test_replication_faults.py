@@ -21,7 +21,8 @@ from kera.errors import KeraError
 from test_replication import (BROKER_ID, Writer, broker_chunks, create, flushed, identity,
                               replica_chunks, replica_list, seg_file, stats_of, wait_for)
 
-pytestmark = pytest.mark.timeout(180)
+# Run against plaintext and CURVE clusters (tests/conftest.py).
+pytestmark = [pytest.mark.timeout(180), pytest.mark.security_modes]
 
 
 def holdings(address: str) -> dict[tuple, bytes]:
@@ -116,7 +117,9 @@ def test_bad_replication_writes_are_refused_and_store_nothing(fresh_cluster):
         ("offset not an integer", {"offset": "0"}, [foreign], "bad_request"),
     ]
     rejected_before = stats_of(backup)["chunks_rejected"]
-    with rpc.Connection(backup, timeout_s=5) as conn:
+    # What a broker sends: in a secure cluster only broker 0's key may write its replicas.
+    key = str(cluster.keys.secret("broker-0")) if cluster.keys else None
+    with rpc.Connection(backup, timeout_s=5, key_file=key) as conn:
         for what, override, frames, code in cases:
             with pytest.raises(KeraError) as err:
                 conn.call("replicate", {**base, **override}, frames)

@@ -101,6 +101,10 @@ def test_a_client_key_cannot_call_any_cluster_op(cluster):
     with client_conn(cluster, cluster.brokers[0].address) as conn:
         with pytest.raises(NotAuthorized, match="describe cluster"):
             conn.call("stats")
+    with client_conn(cluster, cluster.backups[0].address, key="admin") as conn:
+        conn.call("list_replicas", {"broker_id": 0})   # an operator may look...
+        with pytest.raises(NotAuthorized, match="not fence"):
+            conn.call("list_replicas", {"broker_id": 0, "fence": [1]})   # ...not fence
 
 
 def test_a_client_key_cannot_delete_or_read_a_stream_without_a_grant(cluster, admin):
@@ -223,3 +227,27 @@ def test_a_captured_connection_holds_record_bytes_only_in_plaintext(local_cluste
             if record is not None:
                 got.append(record.value)
     assert got == [marker] * 3
+
+
+def test_a_principal_over_its_produce_quota_is_slowed_not_dropped(cluster, admin):
+    name = stream(admin)
+    admin.add_acls([["client", "allow", "all", "stream", name, "literal"]])
+    rate = 256 * 1024
+    assert admin.set_quota("client", produce_bytes_per_s=rate)["client"] == {"produce": rate}
+    values = [b"q%05d" % i + b"." * 1000 for i in range(1000)]   # ~1 MiB: 4 s of quota
+
+    def produce():
+        with Producer(cluster.bootstrap, key_file=str(cluster.keys.client),
+                      send_timeout_s=60.0) as p:
+            for i in range(0, len(values), 50):
+                p.send_batch(name, values[i:i + 50])
+            p.flush()
+
+    wait_for(produce, "write with the grant and the quota in place")
+    throttled = sum(rpc.call(b.address, "stats", key_file=str(cluster.keys.admin))[0]["stats"]
+                    .get("quota_throttled_produce", 0) for b in cluster.brokers)
+    assert throttled > 0, "the producer never hit its quota"
+    got = consume(cluster, name, len(values), key="admin")
+    assert sorted(got) == sorted(values)          # every record, once
+    admin.set_quota("client", produce_bytes_per_s=0)
+    assert "client" not in admin.list_quotas()

@@ -330,3 +330,25 @@ def test_click_pipeline_example_produces_correct_aggregates(spark, cluster, tmp_
     assert q.exception() is None
     want = ex.expected_counts(events)
     assert ex.read_counts(cluster.bootstrap, until=want, timeout_s=60) == want
+
+
+def test_a_secure_cluster_is_read_and_written_with_the_key_file_option(spark, local_cluster):
+    """keyFile on the sink and the source; without it the secure cluster is not reachable,
+    and a client key reads only what it was granted."""
+    import os
+    from kera.keys import KEY_FILE_ENV
+    secure = local_cluster(brokers=1, secure=True, log_level="WARNING")
+    os.environ.pop(KEY_FILE_ENV, None)   # the key comes from the option alone
+    admin_key, client_key = str(secure.keys.admin), str(secure.keys.client)
+    with Admin(secure.bootstrap, key_file=admin_key) as admin:
+        admin.create_stream("sealed", streamlets=2)
+        admin.add_acls([["client", "allow", "read", "stream", "sealed", "literal"]])
+    rows = [(b"k%d" % i, b"v%d" % i) for i in range(100)]
+    (spark.createDataFrame(rows, "key binary, value binary").write.format("kera")
+     .options(bootstrap=secure.bootstrap, stream="sealed", keyFile=admin_key).mode("append")
+     .save())
+    base = dict(bootstrap=secure.bootstrap, stream="sealed", timeoutMs="3000")
+    got = spark.read.format("kera").options(**base, keyFile=client_key).load()
+    assert sorted(bytes(r.value) for r in got.collect()) == sorted(v for _, v in rows)
+    with pytest.raises(Exception, match="CURVE|timeout|Timeout"):
+        spark.read.format("kera").options(**base).load().collect()
