@@ -95,6 +95,13 @@ def _ratio(v) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
+def _ratio_row(label: str, what: str, r: dict, note: str) -> str:
+    return (f"| {label} | **{what}** | **{_ratio(r['producer_records_per_s'])}** | | "
+            f"**{_ratio(r['consumer_records_per_s'])}** | {_ratio(r['latency_p50_ms'])} | "
+            f"{_ratio(r['latency_p99_ms'])} | {_ratio(r['cpu_s_per_million'])} | "
+            f"{_ratio(r['server_cpu_s_per_million'])} | | {note} |")
+
+
 def markdown(results: dict) -> str:
     lines = [f"# kera vs Apache Kafka — preset `{results['preset']}`", "",
              f"{results['description']}", "",
@@ -134,20 +141,12 @@ def markdown(results: dict) -> str:
                 f"{_fmt(m['latency_p50_ms'], 1)} | {_fmt(m['latency_p99_ms'], 1)} | "
                 f"{_fmt(m['cpu_s_per_million'], 2)} | {_fmt(m['server_cpu_s_per_million'], 2)} | "
                 f"{frac} | {'yes' if s['integrity_ok'][system] else 'NO'} |")
-        r = s["ratios"]
-        lines.append(
-            f"| {label} | **kera/Kafka** | **{_ratio(r['producer_records_per_s'])}** | | "
-            f"**{_ratio(r['consumer_records_per_s'])}** | {_ratio(r['latency_p50_ms'])} | "
-            f"{_ratio(r['latency_p99_ms'])} | {_ratio(r['cpu_s_per_million'])} | "
-            f"{_ratio(r['server_cpu_s_per_million'])} | | busy "
-            f"{(s['machine_busy_fraction'] or 0):.0%}, other {(s['other_cpu_s'] or 0):.1f} s |")
-        c = s.get("curve_ratios") or {}
-        if any(v is not None for v in c.values()):
-            lines.append(
-                f"| {label} | **CURVE/plaintext** | **{_ratio(c['producer_records_per_s'])}** | | "
-                f"**{_ratio(c['consumer_records_per_s'])}** | {_ratio(c['latency_p50_ms'])} | "
-                f"{_ratio(c['latency_p99_ms'])} | {_ratio(c['cpu_s_per_million'])} | "
-                f"{_ratio(c['server_cpu_s_per_million'])} | | |")
+        busy = (f"busy {(s['machine_busy_fraction'] or 0):.0%}, other "
+                f"{(s['other_cpu_s'] or 0):.1f} s")
+        for what, ratios in (("kera/Kafka", s["ratios"]),
+                             ("CURVE/plaintext", s.get("curve_ratios") or {})):
+            if any(v is not None for v in ratios.values()):
+                lines.append(_ratio_row(label, what, ratios, busy))
     lines += ["", "## Settings", "",
               "Every configuration's workload, kera and Kafka settings are in `results.json` "
               "(`configurations[].workload`, `.kera`, `.kafka`). Layout of R copies: kera runs "

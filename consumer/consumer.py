@@ -62,9 +62,8 @@ class Consumer:
                  fetch_wait_ms: float = config.DEFAULT_FETCH_WAIT_MS,
                  on_lost_position: str = "raise", on_assigned=None, on_revoked=None,
                  group: str | None = None, group_instance_id: str | None = None,
-                 pattern: str | None = None,
-                 session_timeout_ms: int = 10_000, auto_commit_interval_ms: int | None = 5_000,
-                 key_file: str | None = None):
+                 pattern: str | None = None, key_file: str | None = None,
+                 session_timeout_ms: int = 10_000, auto_commit_interval_ms: int | None = 5_000):
         """`stream`: one stream name or a list of them, all read by this one consumer.
         `streamlets` / `member`+`members` choose streamlets of each stream (`streamlets=[]`:
         none until `assign()`, for a group-membership layer). `start`: "earliest", "latest" or

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -251,3 +254,36 @@ def test_a_principal_over_its_produce_quota_is_slowed_not_dropped(cluster, admin
     assert sorted(got) == sorted(values)          # every record, once
     admin.set_quota("client", produce_bytes_per_s=0)
     assert "client" not in admin.list_quotas()
+
+
+def test_kera_local_secure_prints_its_keys_and_the_cli_uses_them(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != KEY_FILE_ENV}
+    proc = subprocess.Popen([sys.executable, "-m", "kera", "local", "--dir", str(tmp_path),
+                             "--port", "0", "--brokers", "1", "--secure", "--log-level", "WARNING"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        bootstrap = proc.stdout.readline().strip()
+        lines = [proc.stdout.readline() for _ in range(5)]
+        admin_key = tmp_path / "keys" / "admin.key_secret"
+        assert any(str(admin_key) in line for line in lines), lines
+        assert oct(admin_key.stat().st_mode & 0o777) == "0o600"
+
+        def kera(*args, key=None):
+            run_env = dict(env, **({KEY_FILE_ENV: str(key)} if key else {}))
+            return subprocess.run([sys.executable, "-m", "kera", *args, "--bootstrap", bootstrap,
+                                   "--timeout-s", "3"], capture_output=True, text=True,
+                                  env=run_env, timeout=60)
+
+        made = kera("stream", "create", "cli-s", key=admin_key)
+        assert made.returncode == 0, made.stderr
+        refused = kera("stream", "delete", "cli-s", key=tmp_path / "keys" / "client.key_secret")
+        assert refused.returncode != 0 and "not_authorized" in refused.stderr
+        assert "principal client:client" in refused.stderr
+        no_key = kera("stream", "list")
+        assert no_key.returncode != 0 and "--key-file" in no_key.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
