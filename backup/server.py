@@ -17,7 +17,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from pathlib import Path
 
 import zmq
@@ -28,14 +27,13 @@ from kera.errors import BadRequest, CorruptChunk, KeraError, NotReady, StorageEr
 
 from kera.broker.memory import parse_size
 from kera.metrics import serve_metrics
-from kera.server import DEFERRED, Request, Server
+from kera.daemon_env import DaemonEnv, real_if_none
+from kera.server import DEFERRED, Request
 
-from kera.backup import disk
 from kera.backup.incarnations import Incarnations, keep, parse_fence, parse_filter
 from kera.backup.registration import Registration
 from kera.identity import Identity
 from kera.backup.store import DiskRead, FlushJob, ReplicaStore, StoreConfig
-from kera.backup.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +47,14 @@ FLUSH_POLL_INTERVAL_S = 0.05       # retry flushes that failed / were over the j
 METRICS_SNAPSHOT_INTERVAL_S = 1.0
 
 
-class BackupServer(Server):
+class BackupDaemon:
+    """The backup's handlers and background work, on the shell it holds (`self.server`)."""
+
     def __init__(self, root: Path, store_config: StoreConfig | None = None, host: str = "127.0.0.1",
-                 port: int = 0):
-        super().__init__("backup", host, port)
+                 port: int = 0, env: DaemonEnv | None = None):
+        self.env = env = real_if_none(env)
+        self.clock = env.clock
+        self.server = server = env.server("backup", host, port)
         self.root = root
         self.store = ReplicaStore(store_config)
         # Fencing and freeing the replicas of dead broker incarnations (failover).
@@ -60,25 +62,35 @@ class BackupServer(Server):
         self.draining = False
         self._reads_in_flight = 0
         self._snapshot: dict = {}
+        disk = env.backup_disk
         for record in disk.scan(root):
             self.store.load(record)
         if self.store.replicas:
             log.info("found %d replicas on disk under %s", len(self.store.replicas), root)
-        self.flusher = Worker("backup-flusher", lambda job: disk.run(root, job),
-                              self.store.config.flush_jobs_max)
-        self.reader = Worker("backup-reader", lambda job: disk.read_chunks(root, job[0]),
-                             READS_IN_FLIGHT_MAX)
+        self.flusher = env.worker("backup-flusher", lambda job: disk.run(root, job),
+                                  self.store.config.flush_jobs_max)
+        self.reader = env.worker("backup-reader", lambda job: disk.read_chunks(root, job[0]),
+                                 READS_IN_FLIGHT_MAX)
         for worker in (self.flusher, self.reader):
-            self.poller.register(worker.wake_fd, zmq.POLLIN)
-        self.on("replicate", self.handle_replicate)
-        self.on("list_replicas", self.handle_list_replicas)
-        self.on("read_replica", self.handle_read_replica)
-        self.on("drop_replica", self.handle_drop_replica)
-        self.on("stats", lambda req: {"stats": self.stats()})
-        self.after_batch.append(self.schedule_flushes)
-        self.every(FLUSH_POLL_INTERVAL_S, self.schedule_flushes)
-        self.every(METRICS_SNAPSHOT_INTERVAL_S, self._refresh_snapshot)
+            server.poller.register(worker.wake_fd, zmq.POLLIN)
+        server.on("replicate", self.handle_replicate)
+        server.on("list_replicas", self.handle_list_replicas)
+        server.on("read_replica", self.handle_read_replica)
+        server.on("drop_replica", self.handle_drop_replica)
+        server.on("stats", lambda req: {"stats": self.stats()})
+        server.after_batch.append(self.schedule_flushes)
+        # The workers' completions, after every turn (their wake-up pipes end the loop's wait).
+        server.after_turn.append(self.collect)
+        server.every(FLUSH_POLL_INTERVAL_S, self.schedule_flushes)
+        server.every(METRICS_SNAPSHOT_INTERVAL_S, self._refresh_snapshot)
         self.registration: Registration | None = None
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    def stop(self) -> None:
+        self.server.stop()
 
     # ------------------------------------------------------------------ handlers
     def handle_replicate(self, req: Request):
@@ -96,8 +108,8 @@ class BackupServer(Server):
         frames = [frame.buffer for frame in req.frames]
         if reset:   # the broker restarts the replica from 0: what is stored of it goes first
             for token, err in self.store.reset(key, offset, frames):
-                self.fail(token, err)
-        length = self.store.replicate(key, offset, frames, durability, close, req, time.monotonic())
+                self.server.fail(token, err)
+        length = self.store.replicate(key, offset, frames, durability, close, req, self.clock.monotonic())
         if length is None:
             return DEFERRED
         return {"length": length}
@@ -109,7 +121,7 @@ class BackupServer(Server):
         key = (f.int("broker_id"), f.int("vlog", hi=U32_MAX), f.int("vseg"))
         known, replies = self.store.drop(key)
         for token, err in replies:
-            self.fail(token, err)
+            self.server.fail(token, err)
         self.schedule_flushes()
         return {"dropped": known}
 
@@ -138,15 +150,12 @@ class BackupServer(Server):
 
     # ------------------------------------------------------------------ background work
     def schedule_flushes(self) -> None:
-        for job in self.store.take_flush_jobs(time.monotonic()):
+        for job in self.store.take_flush_jobs(self.clock.monotonic()):
             self.flusher.submit(job)
 
-    def run_once(self, max_wait_s: float = 0.05) -> None:
-        super().run_once(max_wait_s)
-        self._collect()
-
-    def _collect(self) -> None:
-        now = time.monotonic()
+    def collect(self) -> None:
+        """Answer what the flusher and reader threads finished."""
+        now = self.clock.monotonic()
         for job, _, error in self.flusher.completions():
             self._flushed(job, error, now)
         for (read, req, wanted), chunks, error in self.reader.completions():
@@ -158,9 +167,9 @@ class BackupServer(Server):
             log.error("flush job failed unexpectedly", exc_info=error)
         for req, outcome in self.store.flush_done(job, error, now):
             if isinstance(outcome, KeraError):
-                self.fail(req, outcome)
+                self.server.fail(req, outcome)
             else:
-                self.reply(req, {"length": outcome})
+                self.server.reply(req, {"length": outcome})
         self.schedule_flushes()
 
     def _answer_read(self, read: DiskRead, req: Request, chunks, error: Exception | None,
@@ -169,23 +178,23 @@ class BackupServer(Server):
             if isinstance(error, CorruptChunk):
                 log.error("replica %s on disk failed verification: %s", read.key, error)
                 self.store.counters.add("disk_chunks_corrupt")
-                self.fail(req, error)
+                self.server.fail(req, error)
             elif isinstance(error, OSError):
                 self.store.counters.add("storage_errors")
-                self.fail(req, StorageError(f"reading {read.key} failed: {error}"))
+                self.server.fail(req, StorageError(f"reading {read.key} failed: {error}"))
             else:
                 log.error("disk read failed unexpectedly", exc_info=error)
-                self.fail(req, StorageError(f"reading {read.key} failed: {error!r}", retriable=False))
+                self.server.fail(req, StorageError(f"reading {read.key} failed: {error!r}", retriable=False))
             return
         size = sum(map(len, chunks))
         self.store.counters.add("read_bytes", size)
         self.store.counters.add("disk_read_bytes", size)
         replica = self.store.replicas.get(read.key)
         if replica is None:   # dropped while it was read
-            self.fail(req, BadRequest(f"replica {read.key} was dropped"))
+            self.server.fail(req, BadRequest(f"replica {read.key} was dropped"))
             return
 
-        self.reply(req, {"length": replica.length, "closed": replica.closed, "end": read.offset + size},
+        self.server.reply(req, {"length": replica.length, "closed": replica.closed, "end": read.offset + size},
                    keep(chunks, wanted))
 
     # ------------------------------------------------------------------ stats
@@ -212,7 +221,7 @@ class BackupServer(Server):
         free = header.get("free")
         if free:
             for token, err in self.incarnations.free(free):
-                self.fail(token, err)
+                self.server.fail(token, err)
             self.schedule_flushes()
 
     def _refresh_snapshot(self) -> None:
@@ -227,21 +236,23 @@ class BackupServer(Server):
         writes that wait for it) for at most `shutdown_timeout_s`, and close."""
         log.info("backup serving on %s, data in %s", self.address, self.root)
         try:
-            while not self._stopping:
-                self.run_once()
+            while not self.server.stopping:
+                self.server.run_once()
             self.draining = True
-            deadline = time.monotonic() + shutdown_timeout_s
+            deadline = self.clock.monotonic() + shutdown_timeout_s
             self.schedule_flushes()
-            while not self.store.idle() and not self.store.stuck() and time.monotonic() < deadline:
-                self.run_once(0.01)
+            # (A bug stopped the loop: nothing more runs, so there is nothing to wait for.)
+            while not self.store.idle() and not self.store.stuck() and \
+                    self.server.failure is None and self.clock.monotonic() < deadline:
+                self.server.run_once(0.01)
             if not self.store.idle():
                 log.warning("stopping with %d bytes not flushed", self.store.unflushed_bytes)
             for req, err in self.store.abandon_waiters("backup stopped"):
-                self.fail(req, err)
+                self.server.fail(req, err)
         finally:
             self.flusher.close()
             self.reader.close()
-            self.close()
+            self.server.close()
         log.info("backup stopped")
 
 
@@ -297,31 +308,31 @@ def run(args: argparse.Namespace) -> int:
         store_config.check()
         args.dir.mkdir(parents=True, exist_ok=True)
         identity = Identity.load(args.dir)
-        server = BackupServer(args.dir, store_config, args.host, args.port)
+        daemon = BackupDaemon(args.dir, store_config, args.host, args.port)
     except (ValueError, OSError, zmq.ZMQError) as err:
         log.error("cannot start the backup: %s", err)
         return 1
-    server.registration = Registration(server, args.coordinator, "backup",
-                                       args.advertise or server.address, args.node, args.id,
-                                       stats=server.heartbeat_stats,
-                                       fields=server.heartbeat_fields,
-                                       on_heartbeat=server.heartbeat_reply,
-                                       identity=identity, on_fatal=lambda err: server.stop())
+    daemon.registration = Registration(daemon.server, args.coordinator, "backup",
+                                       args.advertise or daemon.address, args.node, args.id,
+                                       stats=daemon.heartbeat_stats,
+                                       fields=daemon.heartbeat_fields,
+                                       on_heartbeat=daemon.heartbeat_reply,
+                                       identity=identity, on_fatal=lambda err: daemon.stop())
     httpd = None
     if args.metrics_port:
-        httpd = serve_metrics(args.metrics_port, "kera_backup", server.metrics_snapshot,
-                              {"address": server.address}, host=args.host)
+        httpd = serve_metrics(args.metrics_port, "kera_backup", daemon.metrics_snapshot,
+                              {"address": daemon.address}, host=args.host)
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: server.stop())
-    print(f"kera backup listening on {server.address}", flush=True)
+            signal.signal(signum, lambda *_: daemon.stop())
+    print(f"kera backup listening on {daemon.address}", flush=True)
     try:
-        server.serve()
+        daemon.serve()
     finally:
         if httpd is not None:
             httpd.shutdown()
     # A bug stopped it (logged with its stack), or its identity was refused.
-    return 1 if server.failure is not None or server.registration.fatal else 0
+    return 1 if daemon.server.failure is not None or daemon.registration.fatal else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,6 @@ import logging
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 import zmq
@@ -33,7 +32,8 @@ from kera.broker.virtual_log import ReplicationWrite
 from kera.errors import BadRequest, IdInUse, KeraError, NotReady, WrongCluster
 from kera.identity import Identity
 from kera.metrics import serve_metrics
-from kera.server import DEFERRED, Request, Server
+from kera.daemon_env import DaemonEnv, real_if_none
+from kera.server import DEFERRED, Request
 
 log = logging.getLogger(__name__)
 
@@ -62,28 +62,21 @@ PRECONNECT_BACKUPS_MAX = 64
 STREAMS_LISTED_MAX = 10_000
 
 
-class _LoopServer(Server):
-    """kera.server.Server plus a hook after every loop turn: replication acks arrive through
-    peer callbacks, after the request batch's hook has run, and must be acted on promptly."""
-
-    post_turn = None
-
-    def run_once(self, max_wait_s: float = 0.05) -> None:
-        super().run_once(max_wait_s)
-        if self.post_turn is not None:
-            self._guarded(self.post_turn)
-
-
 class BrokerDaemon:
     def __init__(self, coordinator: str, *, host: str = "127.0.0.1", port: int = 0,
                  node: str | None = None, broker_id: int | None = None,
                  cfg: BrokerConfig | None = None,
                  heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
-                 advertise: str | None = None, identity: Identity | None = None):
+                 advertise: str | None = None, identity: Identity | None = None,
+                 env: DaemonEnv | None = None):
+        self.env = env = real_if_none(env)
+        self.clock = env.clock
         self.node = node or socket.gethostname()
         self.core = Broker(self.node, cfg)
-        self.server = _LoopServer("broker", host, port)
-        self.server.post_turn = self.pump
+        self.server = env.server("broker", host, port)
+        # Replication acks arrive through peer callbacks, after the request batch's hook has
+        # run, and must be acted on promptly: the pump runs after every turn too.
+        self.server.after_turn.append(self.pump)
         self.server.after_batch.append(self.pump)
         self.server.on("produce", self._on_produce)
         self.server.on("fetch", self._on_fetch)
@@ -107,7 +100,7 @@ class BrokerDaemon:
         self._last_beat = 0.0
         self.server.every(TIMER_S, self._timer)
         # Data dir: reload of segment files, tiering thread, retention (kera.broker.tier_service).
-        self.tiering = TierService(self.core, self.server)
+        self.tiering = TierService(self.core, self.server, env)
         # Incarnation epochs and recovery of dead brokers' streamlets (kera.broker.recovery).
         self.recovery = RecoveryService(self)
         self._register()
@@ -123,7 +116,7 @@ class BrokerDaemon:
         # The chunks are copied into segments now: a deferred request must not keep the
         # received frames alive until it is answered.
         req.frames = []
-        results = self.core.produce(req, frames, time.monotonic(), acks)
+        results = self.core.produce(req, frames, self.clock.monotonic(), acks)
         del frames
         self._record_histories()
         self.tiering.write_live()
@@ -155,7 +148,7 @@ class BrokerDaemon:
     # ------------------------------------------------------------------ replication
     def pump(self) -> None:
         """Expire, send the replication writes due, answer produce requests now durable."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         core = self.core
         self.tiering.pump()
         self.recovery.pump()
@@ -172,7 +165,7 @@ class BrokerDaemon:
         core = self.core   # a write of a previous incarnation is accounted by that core
 
         def done(header, frames, error, w=w):
-            core.write_done(w, header, error, time.monotonic())
+            core.write_done(w, header, error, self.clock.monotonic())
 
         # The core times writes out itself (tick); the peer's deadline, the same, also drops a
         # write still waiting for its connection, so no stale write reaches a replaced backup.
@@ -250,7 +243,7 @@ class BrokerDaemon:
 
     def _timer(self) -> None:
         # The interval is the coordinator's (register reply), so a timer checks the clock.
-        now = time.monotonic()
+        now = self.clock.monotonic()
         # A beat is up to one tick late (every 100-150 ms at the default 100 ms interval): well
         # inside the coordinator's dead window of 20 intervals. (Allowing half a tick early
         # changes the schedule tests/sim runs and exposes failures filed in the report.)
@@ -322,7 +315,7 @@ class BrokerDaemon:
         self._call("cluster", {}, self._cluster_reply)
 
     def _cluster_reply(self, header: dict) -> None:
-        self.core.set_backups(header.get("backups"), time.monotonic(),
+        self.core.set_backups(header.get("backups"), self.clock.monotonic(),
                               header.get("settled", True) is not False)
         self.recovery.cluster_reply(header)
         live = {b.address for b in self.core.pool.backups.values() if b.alive}

@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
-import time
 
 import zmq
 
 from kera import config
-from kera.coordinator import store
 from kera.coordinator.core import Coordinator
 from kera.errors import KeraError, StorageError
 from kera.metrics import Counters, serve_metrics
-from kera.server import DEFERRED, Request, Server
+from kera.daemon_env import DaemonEnv, real_if_none
+from kera.server import DEFERRED, Request
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +33,17 @@ DEFAULT_PORT = 7000
 class CoordinatorServer:
     def __init__(self, data_dir: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
                  heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
-                 heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX):
+                 heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX,
+                 env: DaemonEnv | None = None):
+        self.env = env = real_if_none(env)
+        self.clock = env.clock
         self.data_dir = data_dir
-        os.makedirs(data_dir, exist_ok=True)
-        self.store = store.MetadataStore(data_dir)
+        env.makedirs(data_dir)
+        self.store = env.metadata_store.MetadataStore(data_dir)
         state = self.store.load()
-        self.core = Coordinator(time.monotonic(), heartbeat_interval_s=heartbeat_interval_s,
-                                heartbeat_missed_max=heartbeat_missed_max, state=state)
+        self.core = Coordinator(self.clock.monotonic(), heartbeat_interval_s=heartbeat_interval_s,
+                                heartbeat_missed_max=heartbeat_missed_max, state=state,
+                                token_source=env.new_token)
         if state is not None:
             log.info("loaded %d streams, %d brokers, %d backups from %s", len(self.core.streams),
                      len(self.core.members["broker"]), len(self.core.members["backup"]), data_dir)
@@ -51,7 +53,7 @@ class CoordinatorServer:
         self._outbox: list[tuple[Request, dict | KeraError]] = []
         self.exit_code = 0
         self._persist()
-        self.server = Server("coordinator", host, port)
+        self.server = env.server("coordinator", host, port)
         for op in Coordinator.OPS:
             self.server.on(op, self._handle)
         self.server.after_batch.append(self._commit_turn)
@@ -67,7 +69,7 @@ class CoordinatorServer:
     def _handle(self, req: Request):
         self.counters.add(f"requests_{req.op}")
         try:
-            outcome = self.core.handle(req.op, req.fields, time.monotonic())
+            outcome = self.core.handle(req.op, req.fields, self.clock.monotonic())
         except KeraError as err:
             # Held back too: a heartbeat may have bumped the version before failing
             # validation of a later field.
@@ -97,7 +99,7 @@ class CoordinatorServer:
         return {"stats": dict(self.snapshot)}
 
     def _tick(self) -> None:
-        for member in self.core.tick(time.monotonic()):
+        for member in self.core.tick(self.clock.monotonic()):
             log.warning("%s %d at %s missed %.1f s of heartbeats: declared dead", member.kind,
                         member.id, member.address, self.core.dead_after_s)
         self._persist()
@@ -108,7 +110,7 @@ class CoordinatorServer:
         (every change of it bumps the version) and the replica map's journal. At startup (or
         if the journal overflowed) a snapshot is written at once; when the log is long, one is
         started on a thread (kera.coordinator.store)."""
-        started = time.monotonic()
+        started = self.clock.monotonic()
         try:
             journal = self.core.take_replica_journal()
             if self._saved_version is None or journal is None:
@@ -132,7 +134,7 @@ class CoordinatorServer:
             raise StorageError(f"coordinator cannot persist its metadata: {exc}") from None
         self._saved_version = self.core.version
         self.counters.add("persists")
-        self.counters.add("persist_ms_total", round((time.monotonic() - started) * 1000, 3))
+        self.counters.add("persist_ms_total", round((self.clock.monotonic() - started) * 1000, 3))
 
     def _refresh_snapshot(self) -> None:
         # Replaced whole so the metrics thread never sees a dict being written.
