@@ -15,7 +15,6 @@ import argparse
 import logging
 import signal
 import socket
-import sys
 import threading
 from pathlib import Path
 
@@ -25,9 +24,9 @@ from kera import config
 from kera.config import MiB
 from kera.errors import BadRequest, CorruptChunk, KeraError, NotReady, StorageError, Throttled
 
-from kera.broker.memory import parse_size
 from kera.metrics import serve_metrics
 from kera.daemon_env import DaemonEnv, real_if_none
+from kera.daemon_flags import add_common_arguments, setup_logging, size_bytes
 from kera.server import DEFERRED, Request
 
 from kera.backup.incarnations import Incarnations, keep, parse_fence, parse_filter
@@ -260,25 +259,20 @@ class BackupDaemon:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = StoreConfig()
-    parser.add_argument("--coordinator", required=True, metavar="HOST:PORT",
-                        help="coordinator address to register with")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    parser.add_argument("--port", type=int, default=0, help="port to bind (default: any free port)")
-    parser.add_argument("--advertise", default=None, metavar="HOST:PORT",
-                        help="address given to the coordinator (default: HOST:bound port)")
+    add_common_arguments(parser)
     parser.add_argument("--dir", required=True, type=Path, help="data directory for replica files")
     parser.add_argument("--node", default=socket.gethostname(),
                         help="host identity for placement (default: the hostname)")
     parser.add_argument("--id", type=int, default=None, help="register again under this backup id")
-    parser.add_argument("--max-unflushed-bytes", type=parse_size, default=defaults.max_unflushed_bytes,
+    parser.add_argument("--max-unflushed-bytes", type=size_bytes, default=defaults.max_unflushed_bytes,
                         help="bytes received and not yet on disk before writes are throttled "
                              "(default: %(default)s)")
-    parser.add_argument("--max-memory-bytes", type=parse_size, default=defaults.max_memory_bytes,
+    parser.add_argument("--max-memory-bytes", type=size_bytes, default=defaults.max_memory_bytes,
                         help="bytes of replicas held in memory before writes are throttled "
                              "(at least --max-unflushed-bytes; default: %(default)s)")
-    parser.add_argument("--max-replica-bytes", type=parse_size, default=defaults.max_replica_bytes,
+    parser.add_argument("--max-replica-bytes", type=size_bytes, default=defaults.max_replica_bytes,
                         help="largest replica (virtual segment) accepted (default: %(default)s)")
-    parser.add_argument("--disk-limit", default="0", metavar="BYTES",
+    parser.add_argument("--disk-limit", type=size_bytes, default=0, metavar="BYTES",
                         help="replica bytes this backup keeps on disk (e.g. 100GiB); a write "
                              "past it is refused with storage_error and the broker places the "
                              "virtual segment elsewhere (default: 0, as much as the disk holds)")
@@ -287,22 +281,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replicas of one broker held at once (at most %(default)s)")
     parser.add_argument("--max-replicas", type=int, default=defaults.replicas_max,
                         help="replicas held at once, all brokers (default: %(default)s)")
-    parser.add_argument("--metrics-port", type=int, default=0,
-                        help="serve Prometheus metrics on this port (default: off)")
-    parser.add_argument("--log-level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-                        type=str.upper, help="log level (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args)
     try:
         store_config = StoreConfig(max_replica_bytes=args.max_replica_bytes,
                                    max_unflushed_bytes=args.max_unflushed_bytes,
                                    max_memory_bytes=max(args.max_memory_bytes,
                                                         args.max_unflushed_bytes),
-                                   disk_limit_bytes=parse_size(args.disk_limit),
+                                   disk_limit_bytes=args.disk_limit,
                                    replicas_per_broker_max=args.max_replicas_per_broker,
                                    replicas_max=args.max_replicas)
         store_config.check()

@@ -15,7 +15,6 @@ import argparse
 import logging
 import signal
 import socket
-import sys
 from pathlib import Path
 
 import zmq
@@ -24,7 +23,7 @@ import zmq
 from kera import config, schema
 from kera.broker import history_epoch, replica_report
 from kera.broker.core import Broker, BrokerConfig
-from kera.broker.memory import default_memory_limit_bytes, parse_size
+from kera.broker.memory import default_memory_limit_bytes
 from kera.broker.recovery_service import RecoveryService
 from kera.broker.tier import TierConfig
 from kera.broker.tier_service import TierService
@@ -33,6 +32,7 @@ from kera.errors import BadRequest, IdInUse, KeraError, NotReady, WrongCluster
 from kera.identity import Identity
 from kera.metrics import serve_metrics
 from kera.daemon_env import DaemonEnv, real_if_none
+from kera.daemon_flags import add_common_arguments, setup_logging, size_bytes
 from kera.server import DEFERRED, Request
 
 log = logging.getLogger(__name__)
@@ -339,17 +339,12 @@ class BrokerDaemon:
 # ====================================================================== command line
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--coordinator", required=True, metavar="HOST:PORT",
-                        help="the coordinator's address")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=0, help="port to bind (default: any free port)")
-    parser.add_argument("--advertise", default=None, metavar="HOST:PORT",
-                        help="address given to the coordinator (default: HOST:bound port)")
+    add_common_arguments(parser)
     parser.add_argument("--node", default=None, help="host identity for placement (default: hostname)")
     parser.add_argument("--id", type=int, default=None, help="broker id to re-register with")
     parser.add_argument("--virtual-logs", type=int, default=config.DEFAULT_VIRTUAL_LOGS,
                         help="shared virtual logs (replication capacity) per replication factor")
-    parser.add_argument("--virtual-segment-bytes", type=parse_size, default=config.DEFAULT_VIRTUAL_SEGMENT_BYTES,
+    parser.add_argument("--virtual-segment-bytes", type=size_bytes, default=config.DEFAULT_VIRTUAL_SEGMENT_BYTES,
                         help="chunk bytes referenced by one virtual segment")
     parser.add_argument("--replication-in-flight", type=int,
                         default=config.REPLICATION_IN_FLIGHT_MAX,
@@ -359,29 +354,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="data directory: segments beyond the memory limit are written "
                              "here, and a restart with the same --id reloads them (default: "
                              "none, everything stays in memory)")
-    parser.add_argument("--memory-limit", default=None, metavar="BYTES",
+    parser.add_argument("--memory-limit", type=size_bytes, default=None, metavar="BYTES",
                         help="chunk bytes held in memory, e.g. 512MiB (default: 25%% of RAM); "
                              "beyond it segments go to --dir, or producers are throttled")
-    parser.add_argument("--disk-limit", default="0", metavar="BYTES",
+    parser.add_argument("--disk-limit", type=size_bytes, default=0, metavar="BYTES",
                         help="segment bytes kept in --dir, e.g. 100GiB (default 0: what the "
                              "disk holds)")
-    parser.add_argument("--metrics-port", type=int, default=0,
-                        help="serve Prometheus metrics on this port (default: off)")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    setup_logging(args)
     if args.virtual_logs < 1 or args.virtual_segment_bytes < 1 or args.replication_in_flight < 1:
         log.error("--virtual-logs, --virtual-segment-bytes and --replication-in-flight must be "
                   "positive")
         return 2
     try:
-        memory_limit = (parse_size(args.memory_limit) if args.memory_limit is not None
+        memory_limit = (args.memory_limit if args.memory_limit is not None
                         else default_memory_limit_bytes())
         tier = TierConfig(root=args.dir, memory_limit_bytes=memory_limit,
-                          disk_limit_bytes=parse_size(args.disk_limit))
+                          disk_limit_bytes=args.disk_limit)
         tier.check()
     except ValueError as exc:
         log.error("bad --memory-limit / --disk-limit: %s", exc)

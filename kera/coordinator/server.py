@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
 
 import zmq
 
@@ -23,6 +22,7 @@ from kera.coordinator.core import Coordinator
 from kera.errors import KeraError, StorageError
 from kera.metrics import Counters, serve_metrics
 from kera.daemon_env import DaemonEnv, real_if_none
+from kera.daemon_flags import add_common_arguments, setup_logging
 from kera.server import DEFERRED, Request
 
 log = logging.getLogger(__name__)
@@ -164,10 +164,7 @@ class CoordinatorServer:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="interface to bind (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                        help="port to bind (default: %(default)s)")
+    add_common_arguments(parser, default_port=DEFAULT_PORT, coordinator=False, advertise=False)
     parser.add_argument("--dir", required=True,
                         help="data directory; metadata is kept in DIR/coordinator.json (snapshot) "
                              "and DIR/coordinator-<g>.log (changes since)")
@@ -177,16 +174,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat-missed-max", type=int, default=config.HEARTBEAT_MISSED_MAX,
                         help="missed heartbeat intervals before a daemon is declared dead "
                              "(default: %(default)s)")
-    parser.add_argument("--metrics-port", type=int, default=0,
-                        help="serve Prometheus metrics on this port (default: off)")
-    parser.add_argument("--log-level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-                        type=str.upper, help="log level (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args)
     if args.heartbeat_interval_ms < 1 or args.heartbeat_missed_max < 1:
         log.error("--heartbeat-interval-ms and --heartbeat-missed-max must be at least 1")
         return 2
