@@ -33,6 +33,7 @@ from kera.backup.incarnations import Incarnations, keep, parse_fence, parse_filt
 from kera.backup.registration import Registration
 from kera.identity import Identity
 from kera.backup.store import DiskRead, FlushJob, ReplicaStore, StoreConfig
+from kera.backup.worker import expected
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +163,7 @@ class BackupDaemon:
             self._answer_read(read, req, chunks, error, wanted)
 
     def _flushed(self, job: FlushJob, error: Exception | None, now: float) -> None:
-        if error is not None and not isinstance(error, OSError):
-            log.error("flush job failed unexpectedly", exc_info=error)
+        error = expected(error, OSError)   # anything else is a bug: the daemon stops
         for req, outcome in self.store.flush_done(job, error, now):
             if isinstance(outcome, KeraError):
                 self.server.fail(req, outcome)
@@ -173,17 +173,19 @@ class BackupDaemon:
 
     def _answer_read(self, read: DiskRead, req: Request, chunks, error: Exception | None,
                      wanted: set | None = None) -> None:
+        if error is not None and not isinstance(error, (CorruptChunk, OSError)):
+            # A bug: its client hears why, then the daemon stops (kera.server).
+            self.server.fail(req, KeraError(f"internal error in {self.server.name}, which is "
+                                            f"stopping: {error!r}"))
+            expected(error)
         if error is not None:
             if isinstance(error, CorruptChunk):
                 log.error("replica %s on disk failed verification: %s", read.key, error)
                 self.store.counters.add("disk_chunks_corrupt")
                 self.server.fail(req, error)
-            elif isinstance(error, OSError):
+            else:
                 self.store.counters.add("storage_errors")
                 self.server.fail(req, StorageError(f"reading {read.key} failed: {error}"))
-            else:
-                log.error("disk read failed unexpectedly", exc_info=error)
-                self.server.fail(req, StorageError(f"reading {read.key} failed: {error!r}", retriable=False))
             return
         size = sum(map(len, chunks))
         self.store.counters.add("read_bytes", size)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import zmq
 
-from kera.backup.worker import Worker
+from kera.backup.worker import Worker, expected
 from kera import durable
 from kera.daemon_env import DaemonEnv
 from kera.broker import reload, tier_files
@@ -82,7 +82,8 @@ class TierService:
             self._send_repair(req)
         now = self.clock.monotonic()
         for job, _, error in self.worker.completions():
-            core.tier_job_done(job, error, now)
+            # A write may fail with OSError; anything else is a bug, which stops the daemon.
+            core.tier_job_done(job, expected(error, OSError), now)
         for job in core.take_tier_jobs(now):
             self.worker.submit(job)
 

@@ -113,3 +113,32 @@ def test_after_turn_hooks_run_every_turn_and_a_bug_in_one_stops_the_daemon():
         assert len(turns) == 3     # nothing runs on state the bug may have broken
     finally:
         shell.close()
+
+
+class BuggyDisk:
+    """kera.backup.disk with a bug in its flush: it raises something no disk raises."""
+
+    scan = staticmethod(backup_disk.scan)
+    read_chunks = staticmethod(backup_disk.read_chunks)
+
+    @staticmethod
+    def run(root, job) -> None:
+        raise AssertionError("flush bookkeeping broken")
+
+
+def test_a_bug_in_a_worker_thread_stops_the_backup_with_its_stack(tmp_path, caplog):
+    """One error policy: an OSError from the disk is reported and retried, but any other
+    exception a worker thread's job raises stops the daemon, as one in a handler does."""
+    daemon = BackupDaemon(tmp_path, env=dataclasses.replace(DaemonEnv.real(), backup_disk=BuggyDisk()))
+    try:
+        daemon.flusher.submit("job")
+        deadline = time.monotonic() + 5.0
+        while daemon.server.failure is None and time.monotonic() < deadline:
+            daemon.server.run_once(0.05)
+        assert isinstance(daemon.server.failure, AssertionError) and daemon.server.stopping
+        # Logged with the stack of the job on the worker thread, down to the line that raised.
+        assert 'raise AssertionError("flush bookkeeping broken")' in caplog.text
+    finally:
+        daemon.flusher.close()
+        daemon.reader.close()
+        daemon.server.close()
