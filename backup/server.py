@@ -15,9 +15,7 @@ import argparse
 import logging
 import signal
 import socket
-import sys
 import threading
-import time
 from pathlib import Path
 
 import zmq
@@ -28,17 +26,17 @@ from kera.config import MiB
 from kera.errors import (BadRequest, CorruptChunk, KeraError, NotAuthorized, NotReady,
                          StorageError, Throttled)
 
-from kera.broker.memory import parse_size
 from kera.metrics import serve_metrics
-from kera.server import DEFERRED, Request, Server
+from kera.daemon_env import DaemonEnv, real_if_none
+from kera.daemon_flags import add_common_arguments, setup_logging, size_bytes
+from kera.server import DEFERRED, Request
 
-from kera.backup import disk
 from kera.backup.broker_keys import BrokerKeys
 from kera.backup.incarnations import Incarnations, keep, parse_fence, parse_filter
 from kera.backup.registration import Registration
 from kera.identity import Identity
 from kera.backup.store import DiskRead, FlushJob, ReplicaStore, StoreConfig
-from kera.backup.worker import Worker
+from kera.backup.worker import expected
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +50,15 @@ FLUSH_POLL_INTERVAL_S = 0.05       # retry flushes that failed / were over the j
 METRICS_SNAPSHOT_INTERVAL_S = 1.0
 
 
-class BackupServer(Server):
+class BackupDaemon:
+    """The backup's handlers and background work, on the shell it holds (`self.server`)."""
+
     def __init__(self, root: Path, store_config: StoreConfig | None = None, host: str = "127.0.0.1",
-                 port: int = 0, security: daemon_security.Security | None = None):
-        super().__init__("backup", host, port, security)
+                 port: int = 0, security: daemon_security.Security | None = None,
+                 env: DaemonEnv | None = None):
+        self.env = env = real_if_none(env)
+        self.clock = env.clock
+        self.server = server = env.server("backup", host, port, security)
         self.broker_keys = BrokerKeys()   # which principal each broker id is (secure clusters)
         self.root = root
         self.store = ReplicaStore(store_config)
@@ -64,25 +67,35 @@ class BackupServer(Server):
         self.draining = False
         self._reads_in_flight = 0
         self._snapshot: dict = {}
+        disk = env.backup_disk
         for record in disk.scan(root):
             self.store.load(record)
         if self.store.replicas:
             log.info("found %d replicas on disk under %s", len(self.store.replicas), root)
-        self.flusher = Worker("backup-flusher", lambda job: disk.run(root, job),
-                              self.store.config.flush_jobs_max)
-        self.reader = Worker("backup-reader", lambda job: disk.read_chunks(root, job[0]),
-                             READS_IN_FLIGHT_MAX)
+        self.flusher = env.worker("backup-flusher", lambda job: disk.run(root, job),
+                                  self.store.config.flush_jobs_max)
+        self.reader = env.worker("backup-reader", lambda job: disk.read_chunks(root, job[0]),
+                                 READS_IN_FLIGHT_MAX)
         for worker in (self.flusher, self.reader):
-            self.poller.register(worker.wake_fd, zmq.POLLIN)
-        self.on("replicate", self.handle_replicate)
-        self.on("list_replicas", self.handle_list_replicas)
-        self.on("read_replica", self.handle_read_replica)
-        self.on("drop_replica", self.handle_drop_replica)
-        self.on("stats", lambda req: {"stats": self.stats()})
-        self.after_batch.append(self.schedule_flushes)
-        self.every(FLUSH_POLL_INTERVAL_S, self.schedule_flushes)
-        self.every(METRICS_SNAPSHOT_INTERVAL_S, self._refresh_snapshot)
+            server.poller.register(worker.wake_fd, zmq.POLLIN)
+        server.on("replicate", self.handle_replicate)
+        server.on("list_replicas", self.handle_list_replicas)
+        server.on("read_replica", self.handle_read_replica)
+        server.on("drop_replica", self.handle_drop_replica)
+        server.on("stats", lambda req: {"stats": self.stats()})
+        server.after_batch.append(self.schedule_flushes)
+        # The workers' completions, after every turn (their wake-up pipes end the loop's wait).
+        server.after_turn.append(self.collect)
+        server.every(FLUSH_POLL_INTERVAL_S, self.schedule_flushes)
+        server.every(METRICS_SNAPSHOT_INTERVAL_S, self._refresh_snapshot)
         self.registration: Registration | None = None
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    def stop(self) -> None:
+        self.server.stop()
 
     # ------------------------------------------------------------------ handlers
     def handle_replicate(self, req: Request):
@@ -101,8 +114,8 @@ class BackupServer(Server):
         frames = [frame.buffer for frame in req.frames]
         if reset:   # the broker restarts the replica from 0: what is stored of it goes first
             for token, err in self.store.reset(key, offset, frames):
-                self.fail(token, err)
-        length = self.store.replicate(key, offset, frames, durability, close, req, time.monotonic())
+                self.server.fail(token, err)
+        length = self.store.replicate(key, offset, frames, durability, close, req, self.clock.monotonic())
         if length is None:
             return DEFERRED
         return {"length": length}
@@ -115,7 +128,7 @@ class BackupServer(Server):
         self.broker_keys.check(req.principal, key[0], "drop")
         known, replies = self.store.drop(key)
         for token, err in replies:
-            self.fail(token, err)
+            self.server.fail(token, err)
         self.schedule_flushes()
         return {"dropped": known}
 
@@ -148,15 +161,12 @@ class BackupServer(Server):
 
     # ------------------------------------------------------------------ background work
     def schedule_flushes(self) -> None:
-        for job in self.store.take_flush_jobs(time.monotonic()):
+        for job in self.store.take_flush_jobs(self.clock.monotonic()):
             self.flusher.submit(job)
 
-    def run_once(self, max_wait_s: float = 0.05) -> None:
-        super().run_once(max_wait_s)
-        self._collect()
-
-    def _collect(self) -> None:
-        now = time.monotonic()
+    def collect(self) -> None:
+        """Answer what the flusher and reader threads finished."""
+        now = self.clock.monotonic()
         for job, _, error in self.flusher.completions():
             self._flushed(job, error, now)
         for (read, req, wanted), chunks, error in self.reader.completions():
@@ -164,38 +174,39 @@ class BackupServer(Server):
             self._answer_read(read, req, chunks, error, wanted)
 
     def _flushed(self, job: FlushJob, error: Exception | None, now: float) -> None:
-        if error is not None and not isinstance(error, OSError):
-            log.error("flush job failed unexpectedly", exc_info=error)
+        error = expected(error, OSError)   # anything else is a bug: the daemon stops
         for req, outcome in self.store.flush_done(job, error, now):
             if isinstance(outcome, KeraError):
-                self.fail(req, outcome)
+                self.server.fail(req, outcome)
             else:
-                self.reply(req, {"length": outcome})
+                self.server.reply(req, {"length": outcome})
         self.schedule_flushes()
 
     def _answer_read(self, read: DiskRead, req: Request, chunks, error: Exception | None,
                      wanted: set | None = None) -> None:
+        if error is not None and not isinstance(error, (CorruptChunk, OSError)):
+            # A bug: its client hears why, then the daemon stops (kera.server).
+            self.server.fail(req, KeraError(f"internal error in {self.server.name}, which is "
+                                            f"stopping: {error!r}"))
+            expected(error)
         if error is not None:
             if isinstance(error, CorruptChunk):
                 log.error("replica %s on disk failed verification: %s", read.key, error)
                 self.store.counters.add("disk_chunks_corrupt")
-                self.fail(req, error)
-            elif isinstance(error, OSError):
-                self.store.counters.add("storage_errors")
-                self.fail(req, StorageError(f"reading {read.key} failed: {error}"))
+                self.server.fail(req, error)
             else:
-                log.error("disk read failed unexpectedly", exc_info=error)
-                self.fail(req, StorageError(f"reading {read.key} failed: {error!r}", retriable=False))
+                self.store.counters.add("storage_errors")
+                self.server.fail(req, StorageError(f"reading {read.key} failed: {error}"))
             return
         size = sum(map(len, chunks))
         self.store.counters.add("read_bytes", size)
         self.store.counters.add("disk_read_bytes", size)
         replica = self.store.replicas.get(read.key)
         if replica is None:   # dropped while it was read
-            self.fail(req, BadRequest(f"replica {read.key} was dropped"))
+            self.server.fail(req, BadRequest(f"replica {read.key} was dropped"))
             return
 
-        self.reply(req, {"length": replica.length, "closed": replica.closed, "end": read.offset + size},
+        self.server.reply(req, {"length": replica.length, "closed": replica.closed, "end": read.offset + size},
                    keep(chunks, wanted))
 
     # ------------------------------------------------------------------ stats
@@ -224,7 +235,7 @@ class BackupServer(Server):
         free = header.get("free")
         if free:
             for token, err in self.incarnations.free(free):
-                self.fail(token, err)
+                self.server.fail(token, err)
             self.schedule_flushes()
 
     def _refresh_snapshot(self) -> None:
@@ -239,21 +250,23 @@ class BackupServer(Server):
         writes that wait for it) for at most `shutdown_timeout_s`, and close."""
         log.info("backup serving on %s, data in %s", self.address, self.root)
         try:
-            while not self._stopping:
-                self.run_once()
+            while not self.server.stopping:
+                self.server.run_once()
             self.draining = True
-            deadline = time.monotonic() + shutdown_timeout_s
+            deadline = self.clock.monotonic() + shutdown_timeout_s
             self.schedule_flushes()
-            while not self.store.idle() and not self.store.stuck() and time.monotonic() < deadline:
-                self.run_once(0.01)
+            # (A bug stopped the loop: nothing more runs, so there is nothing to wait for.)
+            while not self.store.idle() and not self.store.stuck() and \
+                    self.server.failure is None and self.clock.monotonic() < deadline:
+                self.server.run_once(0.01)
             if not self.store.idle():
                 log.warning("stopping with %d bytes not flushed", self.store.unflushed_bytes)
             for req, err in self.store.abandon_waiters("backup stopped"):
-                self.fail(req, err)
+                self.server.fail(req, err)
         finally:
             self.flusher.close()
             self.reader.close()
-            self.close()
+            self.server.close()
         log.info("backup stopped")
 
 
@@ -261,25 +274,20 @@ class BackupServer(Server):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = StoreConfig()
-    parser.add_argument("--coordinator", required=True, metavar="HOST:PORT",
-                        help="coordinator address to register with")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    parser.add_argument("--port", type=int, default=0, help="port to bind (default: any free port)")
-    parser.add_argument("--advertise", default=None, metavar="HOST:PORT",
-                        help="address given to the coordinator (default: HOST:bound port)")
+    add_common_arguments(parser)
     parser.add_argument("--dir", required=True, type=Path, help="data directory for replica files")
     parser.add_argument("--node", default=socket.gethostname(),
                         help="host identity for placement (default: the hostname)")
     parser.add_argument("--id", type=int, default=None, help="register again under this backup id")
-    parser.add_argument("--max-unflushed-bytes", type=parse_size, default=defaults.max_unflushed_bytes,
+    parser.add_argument("--max-unflushed-bytes", type=size_bytes, default=defaults.max_unflushed_bytes,
                         help="bytes received and not yet on disk before writes are throttled "
                              "(default: %(default)s)")
-    parser.add_argument("--max-memory-bytes", type=parse_size, default=defaults.max_memory_bytes,
+    parser.add_argument("--max-memory-bytes", type=size_bytes, default=defaults.max_memory_bytes,
                         help="bytes of replicas held in memory before writes are throttled "
                              "(at least --max-unflushed-bytes; default: %(default)s)")
-    parser.add_argument("--max-replica-bytes", type=parse_size, default=defaults.max_replica_bytes,
+    parser.add_argument("--max-replica-bytes", type=size_bytes, default=defaults.max_replica_bytes,
                         help="largest replica (virtual segment) accepted (default: %(default)s)")
-    parser.add_argument("--disk-limit", default="0", metavar="BYTES",
+    parser.add_argument("--disk-limit", type=size_bytes, default=0, metavar="BYTES",
                         help="replica bytes this backup keeps on disk (e.g. 100GiB); a write "
                              "past it is refused with storage_error and the broker places the "
                              "virtual segment elsewhere (default: 0, as much as the disk holds)")
@@ -288,29 +296,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replicas of one broker held at once (at most %(default)s)")
     parser.add_argument("--max-replicas", type=int, default=defaults.replicas_max,
                         help="replicas held at once, all brokers (default: %(default)s)")
-    parser.add_argument("--metrics-port", type=int, default=0,
-                        help="serve Prometheus metrics on this port (default: off)")
-    parser.add_argument("--log-level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-                        type=str.upper, help="log level (default: %(default)s)")
     daemon_security.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args)
     try:
         store_config = StoreConfig(max_replica_bytes=args.max_replica_bytes,
                                    max_unflushed_bytes=args.max_unflushed_bytes,
                                    max_memory_bytes=max(args.max_memory_bytes,
                                                         args.max_unflushed_bytes),
-                                   disk_limit_bytes=parse_size(args.disk_limit),
+                                   disk_limit_bytes=args.disk_limit,
                                    replicas_per_broker_max=args.max_replicas_per_broker,
                                    replicas_max=args.max_replicas)
         store_config.check()
         args.dir.mkdir(parents=True, exist_ok=True)
         identity = Identity.load(args.dir)
-        server = BackupServer(args.dir, store_config, args.host, args.port,
+        daemon = BackupDaemon(args.dir, store_config, args.host, args.port,
                               daemon_security.from_args(args, "backup"))
     except KeraError as err:   # a key file refused
         log.error("cannot start the backup: %s", err.message)
@@ -318,27 +320,27 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError, zmq.ZMQError) as err:
         log.error("cannot start the backup: %s", err)
         return 1
-    server.registration = Registration(server, args.coordinator, "backup",
-                                       args.advertise or server.address, args.node, args.id,
-                                       stats=server.heartbeat_stats,
-                                       fields=server.heartbeat_fields,
-                                       on_heartbeat=server.heartbeat_reply,
-                                       identity=identity, on_fatal=lambda err: server.stop())
+    daemon.registration = Registration(daemon.server, args.coordinator, "backup",
+                                       args.advertise or daemon.address, args.node, args.id,
+                                       stats=daemon.heartbeat_stats,
+                                       fields=daemon.heartbeat_fields,
+                                       on_heartbeat=daemon.heartbeat_reply,
+                                       identity=identity, on_fatal=lambda err: daemon.stop())
     httpd = None
     if args.metrics_port:
-        httpd = serve_metrics(args.metrics_port, "kera_backup", server.metrics_snapshot,
-                              {"address": server.address}, host=args.host)
+        httpd = serve_metrics(args.metrics_port, "kera_backup", daemon.metrics_snapshot,
+                              {"address": daemon.address}, host=args.host)
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: server.stop())
-    print(f"kera backup listening on {server.address}", flush=True)
+            signal.signal(signum, lambda *_: daemon.stop())
+    print(f"kera backup listening on {daemon.address}", flush=True)
     try:
-        server.serve()
+        daemon.serve()
     finally:
         if httpd is not None:
             httpd.shutdown()
     # A bug stopped it (logged with its stack), or its identity was refused.
-    return 1 if server.failure is not None or server.registration.fatal else 0
+    return 1 if daemon.server.failure is not None or daemon.registration.fatal else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,6 @@ streams), starts recovery jobs when the metadata marks streamlets recovering her
 from __future__ import annotations
 
 import logging
-import time
 
 from kera.broker.recovery import Recovery, Request, reset_incarnation
 
@@ -22,6 +21,7 @@ REPORT_INTERVAL_S = 0.2   # between `recovered` reports (a refused one is sent a
 class RecoveryService:
     def __init__(self, daemon):
         self.daemon = daemon
+        self.clock = daemon.clock
         self.recovery = Recovery(daemon.core)
         self._report_at = 0.0
         # Loop time spent replaying (verifying and placing recovered chunks, installing): the
@@ -53,11 +53,11 @@ class RecoveryService:
                 core.set_epoch(epoch)
                 log.info("broker %s incarnation epoch %d", core.broker_id, epoch)
         apply()
-        if self.recovery.apply(header.get("streams"), time.monotonic()):
+        if self.recovery.apply(header.get("streams"), self.clock.monotonic()):
             self.daemon._refresh_cluster()   # recover from a fresh list of backups
 
     def cluster_reply(self, header: dict) -> None:
-        self.recovery.set_backups(header.get("backups"), time.monotonic(),
+        self.recovery.set_backups(header.get("backups"), self.clock.monotonic(),
                                   header.get("settled", True) is not False)
 
     def heartbeat_fields(self) -> dict:
@@ -69,11 +69,11 @@ class RecoveryService:
         recovery = self.recovery
         if not recovery.active:
             return
-        now = time.monotonic()
-        started, cpu = time.perf_counter(), time.thread_time()
+        now = self.clock.monotonic()
+        started, cpu = self.clock.perf_counter(), self.clock.thread_time()
         requests = recovery.take_requests(now)   # installs a job whose reads are all done
-        self.replay_s += time.perf_counter() - started
-        self.replay_cpu_s += time.thread_time() - cpu
+        self.replay_s += self.clock.perf_counter() - started
+        self.replay_cpu_s += self.clock.thread_time() - cpu
         for req in requests:
             self._send(recovery, req)
         due = recovery.reports_due()
@@ -82,14 +82,14 @@ class RecoveryService:
             fields = {"broker_id": self.core.broker_id, "epoch": self.core.epoch,
                       "token": self.daemon.identity.token, "streamlets": due}
             self.daemon._call("recovered",
-                              fields, lambda header: recovery.reported(due, time.monotonic()))
+                              fields, lambda header: recovery.reported(due, self.clock.monotonic()))
 
     def _send(self, recovery: Recovery, req: Request) -> None:
         def done(header, frames, error):
-            started, cpu = time.perf_counter(), time.thread_time()
-            recovery.on_reply(req, header, frames, error, time.monotonic())
-            self.replay_s += time.perf_counter() - started
-            self.replay_cpu_s += time.thread_time() - cpu
+            started, cpu = self.clock.perf_counter(), self.clock.thread_time()
+            recovery.on_reply(req, header, frames, error, self.clock.monotonic())
+            self.replay_s += self.clock.perf_counter() - started
+            self.replay_cpu_s += self.clock.thread_time() - cpu
 
         self.daemon.server.peer(req.address).request(req.op, req.fields, [], req.timeout_s, done)
 

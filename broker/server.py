@@ -15,8 +15,6 @@ import argparse
 import logging
 import signal
 import socket
-import sys
-import time
 from pathlib import Path
 
 import zmq
@@ -26,7 +24,7 @@ from kera import config, schema
 from kera import security as daemon_security
 from kera.broker import history_epoch, replica_report
 from kera.broker.core import Broker, BrokerConfig
-from kera.broker.memory import default_memory_limit_bytes, parse_size
+from kera.broker.memory import default_memory_limit_bytes
 from kera.broker.recovery_service import RecoveryService
 from kera.broker.tier import TierConfig
 from kera.broker.tier_service import TierService
@@ -36,7 +34,9 @@ from kera.errors import (BadRequest, IdInUse, KeraError, NotAuthorized, NotReady
                          WrongCluster)
 from kera.identity import Identity
 from kera.metrics import serve_metrics
-from kera.server import DEFERRED, Request, Server
+from kera.daemon_env import DaemonEnv, real_if_none
+from kera.daemon_flags import add_common_arguments, setup_logging, size_bytes
+from kera.server import DEFERRED, Request
 
 log = logging.getLogger(__name__)
 
@@ -65,31 +65,24 @@ PRECONNECT_BACKUPS_MAX = 64
 STREAMS_LISTED_MAX = 10_000
 
 
-class _LoopServer(Server):
-    """kera.server.Server plus a hook after every loop turn: replication acks arrive through
-    peer callbacks, after the request batch's hook has run, and must be acted on promptly."""
-
-    post_turn = None
-
-    def run_once(self, max_wait_s: float = 0.05) -> None:
-        super().run_once(max_wait_s)
-        if self.post_turn is not None:
-            self._guarded(self.post_turn)
-
-
 class BrokerDaemon:
     def __init__(self, coordinator: str, *, host: str = "127.0.0.1", port: int = 0,
                  node: str | None = None, broker_id: int | None = None,
                  cfg: BrokerConfig | None = None,
                  heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
                  advertise: str | None = None, identity: Identity | None = None,
-                 security: daemon_security.Security | None = None):
+                 security: daemon_security.Security | None = None,
+                 env: DaemonEnv | None = None):
+        self.env = env = real_if_none(env)
+        self.clock = env.clock
         self.node = node or socket.gethostname()
         self.core = Broker(self.node, cfg)
-        self.server = _LoopServer("broker", host, port, security)
+        self.server = env.server("broker", host, port, security)
         # ACLs as the coordinator last sent them (-1: none yet; heartbeats ask for them).
         self.acl_version = -1
-        self.server.post_turn = self.pump
+        # Replication acks arrive through peer callbacks, after the request batch's hook has
+        # run, and must be acted on promptly: the pump runs after every turn too.
+        self.server.after_turn.append(self.pump)
         self.server.after_batch.append(self.pump)
         self.server.on("produce", self._on_produce)
         self.server.on("fetch", self._on_fetch)
@@ -113,7 +106,7 @@ class BrokerDaemon:
         self._last_beat = 0.0
         self.server.every(TIMER_S, self._timer)
         # Data dir: reload of segment files, tiering thread, retention (kera.broker.tier_service).
-        self.tiering = TierService(self.core, self.server)
+        self.tiering = TierService(self.core, self.server, env)
         # Incarnation epochs and recovery of dead brokers' streamlets (kera.broker.recovery).
         self.recovery = RecoveryService(self)
         self._register()
@@ -128,11 +121,11 @@ class BrokerDaemon:
         quota = self._quota(req, "produce")
         frames = [f.buffer for f in req.frames]
         if quota is not None:
-            quota.charge(req.principal.name, "produce", sum(map(len, frames)), time.monotonic())
+            quota.charge(req.principal.name, "produce", sum(map(len, frames)), self.clock.monotonic())
         # The chunks are copied into segments now: a deferred request must not keep the
         # received frames alive until it is answered.
         req.frames = []
-        results = self.core.produce(req, frames, time.monotonic(), acks,
+        results = self.core.produce(req, frames, self.clock.monotonic(), acks,
                                     self._checker(req, "write"))
         del frames
         self._record_histories()
@@ -154,7 +147,7 @@ class BrokerDaemon:
         results, frames = self.core.fetch(req.fields.list("reads"), epochs,
                                           self._checker(req, "read"))
         if quota is not None:
-            quota.charge(req.principal.name, "fetch", sum(map(len, frames)), time.monotonic())
+            quota.charge(req.principal.name, "fetch", sum(map(len, frames)), self.clock.monotonic())
         return {"results": results, "epochs": epochs}, frames
 
     def _on_offsets(self, req: Request):
@@ -173,7 +166,7 @@ class BrokerDaemon:
         if guard is None or req.principal is None:
             return None
         try:
-            guard.quotas.admit(req.principal.name, kind, time.monotonic())
+            guard.quotas.admit(req.principal.name, kind, self.clock.monotonic())
         except Throttled:
             self.core.counters.add(f"quota_throttled_{kind}")
             raise
@@ -184,12 +177,14 @@ class BrokerDaemon:
         return None if guard is None else guard.checker(req.principal, operation)
 
     def _on_stats(self, req: Request):
-        return {"stats": {**self.core.stats(), **self.recovery.stats()}}
+        # acl_version: which ACLs and quotas this broker enforces (-1: none received yet).
+        return {"stats": {**self.core.stats(), **self.recovery.stats(),
+                          "acl_version": self.acl_version}}
 
     # ------------------------------------------------------------------ replication
     def pump(self) -> None:
         """Expire, send the replication writes due, answer produce requests now durable."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         core = self.core
         self.tiering.pump()
         self.recovery.pump()
@@ -206,7 +201,7 @@ class BrokerDaemon:
         core = self.core   # a write of a previous incarnation is accounted by that core
 
         def done(header, frames, error, w=w):
-            core.write_done(w, header, error, time.monotonic())
+            core.write_done(w, header, error, self.clock.monotonic())
 
         # The core times writes out itself (tick); the peer's deadline, the same, also drops a
         # write still waiting for its connection, so no stale write reaches a replaced backup.
@@ -284,7 +279,7 @@ class BrokerDaemon:
 
     def _timer(self) -> None:
         # The interval is the coordinator's (register reply), so a timer checks the clock.
-        now = time.monotonic()
+        now = self.clock.monotonic()
         # A beat is up to one tick late (every 100-150 ms at the default 100 ms interval): well
         # inside the coordinator's dead window of 20 intervals. (Allowing half a tick early
         # changes the schedule tests/sim runs and exposes failures filed in the report.)
@@ -369,7 +364,7 @@ class BrokerDaemon:
         self._call("cluster", {}, self._cluster_reply)
 
     def _cluster_reply(self, header: dict) -> None:
-        self.core.set_backups(header.get("backups"), time.monotonic(),
+        self.core.set_backups(header.get("backups"), self.clock.monotonic(),
                               header.get("settled", True) is not False)
         self.recovery.cluster_reply(header)
         live = {b.address for b in self.core.pool.backups.values() if b.alive}
@@ -393,17 +388,12 @@ class BrokerDaemon:
 # ====================================================================== command line
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--coordinator", required=True, metavar="HOST:PORT",
-                        help="the coordinator's address")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=0, help="port to bind (default: any free port)")
-    parser.add_argument("--advertise", default=None, metavar="HOST:PORT",
-                        help="address given to the coordinator (default: HOST:bound port)")
+    add_common_arguments(parser)
     parser.add_argument("--node", default=None, help="host identity for placement (default: hostname)")
     parser.add_argument("--id", type=int, default=None, help="broker id to re-register with")
     parser.add_argument("--virtual-logs", type=int, default=config.DEFAULT_VIRTUAL_LOGS,
                         help="shared virtual logs (replication capacity) per replication factor")
-    parser.add_argument("--virtual-segment-bytes", type=parse_size, default=config.DEFAULT_VIRTUAL_SEGMENT_BYTES,
+    parser.add_argument("--virtual-segment-bytes", type=size_bytes, default=config.DEFAULT_VIRTUAL_SEGMENT_BYTES,
                         help="chunk bytes referenced by one virtual segment")
     parser.add_argument("--replication-in-flight", type=int,
                         default=config.REPLICATION_IN_FLIGHT_MAX,
@@ -413,30 +403,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="data directory: segments beyond the memory limit are written "
                              "here, and a restart with the same --id reloads them (default: "
                              "none, everything stays in memory)")
-    parser.add_argument("--memory-limit", default=None, metavar="BYTES",
+    parser.add_argument("--memory-limit", type=size_bytes, default=None, metavar="BYTES",
                         help="chunk bytes held in memory, e.g. 512MiB (default: 25%% of RAM); "
                              "beyond it segments go to --dir, or producers are throttled")
-    parser.add_argument("--disk-limit", default="0", metavar="BYTES",
+    parser.add_argument("--disk-limit", type=size_bytes, default=0, metavar="BYTES",
                         help="segment bytes kept in --dir, e.g. 100GiB (default 0: what the "
                              "disk holds)")
-    parser.add_argument("--metrics-port", type=int, default=0,
-                        help="serve Prometheus metrics on this port (default: off)")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
     daemon_security.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    setup_logging(args)
     if args.virtual_logs < 1 or args.virtual_segment_bytes < 1 or args.replication_in_flight < 1:
         log.error("--virtual-logs, --virtual-segment-bytes and --replication-in-flight must be "
                   "positive")
         return 2
     try:
-        memory_limit = (parse_size(args.memory_limit) if args.memory_limit is not None
+        memory_limit = (args.memory_limit if args.memory_limit is not None
                         else default_memory_limit_bytes())
         tier = TierConfig(root=args.dir, memory_limit_bytes=memory_limit,
-                          disk_limit_bytes=parse_size(args.disk_limit))
+                          disk_limit_bytes=args.disk_limit)
         tier.check()
     except ValueError as exc:
         log.error("bad --memory-limit / --disk-limit: %s", exc)

@@ -14,13 +14,13 @@ sans-IO core's kera.broker.tier / retention / reload):
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import zmq
 
-from kera.backup.worker import Worker
+from kera.backup.worker import Worker, expected
 from kera import durable
+from kera.daemon_env import DaemonEnv
 from kera.broker import reload, tier_files
 from kera.broker.repair import REPAIR_READ_TIMEOUT_S, RepairRead
 from kera.broker.retention import ReplicaDrop
@@ -34,14 +34,18 @@ DROP_TIMEOUT_S = 2.0
 DROP_ATTEMPTS_MAX = 5
 DROP_RETRY_S = 1.0
 SHUTDOWN_DRAIN_TIMEOUT_S = 30.0
+# How often the shutdown drain looks at the tier thread's completions: short next to the
+# writes it waits for, long enough not to spin a core.
+SHUTDOWN_POLL_S = 0.005
 CLEAN_SHUTDOWN_FILE = "clean_shutdown"
 
 
 
 class TierService:
-    def __init__(self, core, server):
+    def __init__(self, core, server, env: DaemonEnv):
         self.core = core
         self.server = server
+        self.clock = env.clock
         self.root: Path | None = core.tier.root
         self.worker: Worker | None = None
         self.live_files: tier_files.LiveFiles | None = None
@@ -62,7 +66,7 @@ class TierService:
                 core.counters.add("reload_corrupt_segments", loaded.corrupt)
             root = self.root
             self.live_files = tier_files.LiveFiles(root)
-            self.worker = Worker("broker-tier", lambda job: tier_files.run(root, job),
+            self.worker = env.worker("broker-tier", lambda job: tier_files.run(root, job),
                                  core.tier.cfg.jobs_max)
             server.poller.register(self.worker.wake_fd, zmq.POLLIN)
             log.info("data dir %s, memory limit %d bytes", root, core.tier.cfg.memory_limit_bytes)
@@ -71,14 +75,15 @@ class TierService:
     # ------------------------------------------------------------------ every turn
     def pump(self) -> None:
         core = self.core
-        core.set_wall_clock(int(time.time() * 1000), int(time.monotonic() * 1000))
+        core.set_wall_clock(int(self.clock.time() * 1000), int(self.clock.monotonic() * 1000))
         if self.worker is None:
             return
         for req in core.take_repair_reads():
             self._send_repair(req)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for job, _, error in self.worker.completions():
-            core.tier_job_done(job, error, now)
+            # A write may fail with OSError; anything else is a bug, which stops the daemon.
+            core.tier_job_done(job, expected(error, OSError), now)
         for job in core.take_tier_jobs(now):
             self.worker.submit(job)
 
@@ -103,8 +108,8 @@ class TierService:
     # ------------------------------------------------------------------ retention
     def retention(self) -> None:
         core = self.core
-        core.enforce_retention(int(time.time() * 1000), int(time.monotonic() * 1000))
-        now = time.monotonic()
+        core.enforce_retention(int(self.clock.time() * 1000), int(self.clock.monotonic() * 1000))
+        now = self.clock.monotonic()
         for drop in core.take_replica_drops():
             self._drops.append((now, 1, drop))
         due = [d for d in self._drops if d[0] <= now]
@@ -125,7 +130,7 @@ class TierService:
                 log.warning("backup %d (%s) did not drop replica %s: %s: %s", drop.backup_id,
                             drop.address, drop.fields, error.code, error.message)
                 return
-            self._drops.append((time.monotonic() + DROP_RETRY_S, attempt + 1, drop))
+            self._drops.append((self.clock.monotonic() + DROP_RETRY_S, attempt + 1, drop))
 
         self.server.peer(drop.address).request("drop_replica", drop.fields, [], DROP_TIMEOUT_S, done)
 
@@ -143,16 +148,16 @@ class TierService:
             return
         self.live_files.close()
         core = self.core
-        deadline = time.monotonic() + SHUTDOWN_DRAIN_TIMEOUT_S
-        while core.tier.jobs_out and time.monotonic() < deadline:
+        deadline = self.clock.monotonic() + SHUTDOWN_DRAIN_TIMEOUT_S
+        while core.tier.jobs_out and self.clock.monotonic() < deadline:
             for job, _, error in self.worker.completions():
-                core.tier_job_done(job, error, time.monotonic())
+                core.tier_job_done(job, error, self.clock.monotonic())
             if core.tier.jobs_out:
-                time.sleep(0.005)
+                self.clock.sleep(SHUTDOWN_POLL_S)
         self.worker.close()
         written = 0
         failed = bool(core.tier.jobs_out)
-        started = time.monotonic()
+        started = self.clock.monotonic()
         for job in core.tier.shutdown_jobs():
             try:
                 tier_files.run(self.root, job)
@@ -161,6 +166,6 @@ class TierService:
                 failed = True
                 log.error("could not write segment %s at shutdown: %s", job.record.key, err)
         log.info("wrote %d bytes of segments to %s at shutdown in %.2f s", written, self.root,
-                 time.monotonic() - started)
+                 self.clock.monotonic() - started)
         if not failed:
             tier_files.write_marker(self.root / CLEAN_SHUTDOWN_FILE)

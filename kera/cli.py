@@ -22,6 +22,7 @@ import time
 
 import kera
 from kera import cli_groups, cli_security, config
+from kera.daemon_flags import LOG_LEVELS
 from kera.keys import KEY_FILE_ENV
 from kera.errors import KeraError
 
@@ -29,7 +30,6 @@ log = logging.getLogger("kera.cli")
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7000"
 BOOTSTRAP_ENV = "KERA_BOOTSTRAP"
-LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
 # Daemons written elsewhere: `kera <name>` runs `<module>.run(args)` after `add_arguments`.
@@ -82,11 +82,8 @@ def _options_after_subcommand() -> argparse.ArgumentParser:
 
 def _size(text: str) -> int:
     """A size flag's value in the one size syntax (536870912, 64MiB, 1GiB) of parse_size."""
-    from kera.broker.memory import parse_size
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    from kera.daemon_flags import size_bytes
+    return size_bytes(text)
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -290,11 +287,10 @@ def _admin(args):
 
 
 def _retention_arguments(p, default) -> None:
-    from kera.broker.memory import parse_size
     p.add_argument("--retention-ms", type=int, default=default,
                    help="delete whole groups whose last record is older than this, 0 = keep "
                         "forever" + (" (default: %(default)s)" if default is not None else ""))
-    p.add_argument("--retention-bytes", type=parse_size, default=default,
+    p.add_argument("--retention-bytes", type=_size, default=default,
                    help="per streamlet, delete the oldest groups beyond this size (e.g. 1GiB), "
                         "0 = no limit" + (" (default: %(default)s)" if default is not None else ""))
 

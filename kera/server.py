@@ -1,6 +1,7 @@
 """The thin I/O shell every daemon shares: a ROUTER socket, outgoing peers, timers, one loop.
 
-The daemon's logic lives in a sans-IO core; its server module registers handlers here. A handler
+The daemon's logic lives in a sans-IO core; its server module holds a Server (built by its
+kera.daemon_env.DaemonEnv) and registers handlers and hooks on it. A handler
 gets a Request and returns the reply (`dict` of fields, or `(fields, frames)`), or DEFERRED when
 it will answer later through `Server.reply` / `Server.fail`. This module is the one error
 boundary, for handlers, timers, after-batch hooks and peer callbacks alike: a KeraError becomes
@@ -234,6 +235,10 @@ class Server:
         self.host = host
         self.handlers: dict[str, Callable[[Request], object]] = {}
         self.after_batch: list[Callable[[], None]] = []
+        # Hooks run at the end of every loop turn, after peer callbacks and timers: a broker acts
+        # on replication acks, a backup on its worker threads' completions, without waiting for
+        # the next request batch.
+        self.after_turn: list[Callable[[], None]] = []
         self.peers: dict[str, Peer] = {}    # in order of last use (least recent first)
         self._timers: list = []
         self._timer_seq = itertools.count()
@@ -323,6 +328,11 @@ class Server:
     def stop(self) -> None:
         self._stopping = True
 
+    @property
+    def stopping(self) -> bool:
+        """stop() was called (by a signal, the daemon, or a bug): a loop of its own ends."""
+        return self._stopping
+
     def run(self) -> None:
         """Serve until stopped; `failure` tells whether a bug stopped it."""
         log.info("%s serving on %s", self.name, self.address)
@@ -357,6 +367,8 @@ class Server:
             if not peer.closed:
                 peer.expire(now)
         self._run_timers(now)
+        for hook in self.after_turn:
+            self.guarded(hook)
 
     def _drain_router(self) -> None:
         for _ in range(MAX_BATCH_MESSAGES):
@@ -466,9 +478,6 @@ class Server:
             log.warning("%s: %s failed: %s: %s", self.name, _name(fn), err.code, err.message)
         except Exception as exc:
             self._fatal(exc, f"in {_name(fn)}")
-
-    # Kept for daemons that wrap their own hooks (kera.broker.server).
-    _guarded = guarded
 
     def _fatal(self, exc: BaseException, where: str) -> None:
         log.critical("%s: unexpected error %s: stopping (this is a bug)", self.name, where,

@@ -130,8 +130,8 @@ class Coordinator:
         self.rotation = 0  # where the next stream's placement starts, mod the live brokers
         self.started_s = now
         self._expiry_checked_s = now
-        # Source of tokens and of the cluster id: `new_token` (the module's, looked up at each
-        # call so a simulation may replace it) unless one is injected (tests use a fixed one).
+        # Source of tokens and of the cluster id: `new_token` unless one is injected (the
+        # server passes its kera.daemon_env.DaemonEnv's; tests a fixed one).
         self._token_source = token_source
         self.cluster_id = self._issue_token()   # replaced by the persisted one on load
         self.tombstones: dict[int, int] = {}  # deleted stream id -> version of the deletion

@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
-import sys
-import time
 
 import zmq
 
 from kera import config
 from kera import security as daemon_security
-from kera.coordinator import store
 from kera.coordinator.core import Coordinator
 from kera.errors import KeraError, StorageError
 from kera.metrics import Counters, serve_metrics
-from kera.server import DEFERRED, Request, Server
+from kera.daemon_env import DaemonEnv, real_if_none
+from kera.daemon_flags import add_common_arguments, setup_logging
+from kera.server import DEFERRED, Request
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +35,17 @@ class CoordinatorServer:
     def __init__(self, data_dir: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
                  heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
                  heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX,
-                 security: daemon_security.Security | None = None):
+                 security: daemon_security.Security | None = None,
+                 env: DaemonEnv | None = None):
+        self.env = env = real_if_none(env)
+        self.clock = env.clock
         self.data_dir = data_dir
-        os.makedirs(data_dir, exist_ok=True)
-        self.store = store.MetadataStore(data_dir)
+        env.makedirs(data_dir)
+        self.store = env.metadata_store.MetadataStore(data_dir)
         state = self.store.load()
-        self.core = Coordinator(time.monotonic(), heartbeat_interval_s=heartbeat_interval_s,
-                                heartbeat_missed_max=heartbeat_missed_max, state=state)
+        self.core = Coordinator(self.clock.monotonic(), heartbeat_interval_s=heartbeat_interval_s,
+                                heartbeat_missed_max=heartbeat_missed_max, state=state,
+                                token_source=env.new_token)
         if state is not None:
             log.info("loaded %d streams, %d brokers, %d backups from %s", len(self.core.streams),
                      len(self.core.members["broker"]), len(self.core.members["backup"]), data_dir)
@@ -53,7 +55,7 @@ class CoordinatorServer:
         self._outbox: list[tuple[Request, dict | KeraError]] = []
         self.exit_code = 0
         self._persist()
-        self.server = Server("coordinator", host, port, security)
+        self.server = env.server("coordinator", host, port, security)
         if self.server.guard is not None:
             self.server.guard.acls = self.core.access.acls   # enforced where they are kept
         for op in Coordinator.OPS:
@@ -71,7 +73,7 @@ class CoordinatorServer:
     def _handle(self, req: Request):
         self.counters.add(f"requests_{req.op}")
         try:
-            outcome = self.core.handle(req.op, req.fields, time.monotonic(), req.principal)
+            outcome = self.core.handle(req.op, req.fields, self.clock.monotonic(), req.principal)
             if req.op == "list_streams" and self.server.guard is not None:
                 outcome = self._visible_streams(req, outcome)
         except KeraError as err:
@@ -110,7 +112,7 @@ class CoordinatorServer:
         return {"stats": dict(self.snapshot)}
 
     def _tick(self) -> None:
-        for member in self.core.tick(time.monotonic()):
+        for member in self.core.tick(self.clock.monotonic()):
             log.warning("%s %d at %s missed %.1f s of heartbeats: declared dead", member.kind,
                         member.id, member.address, self.core.dead_after_s)
         self._persist()
@@ -121,7 +123,7 @@ class CoordinatorServer:
         (every change of it bumps the version) and the replica map's journal. At startup (or
         if the journal overflowed) a snapshot is written at once; when the log is long, one is
         started on a thread (kera.coordinator.store)."""
-        started = time.monotonic()
+        started = self.clock.monotonic()
         try:
             journal = self.core.take_replica_journal()
             if self._saved_version is None or journal is None:
@@ -145,7 +147,7 @@ class CoordinatorServer:
             raise StorageError(f"coordinator cannot persist its metadata: {exc}") from None
         self._saved_version = self.core.version
         self.counters.add("persists")
-        self.counters.add("persist_ms_total", round((time.monotonic() - started) * 1000, 3))
+        self.counters.add("persist_ms_total", round((self.clock.monotonic() - started) * 1000, 3))
 
     def _refresh_snapshot(self) -> None:
         # Replaced whole so the metrics thread never sees a dict being written.
@@ -175,10 +177,7 @@ class CoordinatorServer:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="interface to bind (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                        help="port to bind (default: %(default)s)")
+    add_common_arguments(parser, default_port=DEFAULT_PORT, coordinator=False, advertise=False)
     parser.add_argument("--dir", required=True,
                         help="data directory; metadata is kept in DIR/coordinator.json (snapshot) "
                              "and DIR/coordinator-<g>.log (changes since)")
@@ -188,17 +187,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat-missed-max", type=int, default=config.HEARTBEAT_MISSED_MAX,
                         help="missed heartbeat intervals before a daemon is declared dead "
                              "(default: %(default)s)")
-    parser.add_argument("--metrics-port", type=int, default=0,
-                        help="serve Prometheus metrics on this port (default: off)")
-    parser.add_argument("--log-level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-                        type=str.upper, help="log level (default: %(default)s)")
     daemon_security.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args)
     if args.heartbeat_interval_ms < 1 or args.heartbeat_missed_max < 1:
         log.error("--heartbeat-interval-ms and --heartbeat-missed-max must be at least 1")
         return 2

@@ -79,6 +79,17 @@ def wait_for(check, what: str, timeout_s: float = ACL_SPREAD_S):
             time.sleep(0.1)
 
 
+def wait_brokers_caught_up(cluster, admin) -> None:
+    """Until every broker enforces the coordinator's current ACLs and quotas."""
+    version = admin._call("acl_list")["acl_version"]
+    deadline = time.monotonic() + ACL_SPREAD_S
+    for b in cluster.brokers:
+        while rpc.call(b.address, "stats", key_file=str(cluster.keys.admin))[0]["stats"][
+                "acl_version"] < version:
+            assert time.monotonic() < deadline, f"{b.name} never received ACL version {version}"
+            time.sleep(0.05)
+
+
 def test_a_client_without_a_known_key_cannot_connect(cluster, tmp_path, monkeypatch):
     monkeypatch.delenv(KEY_FILE_ENV, raising=False)
     with pytest.raises(Timeout, match="CURVE"):
@@ -237,6 +248,7 @@ def test_a_principal_over_its_produce_quota_is_slowed_not_dropped(cluster, admin
     admin.add_acls([["client", "allow", "all", "stream", name, "literal"]])
     rate = 256 * 1024
     assert admin.set_quota("client", produce_bytes_per_s=rate)["client"] == {"produce": rate}
+    wait_brokers_caught_up(cluster, admin)
     values = [b"q%05d" % i + b"." * 1000 for i in range(1000)]   # ~1 MiB: 4 s of quota
 
     def produce():

@@ -38,7 +38,7 @@ from kera.broker.core import BrokerConfig
 from tests.sim.checker import Checker, DataLost, InvariantBroken, chunk_id
 from tests.sim.clients import SimAdmin, SimConsumer, SimProducer
 from tests.sim.probes import SimAuditor, SimFuzzer
-from tests.sim.daemons import MemoryStore, SimBackup, SimBroker, SimClock, SimCoordinator, sim_environment
+from tests.sim.daemons import MemoryStore, SimBackup, SimBroker, SimClock, SimCoordinator, sim_env
 from tests.sim.disk import SimDisk
 from tests.sim.network import Network
 from tests.sim.scheduler import Scheduler
@@ -206,6 +206,7 @@ class Cluster:
         self.net.loss, self.net.slow = p.loss, p.slow
         self.checker = Checker()
         self.store = MemoryStore()
+        env = sim_env(self.sched, self.store, self.clock)   # every daemon's outside world
         self.counts: dict[str, int] = {"faults": 0}
         self.lost_streamlets: set = self.checker.lossy   # (sid, sl) that may lose data legitimately
         self.epochs: dict[int, set] = {}      # broker id -> incarnation epochs seen
@@ -220,17 +221,17 @@ class Cluster:
         self._coordinator_incarnation = None
         node_rng = lambda name: random.Random(f"{seed}/{name}")   # noqa: E731
 
-        self.coordinator = SimCoordinator(self.net, "coordinator", 7000, node_rng("coordinator"),
+        self.coordinator = SimCoordinator(self.net, "coordinator", 7000, node_rng("coordinator"), env,
                                           heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
                                           heartbeat_missed_max=HEARTBEAT_MISSED_MAX)
         cfg = BrokerConfig(virtual_logs=p.virtual_logs, virtual_segment_bytes=p.virtual_segment_bytes)
         self.brokers = [SimBroker(self.net, f"broker{i}", 9000, node_rng(f"broker{i}"), self.checker,
-                                  coordinator=COORDINATOR, node=f"n{i}", broker_id=i, cfg=cfg)
+                                  env, coordinator=COORDINATOR, node=f"n{i}", broker_id=i, cfg=cfg)
                         for i in range(p.brokers)]
         self.broker_by_id = {b.broker_id: b for b in self.brokers}
         store_config = StoreConfig(**p.store)
         self.backups = [SimBackup(self.net, f"backup{i}", 8000, node_rng(f"backup{i}"), self.checker,
-                                  coordinator=COORDINATOR, node=rng.choice(["n0", "n1", "n2", "n3"]),
+                                  env, coordinator=COORDINATOR, node=rng.choice(["n0", "n1", "n2", "n3"]),
                                   backup_id=i, disk=SimDisk(random.Random(f"{seed}/disk{i}")),
                                   store_config=store_config)
                         for i in range(p.backups)]
@@ -250,7 +251,7 @@ class Cluster:
         self.fuzzer = SimFuzzer(self.net, "fuzzer:1", node_rng("fuzzer"), self.checker, COORDINATOR, self)
         # Second processes claiming a live broker's id (control fault "duplicate_id"), by fault.
         self.duplicates = {i: SimBroker(self.net, f"duplicate{i}", 9000, node_rng(f"duplicate{i}"),
-                                        self.checker, coordinator=COORDINATOR, node=f"dup{i}",
+                                        self.checker, env, coordinator=COORDINATOR, node=f"dup{i}",
                                         broker_id=0, cfg=cfg)
                            for i, (t, kind, _) in enumerate(p.control_faults) if kind == "duplicate_id"}
         self._duplicate_until: dict[int, float] = {}   # broker id -> end of its duplicate's watch
@@ -265,13 +266,12 @@ class Cluster:
             logging.getLogger("kera").setLevel(logging.CRITICAL)   # faults make the cores chatty
         beyond = ""
         try:
-            with sim_environment(self.sched, self.store, self.clock):
-                try:
-                    self._run()
-                except DataLost as exc:
-                    beyond = self._beyond_guarantee(exc)
-                    if not beyond:
-                        raise
+            try:
+                self._run()
+            except DataLost as exc:
+                beyond = self._beyond_guarantee(exc)
+                if not beyond:
+                    raise
         except SimFailure as exc:
             raise SimFailure(f"{self._where()}: {exc}") from exc
         except Exception as exc:

@@ -1,13 +1,13 @@
 """The coordinator, brokers and backups: their real server classes, on simulated I/O.
 
 Each process is built by its server module's own constructor (kera.coordinator.server.
-CoordinatorServer, kera.broker.server.BrokerDaemon, kera.backup.server.BackupServer plus
+CoordinatorServer, kera.broker.server.BrokerDaemon, kera.backup.server.BackupDaemon plus
 kera.backup.registration.Registration, as `run()` wires them), so the cores are driven by
 exactly the code that drives them in production, and a handler or hook added there is in the
-simulation too. While a run lasts, `sim_environment` points those modules at the simulation:
-their zmq shell (`Server`, `_LoopServer`) at tests/sim/shell.SimServer, `time` at the simulated
-clock, the backup's `disk` and `Worker` threads at tests/sim/disk.py, the coordinator's
-metadata `store` at a dict.
+simulation too. What differs is only what comes in through the front door, the daemon's
+kera.daemon_env.DaemonEnv (`sim_env`): the shell is tests/sim/shell.SimServer, the clock the
+simulated one, the backup's disk and worker threads tests/sim/disk.py, the coordinator's
+metadata store a dict, tokens numbered per run. No module global is patched.
 
 Checks hook in at the wire: a broker's produce and fetch replies, a backup's replicate replies,
 and the writes a backup's store accepted (tests/sim/checker.py).
@@ -18,25 +18,21 @@ at the same address, with the same --id, as kera.local restarts daemons), `crash
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import inspect
 import json
-import os
 import random
-import sys
 import time
 
 from kera import chunk, config
-from kera.backup import server as backup_server
 from kera.backup.registration import Registration
-from kera.backup.server import BackupServer
+from kera.backup.server import BackupDaemon
 from kera.backup.store import StoreConfig
-from kera.broker import server as broker_server
 from kera.broker.core import BrokerConfig
 from kera.broker.server import BrokerDaemon
-from kera.coordinator import core as coordinator_core, server as coordinator_server
 from kera.coordinator import store as coordinator_store
 from kera.coordinator.server import CoordinatorServer
+from kera.daemon_env import DaemonEnv
 from kera.errors import CorruptChunk
 
 from tests.sim.checker import Checker
@@ -44,12 +40,6 @@ from tests.sim.disk import DiskFunctions, SimDisk, SimWorker
 from tests.sim.network import Network
 from tests.sim.scheduler import Scheduler
 from tests.sim.shell import SimHost, SimServer
-
-# The broker's loop wakes at least every 50 ms (kera.server run_once) and checks its heartbeat
-# clock on a timer (TIMER_S, 50 ms since bench/idle_cpu.py; once 10 ms); one 50 ms timer does
-# both here, with far fewer events.
-BROKER_TIMER_S = 0.05
-
 
 class MemoryStore:
     """kera.coordinator.store on a dict: what `save` wrote, `load` reads back (as JSON)."""
@@ -113,20 +103,13 @@ def _tokens(sched: Scheduler):
     return token
 
 
-class _NoDirs:
-    """`os` for the coordinator server: the data dir is the MemoryStore's, never created."""
-
-    @staticmethod
-    def makedirs(*args, **kwargs) -> None:
-        pass
-
-    def __getattr__(self, name: str):
-        return getattr(os, name)
+def _no_dirs(path) -> None:
+    """The coordinator's data dir is the MemoryStore's key: nothing to create."""
 
 
 class _BrokerShell(SimServer):
-    """The broker's shell (its `_LoopServer`): produce and fetch replies pass the checker on
-    the way out."""
+    """The broker's shell (its DaemonEnv's `server`): produce and fetch replies pass the
+    checker on the way out."""
 
     checker: Checker | None = None
     daemon = None
@@ -175,28 +158,13 @@ class SimClock:
         return getattr(time, name)   # formatting and constants: the real module's
 
 
-@contextlib.contextmanager
-def sim_environment(sched: Scheduler, store: MemoryStore, clock: SimClock | None = None):
-    """Point the server modules at the simulation while the block runs: every kera module's
-    `time` (at `clock`, so the run can step its wall clock), the zmq shells, the backup's disk
-    and threads, the coordinator's metadata file."""
-    clock = clock or SimClock(sched)
-    patches = [(m, "time", clock) for name, m in sorted(sys.modules.items())
-               if name.startswith("kera.") and getattr(m, "time", None) is time]
-    patches += [
-        (broker_server, "_LoopServer", _BrokerShell), (broker_server, "TIMER_S", BROKER_TIMER_S),
-        (coordinator_server, "Server", SimServer), (coordinator_server, "store", store),
-        (coordinator_server, "os", _NoDirs()), (coordinator_core, "new_token", _tokens(sched)),
-        (backup_server, "Worker", SimWorker), (backup_server, "disk", DiskFunctions()),
-    ]
-    saved = [(m, name, getattr(m, name)) for m, name, _ in patches]
-    try:
-        for m, name, value in patches:
-            setattr(m, name, value)
-        yield
-    finally:
-        for m, name, value in saved:
-            setattr(m, name, value)
+def sim_env(sched: Scheduler, store: MemoryStore, clock: SimClock | None = None) -> DaemonEnv:
+    """The DaemonEnv of every daemon of a run: the simulated shell and clock (`clock`, so the run
+    can step its wall clock), the backup's disk and threads (the disk is the SimDisk passed as
+    its data dir), the coordinator's metadata in `store`, tokens numbered per run."""
+    return DaemonEnv(clock=clock or SimClock(sched), server=SimServer, backup_disk=DiskFunctions(),
+                     metadata_store=store, makedirs=_no_dirs, worker=SimWorker,
+                     new_token=_tokens(sched))
 
 
 class _Slot:
@@ -219,11 +187,12 @@ class _Slot:
 # ====================================================================== coordinator
 
 class SimCoordinator(_Slot):
-    def __init__(self, net: Network, name: str, port: int, rng: random.Random, *,
+    def __init__(self, net: Network, name: str, port: int, rng: random.Random, env: DaemonEnv, *,
                  heartbeat_interval_s: float, heartbeat_missed_max: int):
         self.host = SimHost(net, rng, name)
         self.port = port
         self.address = f"{name}:{port}"
+        self.env = env
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_missed_max = heartbeat_missed_max
         self.daemon: CoordinatorServer | None = None
@@ -231,7 +200,8 @@ class SimCoordinator(_Slot):
     def start(self) -> None:
         self.daemon = CoordinatorServer(f"sim/{self.address}", self.host, self.port,
                                         heartbeat_interval_s=self.heartbeat_interval_s,
-                                        heartbeat_missed_max=self.heartbeat_missed_max)
+                                        heartbeat_missed_max=self.heartbeat_missed_max,
+                                        env=self.env)
         self.server = self.daemon.server
 
     @property
@@ -242,12 +212,13 @@ class SimCoordinator(_Slot):
 # ====================================================================== broker
 
 class SimBroker(_Slot):
-    def __init__(self, net: Network, name: str, port: int, rng: random.Random, checker: Checker, *,
-                 coordinator: str, node: str, broker_id: int, cfg: BrokerConfig):
+    def __init__(self, net: Network, name: str, port: int, rng: random.Random, checker: Checker,
+                 env: DaemonEnv, *, coordinator: str, node: str, broker_id: int, cfg: BrokerConfig):
         self.host = SimHost(net, rng, name)
         self.port = port
         self.address = f"{name}:{port}"
         self.checker = checker
+        self.env = dataclasses.replace(env, server=_BrokerShell)
         self.coordinator_address = coordinator
         self.node = node
         self.broker_id = broker_id
@@ -256,7 +227,8 @@ class SimBroker(_Slot):
 
     def start(self) -> None:
         self.daemon = d = BrokerDaemon(self.coordinator_address, host=self.host, port=self.port,
-                                       node=self.node, broker_id=self.broker_id, cfg=self.cfg)
+                                       node=self.node, broker_id=self.broker_id, cfg=self.cfg,
+                                       env=self.env)
         self.server = s = d.server
         s.checker = self.checker
         s.daemon = d
@@ -283,60 +255,74 @@ def _header_or_none(buf):
 
 # ====================================================================== backup
 
-class _BackupServer(BackupServer, SimServer):
-    """BackupServer on the simulated shell (the MRO puts SimServer where Server was)."""
+class _BackupShell(SimServer):
+    """The backup's shell (its DaemonEnv's `server`): replicate replies pass the checker on
+    the way out."""
 
     checker: Checker | None = None
     backup_id = -1
-
-    def handle_replicate(self, req):
-        result = BackupServer.handle_replicate(self, req)
-        f = req.fields
-        key = (f.int("broker_id"), f.int("vlog"), f.int("vseg"))
-        if f.bool("reset", False):
-            self.checker.backup_reset(self.backup_id, self.incarnation, key)
-        req.ctx = (key, f.str("durability", config.DEFAULT_DURABILITY))
-        self.checker.backup_accepted(self.backup_id, self.incarnation, key, f.int("offset"),
-                                     [frame.buffer for frame in req.frames])
-        return result
+    daemon: BackupDaemon | None = None
 
     def reply(self, req, fields=None, frames=()) -> None:
         if req.op == "replicate":
             key, durability = req.ctx
+            d = self.daemon
             self.checker.backup_replied(self.backup_id, self.incarnation, key, fields["length"],
-                                        durability, self.store, self.root)
+                                        durability, d.store, d.root)
         super().reply(req, fields, frames)
+
+    def watch_replicate(self) -> None:
+        """Wrap the daemon's `replicate` handler: what it accepted goes to the checker."""
+        replicate = self.handlers["replicate"]
+
+        def on_replicate(req):
+            result = replicate(req)
+            f = req.fields
+            key = (f.int("broker_id"), f.int("vlog"), f.int("vseg"))
+            if f.bool("reset", False):
+                self.checker.backup_reset(self.backup_id, self.incarnation, key)
+            req.ctx = (key, f.str("durability", config.DEFAULT_DURABILITY))
+            self.checker.backup_accepted(self.backup_id, self.incarnation, key, f.int("offset"),
+                                         [frame.buffer for frame in req.frames])
+            return result
+
+        self.handlers["replicate"] = on_replicate
 
 
 class SimBackup(_Slot):
-    def __init__(self, net: Network, name: str, port: int, rng: random.Random, checker: Checker, *,
-                 coordinator: str, node: str, backup_id: int, disk: SimDisk,
+    def __init__(self, net: Network, name: str, port: int, rng: random.Random, checker: Checker,
+                 env: DaemonEnv, *, coordinator: str, node: str, backup_id: int, disk: SimDisk,
                  store_config: StoreConfig):
         self.host = SimHost(net, rng, name)
         self.port = port
         self.address = f"{name}:{port}"
         self.checker = checker
+        self.env = dataclasses.replace(env, server=_BackupShell)
         self.coordinator_address = coordinator
         self.node = node
         self.backup_id = backup_id
         self.disk = disk
         self.store_config = store_config
+        self.daemon: BackupDaemon | None = None
 
     def start(self) -> None:
-        """kera.backup.server.run: the server on its data dir, then its Registration."""
-        s = _BackupServer(self.disk, self.store_config, self.host, self.port)
+        """kera.backup.server.run: the daemon on its data dir, then its Registration."""
+        self.daemon = d = BackupDaemon(self.disk, self.store_config, self.host, self.port,
+                                       env=self.env)
+        self.server = s = d.server
         s.checker = self.checker
         s.backup_id = self.backup_id
-        s.flusher.bind(s, self.disk.flush_delay)
-        s.reader.bind(s, self.disk.read_delay)
+        s.daemon = d
+        s.watch_replicate()
+        d.flusher.bind(s, d.collect, self.disk.flush_delay)
+        d.reader.bind(s, d.collect, self.disk.read_delay)
         # As kera.backup.server.run wires it (the optional hooks as far as this version has them).
         hooks = {"fields": "heartbeat_fields", "on_heartbeat": "heartbeat_reply"}
         params = inspect.signature(Registration).parameters
-        extra = {k: getattr(s, attr) for k, attr in hooks.items() if k in params and hasattr(s, attr)}
-        s.registration = Registration(s, self.coordinator_address, "backup", s.address, self.node,
-                                      self.backup_id, stats=s.heartbeat_stats, **extra)
-        self.server = s
+        extra = {k: getattr(d, attr) for k, attr in hooks.items() if k in params and hasattr(d, attr)}
+        d.registration = Registration(s, self.coordinator_address, "backup", s.address, self.node,
+                                      self.backup_id, stats=d.heartbeat_stats, **extra)
 
     @property
     def store(self):
-        return self.server.store
+        return self.daemon.store

@@ -144,8 +144,8 @@ class SimDisk:
 
 class SimWorker:
     """kera.backup.worker.Worker: one thread running jobs in submission order, each taking a
-    while; outcomes go to `completions()`, and the server's `_collect` is called (where the
-    real loop would wake up on the worker's pipe). Created by the server's own __init__;
+    while; outcomes go to `completions()`, and the daemon's `collect` is called (where the
+    real loop would wake up on the worker's pipe). Created by the daemon's own __init__;
     `bind` attaches it to its process once that exists."""
 
     def __init__(self, name: str, run_job, max_jobs: int):
@@ -154,14 +154,17 @@ class SimWorker:
         self.max_jobs = max_jobs
         self.wake_fd = -1
         self.node = None
+        self.collect = None
         self.delay = None
         self._queue: deque = deque()
         self._done: deque = deque()
         self._busy = False
 
-    def bind(self, node, delay) -> None:
-        """`delay()` draws how long the next job takes."""
+    def bind(self, node, collect, delay) -> None:
+        """Run on `node`'s events; `collect()` is the daemon's reading of `completions()`;
+        `delay()` draws how long the next job takes."""
         self.node = node
+        self.collect = collect
         self.delay = delay
 
     def submit(self, job) -> None:
@@ -184,7 +187,7 @@ class SimWorker:
             outcome = (job, None, exc)
         self._done.append(outcome)
         self._busy = False
-        self.node._collect()            # may submit more
+        self.collect()                  # may submit more
         if not self._busy:
             self._start()
 

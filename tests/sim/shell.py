@@ -4,8 +4,9 @@ SimServer is a kera.server.Server (so daemon classes built on Server, and code t
 run unchanged on it) that never touches zmq. It mirrors `run_once` turn by turn: a turn takes
 every message that arrived since the last one, dispatches the requests (same validation and
 error boundary as Server._dispatch), runs the `after_batch` hooks, hands replies to their Peer
-callbacks, then runs `post_turn` (the broker's hook). Timers and request deadlines are events of
-their own, each followed by `post_turn`, as they are in `run_once`.
+callbacks, then runs the `after_turn` hooks (the broker's pump, the backup's collect). Timers and
+request deadlines are events of their own, each followed by `after_turn`, as they are in
+`run_once`.
 
 One difference is on purpose: where the real shell logs an exception from a handler or a hook
 and answers `internal`, the simulation fails the run (guarantee 6: no core raises on a
@@ -132,7 +133,7 @@ class SimServer(Node, kera_server.Server):
         self.port = port
         self.handlers: dict[str, Callable] = {}
         self.after_batch: list[Callable] = []
-        self.post_turn: Callable | None = None
+        self.after_turn: list[Callable] = []
         self.peers: dict[str, SimPeer] = {}
         self.poller = _Poller()
         self.inbox: list = []
@@ -171,7 +172,7 @@ class SimServer(Node, kera_server.Server):
 
     def schedule(self, dt: float, fn: Callable, *args) -> None:
         """Run fn(*args) after dt as an event of this process (dropped once it crashed),
-        followed by post_turn."""
+        followed by the after_turn hooks."""
         self.sched.after(dt, self._event, fn, args)
 
     def schedule_at(self, t: float, fn: Callable, *args) -> None:
@@ -183,8 +184,9 @@ class SimServer(Node, kera_server.Server):
         if not self.up:
             return
         self._guarded(fn, *args)
-        if self.post_turn is not None and self.up:
-            self._guarded(self.post_turn)
+        for hook in self.after_turn:
+            if self.up:
+                self._guarded(hook)
 
     def _guarded(self, fn: Callable, *args, kera_errors_pass: bool = False):
         """Run fn; anything it raises fails the run, except a KeraError from a request

@@ -179,3 +179,28 @@ def test_duplicate_broker_id_is_refused():
     c.run()
     assert c.counts["duplicate_id"] == 1
     assert c.checker.counts.get("records_acked", 0) > 0
+
+
+# ---------------------------------------------------------------------------- environment
+
+def _kera_globals() -> dict:
+    """Every module-level name of every loaded kera module, with the object it names."""
+    import sys
+    return {(name, attr): id(value) for name, module in list(sys.modules.items())
+            if name == "kera" or name.startswith("kera.")
+            for attr, value in list(vars(module).items())}
+
+
+def test_a_run_patches_no_module_global():
+    """The daemons get the simulated clock, shell, disk, threads, store and tokens through their
+    DaemonEnv (tests/sim/daemons.sim_env), not by replacing module globals while a run lasts."""
+    c = Cluster(11, profile=calm_profile(11))
+    before = _kera_globals()
+    during = {}
+    c.sched.at(1.0, lambda: during.update(_kera_globals()))
+    c.run()
+    assert during, "the run ended before the snapshot was taken"
+    changed = sorted(k for k, v in before.items() if k in during and during[k] != v)
+    assert changed == []
+    for daemon in [c.coordinator, *c.brokers, *c.backups]:
+        assert daemon.daemon.clock is c.clock

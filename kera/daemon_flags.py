@@ -1,0 +1,67 @@
+"""The flags every daemon (coordinator, broker, backup) shares, parsed in one place.
+
+`add_common_arguments(parser, ...)` adds --host, --port, --advertise, --coordinator,
+--metrics-port and --log-level with the same names, defaults, checks and help everywhere;
+`setup_logging(args)` applies --log-level. Sizes are written one way in every flag of every
+command (`536870912`, `64MiB`, `1GiB`: kera.broker.memory.parse_size): give such a flag
+`type=size_bytes`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from kera.broker.memory import parse_size
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DEFAULT_HOST = "127.0.0.1"   # loopback unless the operator chooses to expose the daemon
+# TCP port numbers; 0 asks the system for any free port (or, for --metrics-port, turns it off).
+PORT_MAX = 65535
+
+
+def size_bytes(text: str) -> int:
+    """An argparse `type`: bytes from a size as operators write it (`512MiB`, `1GiB`, `4096`)."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def port_number(text: str) -> int:
+    """An argparse `type`: a TCP port, 0 to PORT_MAX."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= PORT_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 to {PORT_MAX})")
+    return port
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int = 0,
+                         coordinator: bool = True, advertise: bool = True) -> None:
+    """The shared daemon flags. `coordinator`: the daemon registers with one (--coordinator,
+    required); `advertise`: it tells others an address of its own (--advertise)."""
+    if coordinator:
+        parser.add_argument("--coordinator", required=True, metavar="HOST:PORT",
+                            help="the coordinator's address")
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help="interface to bind (default: %(default)s)")
+    parser.add_argument("--port", type=port_number, default=default_port,
+                        help="port to bind (default: " +
+                             ("%(default)s)" if default_port else "any free port)"))
+    if advertise:
+        parser.add_argument("--advertise", default=None, metavar="HOST:PORT",
+                            help="address given to the coordinator (default: HOST:bound port)")
+    parser.add_argument("--metrics-port", type=port_number, default=0,
+                        help="serve Prometheus metrics on this port (default: off)")
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
+                        help="log level on stderr (default: %(default)s)")
+
+
+def setup_logging(args: argparse.Namespace) -> None:
+    """Log to stderr at --log-level, in the one format every daemon writes."""
+    logging.basicConfig(level=args.log_level, stream=sys.stderr, format=LOG_FORMAT)
