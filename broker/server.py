@@ -24,7 +24,7 @@ import zmq
 
 from kera import config, schema
 from kera.broker import history_epoch, replica_report
-from kera.broker.core import Broker, BrokerConfig
+from kera.broker.core import Broker, BrokerConfig, parse_cursor
 from kera.broker.memory import default_memory_limit_bytes, parse_size
 from kera.broker.recovery_service import RecoveryService
 from kera.broker.tier import TierConfig
@@ -146,8 +146,13 @@ class BrokerDaemon:
     def _on_offsets(self, req: Request):
         f = req.fields
         sid, sl = f.int("sid", hi=SID_MAX), f.int("sl", hi=SL_MAX)
-        return {"groups": self.core.offsets(sid, sl), "first_group": self.core.first_group(sid, sl),
-                "epoch": self.core.history_epoch(sid, sl)}
+        reply = {"groups": self.core.offsets(sid, sl), "first_group": self.core.first_group(sid, sl),
+                 "epoch": self.core.history_epoch(sid, sl)}
+        at = f.dict("at", None)
+        if at is not None:   # a reader's cursor: also its lag in bytes
+            low, offsets, _earliest, _epoch = parse_cursor(at)
+            reply["behind_bytes"] = self.core.bytes_behind(sid, sl, low, offsets)
+        return reply
 
     def _on_stats(self, req: Request):
         return {"stats": {**self.core.stats(), **self.recovery.stats()}}

@@ -159,6 +159,8 @@ def test_the_group_command_shows_lag_resets_and_deletes(cluster):
     code, out = kera_cli(cluster, "group", "describe", group, "--json")
     assert code == 0, out
     assert sum(n for _s, _sl, n in json.loads(out)["lag"]) == 40, "40 records behind the commits"
+    behind_bytes = sum(n for _s, _sl, n in json.loads(out)["lag_bytes"])
+    assert 0 < behind_bytes < stored_bytes(cluster, stream), "the new chunks only"
     code, out = kera_cli(cluster, "group", "list")
     assert code == 0 and group in out and "empty" in out
     code, out = kera_cli(cluster, "group", "reset-positions", group, "--stream", stream,
@@ -166,12 +168,31 @@ def test_the_group_command_shows_lag_resets_and_deletes(cluster):
     assert code == 0, out
     code, out = kera_cli(cluster, "group", "describe", group, "--json")
     assert sum(n for _s, _sl, n in json.loads(out)["lag"]) == 140
+    assert sum(n for _s, _sl, n in json.loads(out)["lag_bytes"]) == stored_bytes(cluster, stream)
+    code, out = kera_cli(cluster, "group", "describe", group)
+    assert code == 0 and "LAG BYTES" in out, out
     with Consumer(cluster.bootstrap, stream, group=group) as c:
         again: list[int] = []
         read([c], again, 140)
     assert sorted(again) == list(range(140))
     assert kera_cli(cluster, "group", "delete", group)[0] == 0
     assert group not in kera_cli(cluster, "group", "list")[1]
+
+
+def stored_bytes(cluster, stream) -> int:
+    """Bytes of every chunk of `stream`, as stored (read from the start, batch by batch)."""
+    total, records = 0, 0
+    with Consumer(cluster.bootstrap, stream, start="earliest") as c:
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            batches = c.poll_batch(timeout_s=0.5)
+            if not batches and records and sum(c.lag().values()) == 0:
+                return total
+            for b in batches:
+                assert b.skip == 0, "read from the start: whole chunks"
+                total += b.chunk.header.size
+                records += len(b)
+    raise AssertionError(f"{stream} not read to its end within {SETTLE_TIMEOUT_S} s")
 
 
 def test_a_pattern_member_reads_streams_created_after_it_joined(cluster):
