@@ -207,3 +207,42 @@ def test_a_pattern_member_reads_streams_created_after_it_joined(cluster):
         read([c], values, 50)
         assert {s for s, _ in c.assignment()} == {first, f"{first}-later"}
     assert sorted(values) == list(range(30)) + list(range(100, 120))
+
+
+def scrape(port: int) -> str:
+    from urllib.request import urlopen
+    return urlopen(f"http://127.0.0.1:{port}/metrics", timeout=SETTLE_TIMEOUT_S).read().decode()
+
+
+def gauges(text: str, name: str, group: str) -> dict:
+    """{(stream, streamlet): value} of a labelled gauge for one group."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(f'{name}{{group="{group}"'):
+            labels, value = line.rsplit(" ", 1)
+            stream = labels.split('stream="')[1].split('"')[0]
+            out[(stream, int(labels.split('streamlet="')[1].split('"')[0]))] = int(value)
+    return out
+
+
+def test_the_coordinator_exports_each_committed_parts_lag(fresh_cluster):
+    from kera.local import free_port
+    port = free_port()
+    cluster = fresh_cluster(brokers=1, backups=1, log_level="WARNING",
+                            extra_coordinator_args=["--metrics-port", str(port)])
+    stream = new_stream(cluster, records=100)
+    values: list[int] = []
+    with Consumer(cluster.bootstrap, stream, group="lagging", auto_commit_interval_ms=None) as c:
+        read([c], values, 100)
+        c.commit()
+    produce(cluster, stream, 100, 40)
+    # The gauges follow the commits within a coordinator tick plus the scrape cache.
+    seen = {}
+    until(lambda: seen.update(text=scrape(port)) or sum(
+        gauges(seen["text"], "kera_group_lag_records", "lagging").values()) == 40,
+        "the commits' lag exported")
+    text = seen["text"]
+    records = gauges(text, "kera_group_lag_records", "lagging")
+    assert set(records) == {(stream, sl) for sl in range(STREAMLETS)}
+    size = gauges(text, "kera_group_lag_bytes", "lagging")
+    assert all((size[p] > 0) == (records[p] > 0) for p in records), text
