@@ -1,6 +1,6 @@
 """Consumer groups against a real local cluster: members share a stream's streamlets, hand
 them over with no duplicate and no gap, commit positions that survive a coordinator kill -9,
-and are refused when stale.
+are refused when stale, survive a broker failover, and show their lag.
 
 Values are `b"<n>"`: every record read names which one it is, so a test counts exactly.
 """
@@ -246,3 +246,63 @@ def test_the_coordinator_exports_each_committed_parts_lag(fresh_cluster):
     assert set(records) == {(stream, sl) for sl in range(STREAMLETS)}
     size = gauges(text, "kera_group_lag_bytes", "lagging")
     assert all((size[p] > 0) == (records[p] > 0) for p in records), text
+
+
+
+def fail_over(cluster, stream) -> None:
+    """kill -9 the broker holding streamlet 0; return once its streamlets are served again."""
+    with cluster.admin() as admin:
+        victim = admin.describe_stream(stream)["placement"][0]
+        cluster.kill_broker(victim)
+        until(lambda: victim not in admin.describe_stream(stream)["placement"],
+              "the dead broker's streamlets placed elsewhere")
+        admin.wait_ready(stream, SETTLE_TIMEOUT_S)
+
+
+def replicated_stream(cluster) -> str:
+    stream = f"grp-failover-{next(_names)}"
+    with cluster.admin() as admin:
+        admin.create_stream(stream, streamlets=STREAMLETS, replication=2)
+    return stream
+
+
+def test_committed_positions_survive_a_broker_failover(fresh_cluster):
+    cluster = fresh_cluster(brokers=2, backups=1, log_level="WARNING")
+    stream = replicated_stream(cluster)
+    produce(cluster, stream, 0, 400)
+    values: list[int] = []
+    with Consumer(cluster.bootstrap, stream, group="survivor", auto_commit_interval_ms=None) as a:
+        until(lambda: len(a.assignment()) == STREAMLETS, "assignment")
+        read([a], values, 250)
+        a.commit()
+    before = call(cluster, "group_describe", group="survivor")["positions"]
+    fail_over(cluster, stream)
+    assert call(cluster, "group_describe", group="survivor")["positions"] == before
+    produce(cluster, stream, 400, 100)    # to every streamlet, the moved ones included
+    again: list[int] = []
+    with Consumer(cluster.bootstrap, stream, group="survivor", auto_commit_interval_ms=None) as b:
+        read([b], again, 500 - len(values))
+        assert b.poll(timeout_s=0.5) is None
+    assert not set(again) & set(values), "no record before the commit is read again"
+    assert sorted(values + again) == list(range(500)), "and none after it is missed"
+
+
+def test_a_member_reading_through_a_failover_commits_positions_a_successor_resumes(fresh_cluster):
+    cluster = fresh_cluster(brokers=2, backups=1, log_level="WARNING")
+    stream = replicated_stream(cluster)
+    produce(cluster, stream, 0, 300)
+    values: list[int] = []
+    with Consumer(cluster.bootstrap, stream, group="through", auto_commit_interval_ms=None) as a:
+        until(lambda: len(a.assignment()) == STREAMLETS, "assignment")
+        read([a], values, 150)
+        a.commit()
+        fail_over(cluster, stream)
+        produce(cluster, stream, 300, 100)
+        read([a], values, 320)            # from the new owner of the moved streamlets
+        a.commit()
+    again: list[int] = []
+    with Consumer(cluster.bootstrap, stream, group="through", auto_commit_interval_ms=None) as b:
+        read([b], again, 400 - len(values))
+        assert b.poll(timeout_s=0.5) is None
+    assert not set(again) & set(values), "no record before the last commit is read again"
+    assert sorted(values + again) == list(range(400))
