@@ -62,7 +62,10 @@ def commit_progress(bootstrap: str, group: str, offsets: dict, snapshot,
 
 
 def wire_positions(offsets: dict, snapshot) -> list[list]:
-    """group_commit's [[stream, sl, [[g, off, epoch], ...]], ...] of a source offset."""
+    """group_commit's [[stream, sl, [[g, off, epoch], ...]], ...] of a source offset. A
+    stream whose groups had to be asked for and turned out recreated is left out (its cursors
+    name the old stream's groups); otherwise that is found by the query's next batch, whose
+    commit then replaces these positions."""
     out = []
     for stream, offset in sorted(offsets.items()):
         cursors = offset.cursors
