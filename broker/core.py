@@ -540,6 +540,15 @@ class Broker:
         streamlet = self._streamlet_for_read(sid, sl)
         return [] if streamlet is None else streamlet.describe_groups()
 
+    def bytes_behind(self, sid: int, sl: int, low: int, offsets: dict[int, int]) -> int:
+        """Durable chunk bytes past a reader's cursor (`low`, `offsets` as in a fetch read):
+        its lag in bytes over the retained groups."""
+        streamlet = self._streamlet_for_read(sid, sl)
+        if streamlet is None:
+            return 0
+        return sum(g.durable_bytes_from(offsets.get(g.id, 0))
+                   for g in streamlet.groups if g.id >= low)
+
     def history_epoch(self, sid: int, sl: int) -> int | None:
         """The epoch of the streamlet's current history; None while it has none (no data yet:
         any position is of its first history)."""
@@ -771,6 +780,13 @@ def _parse_read(read) -> tuple[int, int, int, dict, int, bool, int | None]:
     _check_int(sid, "sid", 2**64 - 1)
     _check_int(sl, "sl", 2**32 - 1)
     _check_int(max_bytes, "max_bytes", 2**64 - 1)
+    low, offsets, earliest, epoch = parse_cursor(cursor)
+    return sid, sl, low, offsets, min(max(max_bytes, 1), FETCH_READ_MAX_BYTES), earliest, epoch
+
+
+def parse_cursor(cursor) -> tuple[int, dict, bool, int | None]:
+    """(low, offsets, earliest, epoch) of a reader's cursor map (a fetch read's, or the `at`
+    of an `offsets` request)."""
     if not isinstance(cursor, dict):
         raise BadRequest("cursor must be a map")
     low = cursor.get("low", 0)
@@ -791,7 +807,7 @@ def _parse_read(read) -> tuple[int, int, int, dict, int, bool, int | None]:
     epoch = cursor.get("epoch")
     if epoch is not None:
         _check_int(epoch, "cursor epoch", 2**64 - 1)
-    return sid, sl, low, offsets, min(max(max_bytes, 1), FETCH_READ_MAX_BYTES), earliest, epoch
+    return low, offsets, earliest, epoch
 
 
 def _check_int(value, name: str, hi: int) -> None:

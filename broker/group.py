@@ -91,6 +91,23 @@ class Group:
         """Closed and wholly durable: nothing more will ever be readable in it."""
         return self.closed and self.durable == self.head
 
+    def durable_bytes_from(self, offset: int) -> int:
+        """Bytes of the durable chunks holding records at or past `offset` (the chunk a reader
+        is inside counts whole): a reader's lag in bytes. O(segments), not O(chunks)."""
+        if offset >= self.durable:
+            return 0
+        si, ci = self.locate(offset)
+        # The durable head is a chunk boundary: chunks from the one at `durable` on are not.
+        end = self.locate(self.durable) if self.durable < self.head else None
+        total = 0
+        for n in range(si, len(self.segments)):
+            seg = self.segments[n]
+            start = seg.positions[ci] if n == si else 0
+            if end is not None and n == end[0]:
+                return total + seg.positions[end[1]] - start
+            total += seg.used_bytes - start
+        return total
+
     def describe(self) -> list:
         """`[g, slot, start, durable_end, closed]` as in the protocol. `closed` is reported only
         once every record is durable, so a reader at `durable_end` of a closed group really is

@@ -23,7 +23,7 @@ import zmq
 from kera import config, schema
 from kera import security as daemon_security
 from kera.broker import history_epoch, replica_report
-from kera.broker.core import Broker, BrokerConfig
+from kera.broker.core import Broker, BrokerConfig, parse_cursor
 from kera.broker.memory import default_memory_limit_bytes
 from kera.broker.recovery_service import RecoveryService
 from kera.broker.tier import TierConfig
@@ -156,8 +156,13 @@ class BrokerDaemon:
         check = self._checker(req, "describe")
         if check is not None:
             self.core.check_stream(sid, check)
-        return {"groups": self.core.offsets(sid, sl), "first_group": self.core.first_group(sid, sl),
-                "epoch": self.core.history_epoch(sid, sl)}
+        reply = {"groups": self.core.offsets(sid, sl), "first_group": self.core.first_group(sid, sl),
+                 "epoch": self.core.history_epoch(sid, sl)}
+        at = f.dict("at", None)
+        if at is not None:   # a reader's cursor: also its lag in bytes
+            low, offsets, _earliest, _epoch = parse_cursor(at)
+            reply["behind_bytes"] = self.core.bytes_behind(sid, sl, low, offsets)
+        return reply
 
     def _quota(self, req: Request, kind: str):
         """The quotas to charge `req` to, after refusing it (`throttled`) while its
@@ -174,7 +179,7 @@ class BrokerDaemon:
 
     def _checker(self, req: Request, operation: str):
         guard = self.server.guard
-        return None if guard is None else guard.checker(req.principal, operation)
+        return None if guard is None else guard.checker(req.principal, operation, req.op)
 
     def _on_stats(self, req: Request):
         # acl_version: which ACLs and quotas this broker enforces (-1: none received yet).

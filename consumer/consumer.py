@@ -198,6 +198,13 @@ class Consumer:
         """(groups, first_group, epoch) of a part, from its owning broker's `offsets`; `conns`
         (address -> rpc.Connection, the caller closes them): connections to reuse across
         parts (else one per call)."""
+        header, address = self._offsets_reply(part, conns)
+        return _parse_offsets(header, address)
+
+    def _offsets_reply(self, part: tuple, conns: dict | None = None,
+                       at: dict | None = None) -> tuple[dict, str]:
+        """(reply, broker address) of `offsets` for a part, retried through metadata refreshes;
+        `at`: a reader's cursor, whose lag in bytes the reply then holds."""
         stream, sl = part
         deadline = time.monotonic() + self.request_timeout_s
         for _attempt in range(int(self.request_timeout_s / LATEST_RETRY_S) + 1):
@@ -208,6 +215,8 @@ class Consumer:
             else:
                 try:
                     fields = {"sid": self._infos[stream].id, "sl": sl}
+                    if at is not None:
+                        fields["at"] = at
                     left_s = max(0.1, deadline - time.monotonic())
                     if conns is None:
                         header, _ = rpc.call(address, "offsets", fields, timeout_s=left_s,
@@ -217,7 +226,7 @@ class Consumer:
                             address, rpc.Connection(address, timeout_s=self.request_timeout_s,
                                                     key_file=self.key_file))
                         header, _ = conn.call("offsets", fields, timeout_s=left_s)
-                    return _parse_offsets(header, address)
+                    return header, address
                 except KeraError as e:
                     if not e.retriable:
                         raise
@@ -382,6 +391,11 @@ class Consumer:
     def lag(self) -> dict[tuple[str, int], int]:
         """{(stream, streamlet): durable records not yet handed to the application}, for every
         assigned part (one `offsets` request per part to its broker)."""
+        return {part: lag.records for part, lag in self.lag_detail().items()}
+
+    def lag_detail(self) -> dict[tuple[str, int], lagmath.Lag]:
+        """{(stream, streamlet): Lag(records, bytes)} not yet handed to the application, for
+        every assigned part: `lag()` with the bytes too, at the same cost."""
         with self._lock:
             consumed = {part: self._consumed_at(part) for part in self._consumed}
         return self._lag_at(consumed)
@@ -389,6 +403,10 @@ class Consumer:
     def lag_of(self, positions: list[Position]) -> dict[tuple[str, int], int]:
         """{(stream, streamlet): durable records past `positions`} (e.g. a group's committed
         ones, `kera group describe`), whether or not this consumer reads those parts."""
+        return {part: lag.records for part, lag in self.lag_detail_of(positions).items()}
+
+    def lag_detail_of(self, positions: list[Position]) -> dict[tuple[str, int], lagmath.Lag]:
+        """`lag_of` with the bytes too: {(stream, streamlet): Lag(records, bytes)}."""
         for stream in dict.fromkeys(p.stream for p in positions):
             self._add_stream(stream)
         at: dict[tuple[str, int], tuple[int, dict[int, int]]] = {}
@@ -398,13 +416,16 @@ class Consumer:
             at[(p.stream, p.streamlet)] = (min(low, p.group), offsets)
         return self._lag_at(at)
 
-    def _lag_at(self, consumed: dict) -> dict[tuple[str, int], int]:
+    def _lag_at(self, consumed: dict) -> dict[tuple[str, int], lagmath.Lag]:
         out = {}
         conns: dict = {}
         try:
             for part, (low, offsets) in sorted(consumed.items()):
-                groups, _first, _epoch = self._offsets(part, conns)
-                out[part] = lagmath.lag_records(groups, low, offsets)
+                at = {"low": low, "offsets": offsets}
+                header, address = self._offsets_reply(part, conns, at)
+                groups, _first, _epoch = _parse_offsets(header, address)
+                out[part] = lagmath.Lag(lagmath.lag_records(groups, low, offsets),
+                                        _behind_bytes(header, address))
         finally:
             for conn in conns.values():
                 conn.close()
@@ -649,6 +670,14 @@ def _parse_offsets(header: dict, address: str) -> tuple[list, int, int | None]:
     if epoch is not None and (not isinstance(epoch, int) or epoch < 0):
         raise KeraError(f"bad epoch {epoch!r} from {address}", retriable=True)
     return parse_groups(header.get("groups")), first, epoch
+
+
+def _behind_bytes(header: dict, address: str) -> int | None:
+    behind = header.get("behind_bytes")
+    if behind is not None and (not isinstance(behind, int) or isinstance(behind, bool)
+                               or behind < 0):
+        raise KeraError(f"bad behind_bytes {behind!r} from {address}", retriable=True)
+    return behind
 
 
 def _cursors_by_part(positions: list, streams: set) -> dict[tuple, tuple]:

@@ -4,12 +4,21 @@ A streamlet's records are counted over its retained groups: a group holds record
 durable_end - 1 (the broker's `start` is 0), and groups below the first retained one were
 deleted by retention, their record count unknown to the broker. So the watermarks of a streamlet
 are (0, durable records retained), and the lag of a reader is, group by group, the durable
-records past its position: exact whatever groups retention deleted.
+records past its position: exact whatever groups retention deleted. Its lag in bytes is the
+broker's count (`offsets` with the reader's cursor as `at`): the durable chunks past it.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from kera.consumer.cursor import GroupInfo
+
+
+class Lag(NamedTuple):
+    """How far a reader is behind the durable head of a streamlet."""
+    records: int
+    bytes: int | None   # durable chunk bytes past it (None: a broker too old to say)
 
 
 def watermarks(groups: list[GroupInfo]) -> tuple[int, int]:

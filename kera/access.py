@@ -56,7 +56,9 @@ RULES: dict[str, Rule] = {
     "deregister": _acl("alter", "cluster", None),      # an operator forgetting a dead daemon
     # coordinator: streams
     "create_stream": _acl("create", "stream", "name"),
-    "describe_stream": _acl("describe", "stream", "name"),
+    # ...and for the coordinator's own lag exporter (kera.coordinator.group_lag), which reads
+    # descriptors and offsets of every stream a group committed on
+    "describe_stream": Rule(frozenset({"coordinator"}), "describe", "stream", "name"),
     "alter_stream": _acl("alter", "stream", "name"),
     "delete_stream": _acl("delete", "stream", "name"),
     "list_streams": Rule(open=True),      # the reply is filtered by describe (coordinator)
@@ -77,7 +79,7 @@ RULES: dict[str, Rule] = {
     # broker: data (per stream, checked in the handler)
     "produce": _acl("write", "stream"),
     "fetch": _acl("read", "stream"),
-    "offsets": _acl("describe", "stream"),
+    "offsets": Rule(frozenset({"coordinator"}), "describe", "stream"),
     # every daemon
     "stats": Rule(frozenset(MEMBERS), "describe", "cluster", None),
     # backup: replicas, for brokers only (and bound to their broker id: kera.backup)
@@ -131,10 +133,11 @@ class Guard:
                             f"`kera acl add --principal {principal.name} --operation "
                             f"{operation} --{resource_type} {name}`")
 
-    def checker(self, principal: Principal | None, operation: str,
+    def checker(self, principal: Principal | None, operation: str, op: str | None = None,
                 resource_type: str = "stream") -> Callable[[str], None] | None:
-        """A per-resource check for a handler, or None when nothing is to be checked
-        (plaintext, or a super user)."""
-        if principal is None or principal.role == "admin":
+        """A per-resource check for `op`'s handler, or None when nothing is to be checked
+        (plaintext, a super user, or a role `op`'s rule admits without ACLs)."""
+        if principal is None or principal.role == "admin" or \
+                (op is not None and principal.role in RULES.get(op, Rule()).roles):
             return None
         return lambda name: self.require(principal, operation, resource_type, name)

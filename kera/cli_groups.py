@@ -1,7 +1,7 @@
 """`kera group list|describe|reset-positions|delete`: consumer groups from the command line.
 
 The coordinator keeps groups (kera.coordinator.groups); describe adds each committed part's
-lag, the durable records past its committed position, asked of the part's broker.
+lag, the durable records and chunk bytes past its committed position, asked of the part's broker.
 """
 
 from __future__ import annotations
@@ -58,20 +58,29 @@ def cmd_list(args) -> int:
 def cmd_describe(args) -> int:
     from kera.cli import _print_json, _table
     group = _call(args, "group_describe", group=args.group)
-    group["lag"] = [[s, sl, n] for (s, sl), n in sorted(_lag(args, group["positions"]).items())]
+    lags = sorted(_lag(args, group["positions"]).items())
+    group["lag"] = [[s, sl, lag.records] for (s, sl), lag in lags]
+    group["lag_bytes"] = [[s, sl, lag.bytes] for (s, sl), lag in lags]
     if args.json:
         _print_json(group)
         return 0
     owner = {tuple(p): m["member_id"] for m in group["members"] for p in m["assignment"]}
-    lag = {(s, sl): n for s, sl, n in group["lag"]}
+    lag = dict(lags)
     print(f"group '{group['group']}': {group['state']}, epoch {group['epoch']}, "
           f"{len(group['members'])} members")
-    rows = [[s, sl, owner.get((s, sl), "-"), _show(pos), lag.get((s, sl), "?")]
+    rows = [[s, sl, owner.get((s, sl), "-"), _show(pos), *_show_lag(lag.get((s, sl)))]
             for s, sl, pos in group["positions"]]
-    rows += [[s, sl, mid, "-", "-"] for (s, sl), mid in sorted(owner.items())
+    rows += [[s, sl, mid, "-", "-", "-"] for (s, sl), mid in sorted(owner.items())
              if not any((s, sl) == (ps, psl) for ps, psl, _ in group["positions"])]
-    print(_table(["STREAM", "STREAMLET", "MEMBER", "COMMITTED (group:offset)", "LAG"], rows))
+    print(_table(["STREAM", "STREAMLET", "MEMBER", "COMMITTED (group:offset)", "LAG",
+                  "LAG BYTES"], rows))
     return 0
+
+
+def _show_lag(lag) -> list:
+    if lag is None:
+        return ["?", "?"]
+    return [lag.records, "?" if lag.bytes is None else lag.bytes]
 
 
 def _show(groups: list) -> str:
@@ -79,7 +88,8 @@ def _show(groups: list) -> str:
 
 
 def _lag(args, wire_positions) -> dict:
-    """Records behind each committed position; parts of deleted streams are left out."""
+    """Lag (records, bytes) behind each committed position; parts of deleted streams are
+    left out."""
     from kera import Admin, Consumer
     with Admin(args.bootstrap) as admin:
         known = {s["name"] for s in admin.list_streams()}
@@ -89,7 +99,7 @@ def _lag(args, wire_positions) -> dict:
         return {}
     with Consumer(args.bootstrap, sorted({p.stream for p in live}), streamlets=[],
                   request_timeout_s=args.timeout_s) as c:
-        return c.lag_of(live)
+        return c.lag_detail_of(live)
 
 
 def cmd_reset(args) -> int:

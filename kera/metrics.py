@@ -35,16 +35,19 @@ def prometheus_text(prefix: str, stats: dict, labels: dict | None = None) -> str
 
 
 def serve_metrics(port: int, prefix: str, snapshot: Callable[[], dict], labels: dict | None = None,
-                  host: str = "127.0.0.1") -> ThreadingHTTPServer:
+                  host: str = "127.0.0.1",
+                  extra: Callable[[], str] | None = None) -> ThreadingHTTPServer:
     """Serve `GET /metrics` on a daemon thread. `snapshot` must be safe to call from that thread
-    (return a copy taken under the daemon's own lock, or a dict the loop replaces whole)."""
+    (return a copy taken under the daemon's own lock, or a dict the loop replaces whole);
+    `extra`, if given, returns more Prometheus text (labelled gauges) to append."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server naming)
             if self.path.rstrip("/") not in ("", "/metrics"):
                 self.send_error(404)
                 return
-            body = prometheus_text(prefix, dict(snapshot()), labels).encode()
+            text = prometheus_text(prefix, dict(snapshot()), labels)
+            body = (text + (extra() if extra is not None else "")).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))

@@ -21,6 +21,7 @@ from kera import config
 from kera import security as daemon_security
 from kera.coordinator.core import Coordinator
 from kera.errors import KeraError, StorageError
+from kera.coordinator.group_lag import GroupLagExporter
 from kera.metrics import Counters, serve_metrics
 from kera.daemon_env import DaemonEnv, real_if_none
 from kera.daemon_flags import add_common_arguments, setup_logging
@@ -64,6 +65,10 @@ class CoordinatorServer:
         self.server.on("stats", self._stats)
         self.server.every(heartbeat_interval_s, self._tick)
         self.snapshot: dict = {}
+        # (committed positions by group, stream names) for the metrics thread's lag gauges;
+        # taken only once something exports them (`export_group_lag`), replaced whole.
+        self.export_group_lag = False
+        self.group_view: tuple[dict, set] = ({}, set())
         self._refresh_snapshot()
 
     @property
@@ -162,6 +167,9 @@ class CoordinatorServer:
                     failovers=self.core.failover.failovers,
                     streamlets_recovering=sum(map(len, self.core.failover.recovering.values())))
         self.snapshot = snap
+        if self.export_group_lag:
+            self.group_view = ({g["name"]: g["committed"] for g in self.core.groups.to_state()},
+                               set(self.core.streams))
 
     def run(self) -> None:
         try:
@@ -211,8 +219,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
     httpd = None
     if args.metrics_port:
+        coord.export_group_lag = True
+        lag = GroupLagExporter(coord.address, lambda: coord.group_view[0],
+                               lambda: coord.group_view[1],
+                               str(args.key_file) if args.key_file else None)
         httpd = serve_metrics(args.metrics_port, "kera_coordinator", lambda: coord.snapshot,
-                              host=args.host)
+                              host=args.host, extra=lag.text)
 
     def on_signal(signum, frame):
         log.info("signal %d: stopping", signum)

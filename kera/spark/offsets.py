@@ -393,3 +393,31 @@ def plan(start: Cursor, end: Cursor, infos: list[GroupInfo] | None = None) -> li
         if e > s:
             out.append((g, s, e))
     return out
+
+
+# --------------------------------------------------------------------------- consumer groups
+
+def finished_below_next(cursor: Cursor) -> bool:
+    """Whether the cursor leaves groups below `next` unlisted between its listed ones: their
+    final offsets are then needed (`group_positions`' `infos`) to state it as group positions."""
+    low = min([*cursor.groups, cursor.next])
+    return any(g not in cursor.groups for g in range(low, cursor.next))
+
+
+def group_positions(cursor: Cursor, infos) -> list[list]:
+    """The cursor as a consumer group's committed position of its streamlet,
+    `[[group, offset, epoch], ...]` (kera.coordinator.groups: groups below the lowest listed
+    one are finished; one listed is at its offset; one above not listed is read from 0).
+
+    A Spark cursor may leave a finished group unlisted *between* listed ones (below `next`):
+    it is listed here at its final offset, taken from `infos` (the streamlet's groups). One
+    absent from `infos` was deleted by retention: left out, as a reader cannot go there."""
+    low = min([*cursor.groups, cursor.next])
+    ends = {i.g: i.durable_end for i in infos or ()}
+    out = []
+    for g in range(low, cursor.next):
+        offset = cursor.groups.get(g, ends.get(g))
+        if offset is not None:
+            out.append([g, offset, cursor.epoch])
+    out += [[g, off, cursor.epoch] for g, off in sorted(cursor.groups.items()) if g >= cursor.next]
+    return out or [[cursor.next, 0, cursor.epoch]]

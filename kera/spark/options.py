@@ -10,6 +10,7 @@ import logging
 import re
 
 from kera import config
+from kera.coordinator.groups import GROUP_NAME_CHARS_MAX
 
 log = logging.getLogger(__name__)
 SPARK_OPTIONS = {"path", "checkpointlocation", "queryname"}
@@ -18,7 +19,7 @@ OPTION_NAMES = (
     "bootstrap", "stream", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
     "failOnDataLoss", "minPartitions", "fetchMaxBytes", "timeoutMs", "chunkSizeBytes",
     "requestSizeBytes", "inFlightPerBroker", "bufferBytes", "writeId", "subscribePattern",
-    "keyFile")
+    "keyFile", "group")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Options:
     write_id: str | None = None           # batch sink: pin the producer identity across job runs
     pattern: str | None = None            # source: read every stream whose whole name matches
     key_file: str | None = None           # CURVE key (kera.keys) on driver and executors
+    group: str | None = None              # streaming source: commit progress to this group
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> "Options":
@@ -70,6 +72,7 @@ class Options:
             write_id=opts.get("writeid"),
             pattern=_pattern(opts, streams),
             key_file=opts.get("keyfile"),
+            group=_group(opts),
         )
 
     def need_streams(self) -> tuple[str, ...]:
@@ -89,6 +92,16 @@ def _pattern(opts: Mapping[str, str], streams: tuple[str, ...]) -> str | None:
     except re.error as bad:
         raise ValueError(f"option 'subscribePattern' is not a regular expression: {bad}") from None
     return raw
+
+
+def _group(opts: Mapping[str, str]) -> str | None:
+    raw = opts.get("group")
+    if raw is None:
+        return None
+    if not 0 < len(raw.strip()) <= GROUP_NAME_CHARS_MAX:
+        raise ValueError(f"option 'group' must be a group name of 1 to {GROUP_NAME_CHARS_MAX} "
+                         f"characters, not {raw!r}")
+    return raw.strip()
 
 
 def _int(opts: Mapping[str, str], name: str, default, lo: int | None = None, hi: int | None = None):

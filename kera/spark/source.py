@@ -148,6 +148,8 @@ class KeraBatchReader(DataSourceReader):
         self.streams = resolve_streams(opts)
         if opts.max_offsets_per_trigger is not None:
             log.warning("maxOffsetsPerTrigger applies to streaming queries only; ignored")
+        if opts.group is not None:
+            log.warning("option 'group' applies to streaming queries only; ignored")
         self.starting = ko.parse_boundary(opts.starting or "earliest", list(self.streams), ko.EARLIEST)
         self.ending = ko.parse_boundary(opts.ending or "latest", list(self.streams), ko.LATEST)
 
@@ -185,6 +187,11 @@ class KeraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._planner: _Planner | None = None
         self._target: dict | None = None  # Trigger.AvailableNow: {stream: {sl: Cursor}}
         self._last: dict | None = None    # for pyspark < 4.2, which calls latestOffset()
+        self._progress = None             # option `group`: kera.spark.progress
+        if opts.group is not None:
+            from kera.spark.progress import ProgressCommits
+            self._progress = ProgressCommits(opts.bootstrap, opts.group, opts.timeout_s,
+                                             opts.key_file)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -223,6 +230,8 @@ class KeraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_records = self.opts.max_offsets_per_trigger if self._last is not None else None
         else:
             max_records = getattr(limit, "max_rows", None)
+            if self._progress is not None:   # `start`: the end of Spark's last committed batch
+                self._progress.commit(start, self.planner.snapshot)
         begin = ko.from_json(start)
         plans = {}
         for stream in self.streams:
@@ -293,7 +302,9 @@ class KeraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_group(partition)
 
     def commit(self, end: dict) -> None:
-        pass  # kera keeps no consumer state: the checkpoint holds the positions
+        # The checkpoint holds the positions; a `group` also gets them, for tools and lag.
+        if self._progress is not None:
+            self._progress.commit(end, self.planner.snapshot)
 
     def stop(self) -> None:
         if self._planner is not None:

@@ -1,6 +1,6 @@
 """Consumer groups against a real local cluster: members share a stream's streamlets, hand
 them over with no duplicate and no gap, commit positions that survive a coordinator kill -9,
-and are refused when stale.
+are refused when stale, survive a broker failover, and show their lag.
 
 Values are `b"<n>"`: every record read names which one it is, so a test counts exactly.
 """
@@ -159,6 +159,8 @@ def test_the_group_command_shows_lag_resets_and_deletes(cluster):
     code, out = kera_cli(cluster, "group", "describe", group, "--json")
     assert code == 0, out
     assert sum(n for _s, _sl, n in json.loads(out)["lag"]) == 40, "40 records behind the commits"
+    behind_bytes = sum(n for _s, _sl, n in json.loads(out)["lag_bytes"])
+    assert 0 < behind_bytes < stored_bytes(cluster, stream), "the new chunks only"
     code, out = kera_cli(cluster, "group", "list")
     assert code == 0 and group in out and "empty" in out
     code, out = kera_cli(cluster, "group", "reset-positions", group, "--stream", stream,
@@ -166,12 +168,31 @@ def test_the_group_command_shows_lag_resets_and_deletes(cluster):
     assert code == 0, out
     code, out = kera_cli(cluster, "group", "describe", group, "--json")
     assert sum(n for _s, _sl, n in json.loads(out)["lag"]) == 140
+    assert sum(n for _s, _sl, n in json.loads(out)["lag_bytes"]) == stored_bytes(cluster, stream)
+    code, out = kera_cli(cluster, "group", "describe", group)
+    assert code == 0 and "LAG BYTES" in out, out
     with Consumer(cluster.bootstrap, stream, group=group) as c:
         again: list[int] = []
         read([c], again, 140)
     assert sorted(again) == list(range(140))
     assert kera_cli(cluster, "group", "delete", group)[0] == 0
     assert group not in kera_cli(cluster, "group", "list")[1]
+
+
+def stored_bytes(cluster, stream) -> int:
+    """Bytes of every chunk of `stream`, as stored (read from the start, batch by batch)."""
+    total, records = 0, 0
+    with Consumer(cluster.bootstrap, stream, start="earliest") as c:
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            batches = c.poll_batch(timeout_s=0.5)
+            if not batches and records and sum(c.lag().values()) == 0:
+                return total
+            for b in batches:
+                assert b.skip == 0, "read from the start: whole chunks"
+                total += b.chunk.header.size
+                records += len(b)
+    raise AssertionError(f"{stream} not read to its end within {SETTLE_TIMEOUT_S} s")
 
 
 def test_a_pattern_member_reads_streams_created_after_it_joined(cluster):
@@ -186,3 +207,102 @@ def test_a_pattern_member_reads_streams_created_after_it_joined(cluster):
         read([c], values, 50)
         assert {s for s, _ in c.assignment()} == {first, f"{first}-later"}
     assert sorted(values) == list(range(30)) + list(range(100, 120))
+
+
+def scrape(port: int) -> str:
+    from urllib.request import urlopen
+    return urlopen(f"http://127.0.0.1:{port}/metrics", timeout=SETTLE_TIMEOUT_S).read().decode()
+
+
+def gauges(text: str, name: str, group: str) -> dict:
+    """{(stream, streamlet): value} of a labelled gauge for one group."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(f'{name}{{group="{group}"'):
+            labels, value = line.rsplit(" ", 1)
+            stream = labels.split('stream="')[1].split('"')[0]
+            out[(stream, int(labels.split('streamlet="')[1].split('"')[0]))] = int(value)
+    return out
+
+
+def test_the_coordinator_exports_each_committed_parts_lag(fresh_cluster):
+    from kera.local import free_port
+    port = free_port()
+    cluster = fresh_cluster(brokers=1, backups=1, log_level="WARNING",
+                            extra_coordinator_args=["--metrics-port", str(port)])
+    stream = new_stream(cluster, records=100)
+    values: list[int] = []
+    with Consumer(cluster.bootstrap, stream, group="lagging", auto_commit_interval_ms=None) as c:
+        read([c], values, 100)
+        c.commit()
+    produce(cluster, stream, 100, 40)
+    # The gauges follow the commits within a coordinator tick plus the scrape cache.
+    seen = {}
+    until(lambda: seen.update(text=scrape(port)) or sum(
+        gauges(seen["text"], "kera_group_lag_records", "lagging").values()) == 40,
+        "the commits' lag exported")
+    text = seen["text"]
+    records = gauges(text, "kera_group_lag_records", "lagging")
+    assert set(records) == {(stream, sl) for sl in range(STREAMLETS)}
+    size = gauges(text, "kera_group_lag_bytes", "lagging")
+    assert all((size[p] > 0) == (records[p] > 0) for p in records), text
+
+
+
+def fail_over(cluster, stream) -> None:
+    """kill -9 the broker holding streamlet 0; return once its streamlets are served again."""
+    with cluster.admin() as admin:
+        victim = admin.describe_stream(stream)["placement"][0]
+        cluster.kill_broker(victim)
+        until(lambda: victim not in admin.describe_stream(stream)["placement"],
+              "the dead broker's streamlets placed elsewhere")
+        admin.wait_ready(stream, SETTLE_TIMEOUT_S)
+
+
+def replicated_stream(cluster) -> str:
+    stream = f"grp-failover-{next(_names)}"
+    with cluster.admin() as admin:
+        admin.create_stream(stream, streamlets=STREAMLETS, replication=2)
+    return stream
+
+
+def test_committed_positions_survive_a_broker_failover(fresh_cluster):
+    cluster = fresh_cluster(brokers=2, backups=1, log_level="WARNING")
+    stream = replicated_stream(cluster)
+    produce(cluster, stream, 0, 400)
+    values: list[int] = []
+    with Consumer(cluster.bootstrap, stream, group="survivor", auto_commit_interval_ms=None) as a:
+        until(lambda: len(a.assignment()) == STREAMLETS, "assignment")
+        read([a], values, 250)
+        a.commit()
+    before = call(cluster, "group_describe", group="survivor")["positions"]
+    fail_over(cluster, stream)
+    assert call(cluster, "group_describe", group="survivor")["positions"] == before
+    produce(cluster, stream, 400, 100)    # to every streamlet, the moved ones included
+    again: list[int] = []
+    with Consumer(cluster.bootstrap, stream, group="survivor", auto_commit_interval_ms=None) as b:
+        read([b], again, 500 - len(values))
+        assert b.poll(timeout_s=0.5) is None
+    assert not set(again) & set(values), "no record before the commit is read again"
+    assert sorted(values + again) == list(range(500)), "and none after it is missed"
+
+
+def test_a_member_reading_through_a_failover_commits_positions_a_successor_resumes(fresh_cluster):
+    cluster = fresh_cluster(brokers=2, backups=1, log_level="WARNING")
+    stream = replicated_stream(cluster)
+    produce(cluster, stream, 0, 300)
+    values: list[int] = []
+    with Consumer(cluster.bootstrap, stream, group="through", auto_commit_interval_ms=None) as a:
+        until(lambda: len(a.assignment()) == STREAMLETS, "assignment")
+        read([a], values, 150)
+        a.commit()
+        fail_over(cluster, stream)
+        produce(cluster, stream, 300, 100)
+        read([a], values, 320)            # from the new owner of the moved streamlets
+        a.commit()
+    again: list[int] = []
+    with Consumer(cluster.bootstrap, stream, group="through", auto_commit_interval_ms=None) as b:
+        read([b], again, 400 - len(values))
+        assert b.poll(timeout_s=0.5) is None
+    assert not set(again) & set(values), "no record before the last commit is read again"
+    assert sorted(values + again) == list(range(400))

@@ -120,8 +120,11 @@ def test_watermarks_and_lag_count_records_produced_minus_consumed(cluster):
         lag = c.lag()
         assert set(lag) == {(name, sl) for name in streams for sl in range(3)}
         assert sum(lag.values()) == 120 - 45
+        detail = c.lag_detail()
+        assert all((d.records > 0) == (d.bytes > 0) for d in detail.values()), detail
         drain(c, 75)
         assert sum(c.lag().values()) == 0
+        assert sum(d.bytes for d in c.lag_detail().values()) == 0
 
 
 def test_assign_and_unassign_hand_parts_over_without_a_gap_or_duplicate(cluster):

@@ -157,3 +157,16 @@ def test_group_infos_validates_broker_reply():
     for bad in ([[0, 0, 0]], [[0, 0, 5, 3, False]], [[-1, 0, 0, 0, False]], ["x"]):
         with pytest.raises(Exception):
             ko.group_infos(bad)
+
+
+def test_a_cursor_as_consumer_group_positions():
+    # Nothing read yet, or every group below `next` finished: the next group from 0.
+    assert ko.group_positions(Cursor(), []) == [[0, 0, None]]
+    assert ko.group_positions(Cursor(3, {}, 5), []) == [[3, 0, 5]]
+    # Open groups listed as they are, and one above `next`.
+    assert ko.group_positions(Cursor(2, {0: 40, 1: 7}), None) == [[0, 40, None], [1, 7, None]]
+    # Group 1 finished (unlisted) between open group 0 and group 2: listed at its end.
+    c = Cursor(3, {0: 40, 2: 9}, 4)
+    assert ko.finished_below_next(c) and not ko.finished_below_next(Cursor(2, {0: 40, 1: 7}))
+    infos = [G(0, 0, 50), G(1, 1, 120, closed=True), G(2, 1, 30)]
+    assert ko.group_positions(c, infos) == [[0, 40, 4], [1, 120, 4], [2, 9, 4]]

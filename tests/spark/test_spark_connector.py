@@ -352,3 +352,64 @@ def test_a_secure_cluster_is_read_and_written_with_the_key_file_option(spark, lo
     assert sorted(bytes(r.value) for r in got.collect()) == sorted(v for _, v in rows)
     with pytest.raises(Exception, match="CURVE|timeout|Timeout"):
         spark.read.format("kera").options(**base).load().collect()
+
+
+# --------------------------------------------------------------------------- consumer group progress
+
+def committed_by_group(cluster, group) -> dict:
+    """{(streamlet, group): offset} the consumer group `group` has committed."""
+    described = rpc.call(cluster.bootstrap, "group_describe", {"group": group})[0]
+    return {(sl, g): off for _s, sl, pos in described["positions"] for g, off, _ep in pos}
+
+
+def test_a_streaming_query_commits_its_progress_to_a_group(spark, cluster, tmp_path):
+    from pyspark.errors import StreamingQueryException
+
+    from kera import Consumer
+    from kera.consumer.membership import positions_from_wire
+    create(cluster, "progress", streamlets=3, active_groups=2)
+    n = 600
+    produce(cluster, "progress", [b"p%05d" % i for i in range(n)],
+            [b"k%d" % (i % 7) for i in range(n)])
+    seen: list = []
+
+    def run():
+        q = (spark.readStream.format("kera")
+             .options(**opts(cluster, "progress", startingOffsets="earliest", group="sparkq",
+                             maxOffsetsPerTrigger="250"))
+             .load().writeStream
+             .foreachBatch(lambda df, _: seen.extend(
+                 (r.streamlet, r.group, r.offset) for r in df.collect()))
+             .option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+        try:
+            assert q.awaitTermination(180)
+        except StreamingQueryException:
+            pass       # the caller looks at q.exception()
+        return q
+
+    assert run().exception() is None
+    assert len(seen) == n
+    consumed = {}
+    for sl, g, off in seen:
+        consumed[(sl, g)] = max(consumed.get((sl, g), 0), off + 1)
+    assert committed_by_group(cluster, "sparkq") == consumed, "the query's end positions"
+    described = rpc.call(cluster.bootstrap, "group_describe", {"group": "sparkq"})[0]
+    with Consumer(cluster.bootstrap, "progress", streamlets=[]) as c:
+        assert sum(c.lag_of(positions_from_wire(described["positions"])).values()) == 0
+    # More records: the group shows them as lag until the query (from its checkpoint) reads them.
+    produce(cluster, "progress", [b"q%05d" % i for i in range(90)], [b"k%d" % (i % 7) for i in range(90)],
+            producer_id=100)
+    with Consumer(cluster.bootstrap, "progress", streamlets=[]) as c:
+        assert sum(c.lag_of(positions_from_wire(described["positions"])).values()) == 90
+    assert run().exception() is None
+    assert len(seen) == n + 90
+    described = rpc.call(cluster.bootstrap, "group_describe", {"group": "sparkq"})[0]
+    with Consumer(cluster.bootstrap, "progress", streamlets=[]) as c:
+        assert sum(c.lag_of(positions_from_wire(described["positions"])).values()) == 0
+    # A group that kera consumers use is not the query's to write: it fails, loudly.
+    produce(cluster, "progress", [b"r%05d" % i for i in range(10)], producer_id=200)
+    with Consumer(cluster.bootstrap, "progress", group="sparkq", auto_commit_interval_ms=None) as m:
+        wait_for(lambda: m.assignment(), what="the member's assignment")
+        q = run()
+    assert q.exception() is not None and "GroupNotEmpty" in str(q.exception()), q.exception()

@@ -225,3 +225,33 @@ def test_acks_false_answers_at_once():
     b = broker(desc(1, R=2))
     assert b.produce("a", [make()], 0.0, acks=False) == [[0, 0, 0]]
     assert b.stats()["pending_produce"] == 0
+
+
+def test_bytes_behind_counts_durable_chunks_past_a_cursor_across_groups_and_segments():
+    # Chunks of ~300 bytes, 3 per 1 KiB segment, 2 segments per group: 6 chunks a group.
+    size = len(make(n=3, value=b"v" * 70))
+    assert 3 * size <= 1024 < 4 * size
+    b = broker(desc(G=2, seg=1024))
+    for seq in range(9):            # 6 chunks fill group 0 (2 segments), 3 go to group 1
+        b.produce("p", [make(seq=seq, value=b"v" * 70)], 0.0)
+    assert [g[0] for g in b.offsets(1, 0)] == [0, 1]
+    assert b.bytes_behind(1, 0, 0, {}) == 9 * size
+    assert b.bytes_behind(1, 0, 0, {0: 3}) == 8 * size     # at a chunk boundary
+    assert b.bytes_behind(1, 0, 0, {0: 4}) == 8 * size     # inside a chunk: it counts whole
+    assert b.bytes_behind(1, 0, 0, {0: 9}) == 6 * size     # in the second segment
+    assert b.bytes_behind(1, 0, 1, {1: 3}) == 2 * size     # group 0 finished
+    assert b.bytes_behind(1, 0, 1, {1: 9}) == 0
+    assert b.bytes_behind(1, 1, 0, {}) == 0                # a streamlet with no data
+
+
+def test_bytes_behind_stops_at_the_durable_head():
+    from kera.broker.group import Group
+    data = make(n=3)
+    g = Group(0, 0, max_segments=4, segment_size_bytes=2 * len(data))
+    for _ in range(4):
+        g.append(bytearray(data), len(data), 3)
+    g.set_durable(9)    # 3 of 4 chunks: the second segment's last one is not durable
+    assert g.durable_bytes_from(0) == 3 * len(data) and g.durable_bytes_from(7) == len(data)
+    assert g.durable_bytes_from(9) == 0
+    g.set_durable(12)
+    assert g.durable_bytes_from(0) == 4 * len(data)

@@ -219,3 +219,16 @@ def test_groups_and_members_are_bounded_and_empty_groups_forgotten(monkeypatch):
     g.commit("g2", "m1", 1, {("a", 0): [[0, 1, None]]})
     g.expire(5.0)                      # every member silent: groups without commits go
     assert sorted(g.groups) == ["g2"]
+
+
+def test_a_non_member_commits_only_while_the_group_has_no_live_members():
+    # Kafka's rule for commits from outside the group (a Spark query's progress, tools).
+    g = make_groups()
+    g.commit("g", "", 0, {("a", 0): [[0, 5, None]]})          # an unknown group is created
+    assert g.describe("g")["positions"] == [["a", 0, [[0, 5, None]]]]
+    a = join(g, now=0.1)
+    with pytest.raises(GroupNotEmpty, match="live members"):
+        g.commit("g", "", 0, {("a", 0): [[0, 9, None]]})
+    g.heartbeat("g", a["member_id"], LEAVE_EPOCH, 0.2)
+    g.commit("g", "", 0, {("a", 0): [[0, 9, None]]})
+    assert g.describe("g")["positions"] == [["a", 0, [[0, 9, None]]]]
