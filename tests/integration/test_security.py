@@ -243,7 +243,7 @@ def test_a_captured_connection_holds_record_bytes_only_in_plaintext(local_cluste
     assert got == [marker] * 3
 
 
-def test_a_principal_over_its_produce_quota_is_slowed_not_dropped(cluster, admin):
+def test_a_principal_over_its_quotas_is_slowed_not_dropped(cluster, admin):
     name = stream(admin)
     admin.add_acls([["client", "allow", "all", "stream", name, "literal"]])
     rate = 256 * 1024
@@ -264,7 +264,14 @@ def test_a_principal_over_its_produce_quota_is_slowed_not_dropped(cluster, admin
     assert throttled > 0, "the producer never hit its quota"
     got = consume(cluster, name, len(values), key="admin")
     assert sorted(got) == sorted(values)          # every record, once
-    admin.set_quota("client", produce_bytes_per_s=0)
+    admin.set_quota("client", produce_bytes_per_s=0, fetch_bytes_per_s=rate)
+    wait_brokers_caught_up(cluster, admin)
+    got = consume(cluster, name, len(values), key="client")
+    assert sorted(got) == sorted(values)          # slowed, not cut short
+    throttled = sum(rpc.call(b.address, "stats", key_file=str(cluster.keys.admin))[0]["stats"]
+                    .get("quota_throttled_fetch", 0) for b in cluster.brokers)
+    assert throttled > 0, "the consumer never hit its fetch quota"
+    admin.set_quota("client", fetch_bytes_per_s=0)
     assert "client" not in admin.list_quotas()
 
 
