@@ -377,7 +377,7 @@ class Broker:
         info = stream.info
         self.counters.add("produce_throttled_groups")
         msg = f"streamlet {sl} of {info.name!r} holds {held} groups, at most {bound}"
-        if info.retention_ms or info.retention_bytes:
+        if info.retention_ms or info.retention_bytes or info.retain_until_consumed:
             raise Throttled(f"{msg}: retry once retention deleted old ones")
         raise StorageError(f"{msg}, and its stream has no retention to make room: write to "
                            f"another stream, or create streams with larger groups",

@@ -15,6 +15,11 @@ limit):
   most about twice `retention_ms`.
 - By size: the oldest groups while the streamlet still holds at least `retention_bytes`
   without them (as Kafka's retention.bytes: a streamlet may exceed it by up to one group).
+- Until consumed (`retain_until_consumed`, Pravega's consumption-based retention): by time
+  only groups every consumer group of the stream has committed past (the coordinator's
+  `consumed` marks, kera.coordinator.groups.consumed_below, sent in heartbeat replies); with
+  `retention_ms` 0, as soon as they are. The size bound applies regardless, so unconsumed data
+  cannot outgrow `retention_bytes`; a stream nobody consumes keeps its data up to it.
 
 The retention clock (`RetentionClock`) is the wall clock at the broker's start advanced by the
 monotonic clock, so a wall-clock step cannot collapse ages within a process: group stamps and
@@ -38,6 +43,8 @@ import logging
 from array import array
 from collections import OrderedDict, deque
 from typing import NamedTuple
+
+from kera.errors import BadRequest
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +120,20 @@ class Retention:
         self._drop_from: dict = {}       # VirtualLog -> vsegs below this are all dropped
         self.scan_vsegs = False          # something was deleted: look for replicas to drop
         self.drops: deque[ReplicaDrop] = deque()
+        # Retain-until-consumed streams: sid -> per streamlet, the group below which every
+        # consumer group has consumed (kera.coordinator.groups.consumed_below), and the
+        # coordinator's token for that view (-1: none yet).
+        self.consumed: dict[int, list[int]] = {}
+        self.consumed_at = -1
+
+    def set_consumed(self, marks, token) -> None:
+        if not isinstance(marks, list) or not isinstance(token, int) or not all(
+                isinstance(m, list) and len(m) == 2 and isinstance(m[0], int)
+                and isinstance(m[1], list) and all(isinstance(g, int) for g in m[1])
+                for m in marks):
+            raise BadRequest("heartbeat reply with malformed 'consumed' marks")
+        self.consumed = {sid: groups for sid, groups in marks}
+        self.consumed_at = token
 
     # ------------------------------------------------------------------ enforcement
     def enforce(self, wall_ms: int) -> int:
@@ -122,7 +143,8 @@ class Retention:
         self._by_age_left = GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX if clock.suspect else None
         for stream in list(self.broker.streams.values()):
             info = stream.info
-            if not info.retention_ms and not info.retention_bytes:
+            if not info.retention_ms and not info.retention_bytes and \
+                    not info.retain_until_consumed:
                 continue
             for streamlet in stream.streamlets.values():
                 if info.retention_ms:
@@ -162,7 +184,7 @@ class Retention:
         while groups and groups[0].finished:
             g = groups[0]
             size = group_bytes(g) if info.retention_bytes else 0
-            expired = info.retention_ms and g.last_ms + info.retention_ms <= wall_ms
+            expired = self._expired(info, streamlet.index, g, wall_ms)
             over = info.retention_bytes and total - size >= info.retention_bytes
             if not over and expired and self._by_age_left is not None:
                 if self._by_age_left == 0:
@@ -174,6 +196,16 @@ class Retention:
             self._delete(streamlet, g)
             n += 1
         return n
+
+    def _expired(self, info, sl: int, g, wall_ms: int) -> bool:
+        """Past its age (retention_ms), and, for a retain-until-consumed stream, consumed by
+        every consumer group (then retention_ms 0 means: as soon as consumed)."""
+        aged = g.last_ms + info.retention_ms <= wall_ms if info.retention_ms else \
+            info.retain_until_consumed
+        if not aged or not info.retain_until_consumed:
+            return bool(aged)
+        marks = self.consumed.get(info.id)
+        return marks is not None and sl < len(marks) and g.id < marks[sl]
 
     def _delete(self, streamlet, group) -> None:
         assert streamlet.groups[0] is group and group.finished

@@ -304,6 +304,7 @@ class BrokerDaemon:
         fields.update(self.recovery.heartbeat_fields())   # `epoch`: which incarnation beats
         if self.server.guard is not None:
             fields["acl_version"] = self.acl_version
+        fields["consumed_at"] = self.core.retention.consumed_at
         report = replica_report.pending(self.core.vlog_list)
         if report:
             fields["vsegs"] = report   # where new virtual segments are replicated
@@ -315,6 +316,8 @@ class BrokerDaemon:
         replica_report.acknowledged(self.core.vlog_list, report)
         if "acls" in header and self.server.guard is not None:
             self._apply_acls(header)
+        if "consumed" in header:
+            self.core.retention.set_consumed(header["consumed"], header.get("consumed_at"))
         if schema.metadata_version(header) > self.core.metadata_version:
             self._refresh_streams()
 

@@ -35,6 +35,9 @@ class StreamInfo:
     # beyond retention_bytes per streamlet, are deleted (broker/retention.py).
     retention_ms: int = 0
     retention_bytes: int = 0
+    # Groups are deleted by age only once every consumer group committed past them
+    # (broker/retention.py, `consumed` marks from the coordinator).
+    retain_until_consumed: bool = False
 
     @classmethod
     def from_descriptor(cls, d) -> "StreamInfo":
@@ -54,6 +57,7 @@ class StreamInfo:
             version=_int(d, "version", 0, U64_MAX, default=0),
             retention_ms=_int(d, "retention_ms", 0, U64_MAX, default=0),
             retention_bytes=_int(d, "retention_bytes", 0, U64_MAX, default=0),
+            retain_until_consumed=d.get("retain_until_consumed", False) is True,
         )
         if info.durability not in DURABILITIES:
             raise BadRequest(f"stream {info.name!r}: unknown durability {info.durability!r}")

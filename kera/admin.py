@@ -55,10 +55,13 @@ class Admin:
                       segment_size_bytes: int = config.DEFAULT_SEGMENT_SIZE_BYTES,
                       durability: str = config.DEFAULT_DURABILITY,
                       replication_capacity: int = 0, wait_ready: bool = True,
-                      retention_ms: int = 0, retention_bytes: int = 0) -> dict:
+                      retention_ms: int = 0, retention_bytes: int = 0,
+                      retain_until_consumed: bool = False) -> dict:
         """Create a stream and return its descriptor; with `wait_ready`, once every owning
         broker has picked it up (raises Timeout after `timeout_s`). `retention_ms` /
-        `retention_bytes` (per streamlet): whole groups beyond them are deleted (0: keep)."""
+        `retention_bytes` (per streamlet): whole groups beyond them are deleted (0: keep).
+        `retain_until_consumed`: by age only once every consumer group committed past them
+        (kera.broker.retention)."""
         deadline = time.monotonic() + self.timeout_s
         fields = {
             "name": name, "streamlets": streamlets, "active_groups": active_groups,
@@ -69,13 +72,16 @@ class Admin:
             fields["retention_ms"] = retention_ms
         if retention_bytes:
             fields["retention_bytes"] = retention_bytes
+        if retain_until_consumed:
+            fields["retain_until_consumed"] = True
         stream = self._call("create_stream", fields)["stream"]
         if wait_ready:
             stream = self.wait_ready(name, deadline - time.monotonic(), stream)
         return stream
 
     def alter_stream(self, name: str, retention_ms: int | None = None,
-                     retention_bytes: int | None = None, wait_ready: bool = True) -> dict:
+                     retention_bytes: int | None = None, wait_ready: bool = True,
+                     retain_until_consumed: bool | None = None) -> dict:
         """Change a stream's retention (None: leave as is, 0: no limit); returns the descriptor,
         with `wait_ready` once every owning broker applies it."""
         deadline = time.monotonic() + self.timeout_s
@@ -84,6 +90,8 @@ class Admin:
             fields["retention_ms"] = retention_ms
         if retention_bytes is not None:
             fields["retention_bytes"] = retention_bytes
+        if retain_until_consumed is not None:
+            fields["retain_until_consumed"] = retain_until_consumed
         stream = self._call("alter_stream", fields)["stream"]
         if wait_ready:
             stream = self.wait_ready(name, deadline - time.monotonic(), stream)

@@ -293,6 +293,11 @@ def _retention_arguments(p, default) -> None:
     p.add_argument("--retention-bytes", type=_size, default=default,
                    help="per streamlet, delete the oldest groups beyond this size (e.g. 1GiB), "
                         "0 = no limit" + (" (default: %(default)s)" if default is not None else ""))
+    p.add_argument("--retain-until-consumed", action=argparse.BooleanOptionalAction,
+                   default=False if default is not None else None,
+                   help="delete by age only what every consumer group has committed past "
+                        "(with --retention-ms 0: as soon as it has); --retention-bytes still "
+                        "bounds the size")
 
 
 def _print_json(obj) -> None:
@@ -306,7 +311,8 @@ def cmd_stream_create(args) -> int:
             replication=args.replication, group_segments=args.group_segments,
             segment_size_bytes=args.segment_size_bytes, durability=args.durability,
             replication_capacity=args.replication_capacity, retention_ms=args.retention_ms,
-            retention_bytes=args.retention_bytes, wait_ready=not args.no_wait)
+            retention_bytes=args.retention_bytes, wait_ready=not args.no_wait,
+            retain_until_consumed=args.retain_until_consumed)
     if args.json:
         _print_json(stream)
     else:
@@ -347,7 +353,8 @@ def cmd_stream_alter(args) -> int:
     with _admin(args) as admin:
         stream = admin.alter_stream(args.name, retention_ms=args.retention_ms,
                                     retention_bytes=args.retention_bytes,
-                                    wait_ready=not args.no_wait)
+                                    wait_ready=not args.no_wait,
+                                    retain_until_consumed=args.retain_until_consumed)
     if args.json:
         _print_json(stream)
     else:

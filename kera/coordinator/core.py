@@ -79,6 +79,10 @@ REPLICAS_PAGE_MAX = 20_000
 # A week outlasts any outage an operator mends by hand; `deregister` forgets one at once.
 MEMBER_EXPIRY_S = 7 * 24 * 3600.0
 MEMBER_EXPIRY_CHECK_S = 60.0    # between expiry passes (a pass may scan the replica map)
+# Consumption marks one broker heartbeat reply carries (one per streamlet of its
+# retain-until-consumed streams, ~4 bytes each: ~1 MiB, under the 4 MiB header limit). Streams
+# past it get no mark, which only keeps their data longer.
+CONSUMED_MARKS_MAX = 262_144
 
 
 @dataclass(slots=True)
@@ -238,6 +242,8 @@ class Coordinator:
         reply = {"metadata_version": self.version}
         if kind == "broker":
             reply.update(self.access.for_heartbeat(f.int("acl_version", None, lo=-1, hi=2**62)))
+            reply.update(self._consumed_for(member_id, f.int("consumed_at", None, lo=-1,
+                                                             hi=2**62)))
         if kind == "backup":
             bound = {str(i): m.principal for i, m in self.members["broker"].items() if m.principal}
             if bound:
@@ -246,6 +252,22 @@ class Coordinator:
             if free:
                 reply["free"] = free   # incarnations whose replicas are no longer needed
         return reply
+
+    def _consumed_for(self, broker_id: int, held: int | None) -> dict:
+        """Consumption marks (Groups.consumed_below) of the retain-until-consumed streams
+        placed on `broker_id`, when its copy (`held`, a token that grows with every commit and
+        metadata change) is stale."""
+        token = self.groups.changes + self.version
+        if held is None or held == token:
+            return {}
+        marks, count = [], 0
+        for name, s in sorted(self.streams.items()):
+            if s.spec.retain_until_consumed and broker_id in s.placement:
+                count += s.spec.streamlets
+                if count > CONSUMED_MARKS_MAX:
+                    break   # the rest keep their data (no mark: nothing consumed) until next time
+                marks.append([s.id, self.groups.consumed_below(name, s.spec.streamlets)])
+        return {"consumed_at": token, "consumed": marks}
 
     def _op_cluster(self, f: Fields, now: float) -> dict:
         reply = self.cluster()
@@ -685,6 +707,7 @@ class Coordinator:
             "group_segments": spec.group_segments, "segment_size_bytes": spec.segment_size_bytes,
             "durability": spec.durability, "replication_capacity": spec.replication_capacity,
             "retention_ms": spec.retention_ms, "retention_bytes": spec.retention_bytes,
+            "retain_until_consumed": spec.retain_until_consumed,
             "placement": list(stream.placement),
             "brokers": {str(b): brokers[b].address for b in owners},
             "version": stream.version,
@@ -739,7 +762,8 @@ class Coordinator:
                          "durability": s.spec.durability,
                          "replication_capacity": s.spec.replication_capacity,
                          "retention_ms": s.spec.retention_ms,
-                         "retention_bytes": s.spec.retention_bytes}
+                         "retention_bytes": s.spec.retention_bytes,
+                         "retain_until_consumed": s.spec.retain_until_consumed}
                         for _, s in sorted(self.streams.items())],
             "recovery": self.failover.to_state(),
             "groups": self.groups.to_state(),

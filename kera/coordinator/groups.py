@@ -101,6 +101,7 @@ class Groups:
         self.streamlets_of, self.stream_names = streamlets_of, stream_names
         self._id_source = id_source or (lambda: os.urandom(8).hex())
         self.dirty = False   # committed positions changed since take_dirty()
+        self.changes = 0     # counts changes of committed positions (consumption retention)
 
     # ------------------------------------------------------------------ membership
     def heartbeat(self, name: str, member_id: str, member_epoch: int, now: float, *,
@@ -259,6 +260,22 @@ class Groups:
         group = self._group_for_writes(name)
         group.committed.update(positions)
         self.dirty = True
+        self.changes += 1
+
+    def consumed_below(self, stream: str, streamlets: int) -> list[int]:
+        """Per streamlet of `stream`, the group number below which every consumer group of
+        the stream has consumed everything (the lowest group its committed position lists);
+        0 where one of them has no commit there, or the stream has no consumer group at all.
+        A consumer group of the stream: one with a commit on it or a member subscribed to it."""
+        marks: list[int] | None = None
+        for group in self.groups.values():
+            parts = {sl: min(g for g, _off, _ep in pos)
+                     for (s, sl), pos in group.committed.items() if s == stream}
+            if not parts and not any(_subscribed(m, stream) for m in group.members.values()):
+                continue
+            mine = [parts.get(sl, 0) for sl in range(streamlets)]
+            marks = mine if marks is None else [min(a, b) for a, b in zip(marks, mine)]
+        return marks or [0] * streamlets
 
     def reset(self, name: str, positions, streams=()) -> None:
         """Replace the committed positions of an empty group: drop every part of `streams`,
@@ -271,11 +288,13 @@ class Groups:
             del group.committed[part]
         group.committed.update(positions)
         self.dirty = True
+        self.changes += 1
 
     def delete(self, name: str) -> None:
         self._empty(name)
         del self.groups[name]
         self.dirty = True
+        self.changes += 1
 
     def _empty(self, name: str) -> Group:
         group = self.groups.get(name)
@@ -427,6 +446,11 @@ def _name(value, hi: int = NAME_CHARS_MAX) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= hi:
         raise BadRequest(f"a stream name must be a string of 1 to {hi} characters, not {value!r}")
     return value
+
+
+def _subscribed(member: GroupMember, stream: str) -> bool:
+    return stream in member.streams or (
+        member.pattern is not None and fnmatchcase(stream, member.pattern))
 
 
 def _part_field(value) -> Part:

@@ -60,6 +60,9 @@ class StreamSpec:
     replication_capacity: int = 0
     retention_ms: int = 0        # 0: keep forever (see kera.broker.retention)
     retention_bytes: int = 0     # per streamlet; 0: no size limit
+    # Consumption-based retention (kera.broker.retention): a group is deleted by age only once
+    # every consumer group of the stream has committed past it; the size bound still applies.
+    retain_until_consumed: bool = False
 
     def __post_init__(self):
         stream_name(self.name)
@@ -72,6 +75,8 @@ class StreamSpec:
         _bounded("replication_capacity", self.replication_capacity, 0, REPLICATION_CAPACITY_MAX)
         _bounded("retention_ms", self.retention_ms, 0, RETENTION_MS_MAX)
         _bounded("retention_bytes", self.retention_bytes, 0, RETENTION_BYTES_MAX)
+        if not isinstance(self.retain_until_consumed, bool):
+            raise BadRequest("retain_until_consumed must be true or false")
         if self.durability not in DURABILITIES:
             raise BadRequest(f"durability must be one of {', '.join(DURABILITIES)}, "
                              f"not {self.durability!r}")
@@ -90,16 +95,18 @@ class StreamSpec:
             replication_capacity=f.int("replication_capacity", 0),
             retention_ms=f.int("retention_ms", 0),
             retention_bytes=f.int("retention_bytes", 0),
+            retain_until_consumed=f.bool("retain_until_consumed", False),
         )
 
 
 # What `alter_stream` may change after creation.
-ALTERABLE = ("retention_ms", "retention_bytes")
+ALTERABLE = ("retention_ms", "retention_bytes", "retain_until_consumed")
 
 
 def alterations(f: Fields) -> dict:
     """The `alter_stream` fields present (types checked; ranges by StreamSpec)."""
-    out = {name: f.int(name, None) for name in ALTERABLE}
+    out = {name: f.int(name, None) for name in ALTERABLE if name != "retain_until_consumed"}
+    out["retain_until_consumed"] = f.bool("retain_until_consumed", None)
     out = {k: v for k, v in out.items() if v is not None}
     if not out:
         raise BadRequest(f"alter_stream needs at least one of {', '.join(ALTERABLE)}")

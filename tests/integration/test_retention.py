@@ -141,3 +141,28 @@ def test_alter_stream_applies_retention_to_a_stream(cluster):
     with cluster.admin() as admin:
         assert admin.describe_stream(name)["retention_bytes"] == 128 * KiB
     wait_for(lambda: offsets(cluster, desc)["first_group"] > 0, "the altered retention")
+
+
+def test_retain_until_consumed_keeps_what_a_group_has_not_committed(cluster):
+    """Pravega's consumption-based retention: with retention_ms set, groups past their age
+    stay until every consumer group of the stream committed past them; then they go."""
+    desc = new_stream(cluster, retention_ms=500, retain_until_consumed=True, streamlets=1)
+    name = desc["name"]
+    produce(cluster, name, 10_000)                      # ~1 MiB: ~15 groups of 64 KiB
+    groups = offsets(cluster, desc)["groups"]
+    assert len(groups) > 5
+    with cluster.admin() as admin:                      # a consumer group that read nothing
+        admin._call("group_reset", {"group": "slow-readers", "streams": [name],
+                                    "positions": [[name, 0, [[0, 0, 0]]]]})
+    time.sleep(1.5)                                     # far past retention_ms, twice a pass
+    assert offsets(cluster, desc)["first_group"] == 0, "deleted before it was consumed"
+    # The group commits half-way: the groups below its position go, the rest stay.
+    half = len(groups) // 2
+    with cluster.admin() as admin:
+        admin._call("group_reset", {"group": "slow-readers", "streams": [name],
+                                    "positions": [[name, 0, [[half, 0, 0]]]]})
+    kept = wait_for(lambda: (o := offsets(cluster, desc))["first_group"] == half and o,
+                    "the consumed groups to be deleted")
+    time.sleep(1.0)
+    assert offsets(cluster, desc)["first_group"] == half, "deleted what was not consumed"
+    assert len(kept["groups"]) >= len(groups) - half - 1

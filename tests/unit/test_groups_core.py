@@ -232,3 +232,19 @@ def test_a_non_member_commits_only_while_the_group_has_no_live_members():
     g.heartbeat("g", a["member_id"], LEAVE_EPOCH, 0.2)
     g.commit("g", "", 0, {("a", 0): [[0, 9, None]]})
     assert g.describe("g")["positions"] == [["a", 0, [[0, 9, None]]]]
+
+
+def test_consumed_below_is_the_least_committed_group_over_every_consumer_group():
+    groups = Groups(lambda name: 3 if name in ("s", "t") else None, lambda: ["s", "t"])
+    assert groups.consumed_below("s", 3) == [0, 0, 0]            # nobody consumes it
+    groups.commit("a", None, 0, {("s", 0): [[5, 10, 0], [6, 0, 0]], ("s", 1): [[2, 0, 0]]})
+    assert groups.consumed_below("s", 3) == [5, 2, 0]            # streamlet 2: no commit
+    groups.commit("b", None, 0, {("s", 0): [[3, 1, 0]], ("s", 1): [[9, 0, 0]],
+                                 ("s", 2): [[4, 0, 0]]})
+    assert groups.consumed_below("s", 3) == [3, 2, 0]
+    groups.commit("a", None, 0, {("s", 2): [[7, 0, 0]]})
+    assert groups.consumed_below("s", 3) == [3, 2, 4]
+    assert groups.consumed_below("t", 3) == [0, 0, 0]            # other streams unaffected
+    before = groups.changes
+    groups.commit("a", None, 0, {("s", 2): [[8, 0, 0]]})
+    assert groups.changes > before

@@ -239,3 +239,33 @@ def test_backup_disk_remove(tmp_path):
     assert disk.scan(tmp_path)
     disk.run(tmp_path, DropJob(key))
     assert disk.scan(tmp_path) == [] and not list(Path(tmp_path).rglob("*.seg"))
+
+
+@pytest.mark.parametrize("retention_ms", [0, MIN])
+def test_retain_until_consumed_deletes_only_what_every_group_consumed(retention_ms):
+    d = desc(retention_ms=retention_ms)
+    d["retain_until_consumed"] = True
+    b = broker(d)
+    fill(b, 24, wall_ms=0)                      # groups 0..5, the last ones finished
+    b.set_wall_clock(10 * MIN)
+    b.retention.enforce(10 * MIN)
+    assert b.first_group(1, 0) == 0             # no marks yet: nothing consumed, nothing goes
+    b.retention.set_consumed([[1, [3]]], 7)     # every consumer group is past groups 0..2
+    b.retention.enforce(10 * MIN)
+    assert b.first_group(1, 0) == 3 and b.retention.consumed_at == 7
+    b.retention.set_consumed([[1, [2]]], 8)     # marks never bring data back
+    b.retention.enforce(10 * MIN)
+    assert b.first_group(1, 0) == 3
+    with pytest.raises(BadRequest):
+        b.retention.set_consumed([[1, "x"]], 9)
+
+
+def test_retain_until_consumed_still_waits_for_retention_ms():
+    d = desc(retention_ms=MIN)
+    d["retain_until_consumed"] = True
+    b = broker(d)
+    fill(b, 24, wall_ms=0)
+    b.retention.set_consumed([[1, [5]]], 1)
+    b.set_wall_clock(MIN // 2)
+    b.retention.enforce(MIN // 2)
+    assert b.first_group(1, 0) == 0             # consumed, but younger than retention_ms
