@@ -11,7 +11,14 @@ assigned from the group's committed positions, else from the consumer's `start`.
 Commits: `commit(positions)` queues one (a Future resolves with the outcome); auto-commit
 queues the positions of what the application has been handed every `auto_commit_interval_ms`.
 Fenced (UnknownMember: the member missed its session timeout) it drops every part without
-committing (their new owners resume from the last commit) and joins again.
+committing (their new owners resume from the last commit) and joins again. It also fences
+itself: when no heartbeat sent in the last SELF_FENCE_FRACTION of its session timeout has been
+answered (the coordinator is unreachable, or replies are lost), the coordinator may be about
+to expire it and grant its parts to others, so it drops them first. The coordinator's session
+clock starts at a heartbeat's arrival, never before its sending, so a member that drops its
+parts within that fraction of the timeout after sending its last answered heartbeat has let
+them go before anyone else can be granted them: a part never has two owners, even across a
+partition.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import logging
 from concurrent.futures import Future
 from typing import Protocol
 
-from kera.errors import KeraError, StaleMemberEpoch, UnknownMember
+from kera.errors import KeraError, StaleMemberEpoch, Timeout, UnknownMember
 from kera.position import Position
 
 log = logging.getLogger(__name__)
@@ -29,6 +36,9 @@ log = logging.getLogger(__name__)
 # to stay well inside a session timeout, slow enough not to spin.
 RETRY_BACKOFF_S = 0.2
 LEAVE_EPOCH, STATIC_LEAVE_EPOCH = -1, -2
+# Of the session timeout, how long after sending its last answered heartbeat a member keeps its
+# parts: the rest is margin for the two clocks' rates and the loop's lateness.
+SELF_FENCE_FRACTION = 0.8
 
 
 class Assignable(Protocol):
@@ -70,9 +80,19 @@ class Membership:
         self.inflight: tuple[str, Future | None] | None = None
         self.last_auto_commit: list | None = None
         self.joined = Future()   # resolves once the first assignment is applied
+        self.beat_sent_s = now   # when the heartbeat in flight was sent
+        self.answered_s = now    # when the last answered heartbeat was sent
 
     # ------------------------------------------------------------------ the task protocol
+    def check(self, now: float) -> None:
+        """Fence itself once its session may have ended at the coordinator (module doc)."""
+        if self.member_id and now >= self._fence_at():
+            self._fenced(UnknownMember(f"no heartbeat answered for "
+                                       f"{now - self.answered_s:.1f} s of a "
+                                       f"{self.session_timeout_ms} ms session"), now)
+
     def next_request(self, now: float):
+        self.check(now)
         if self.member_id and self.auto_commit_s is not None and now >= self.next_auto_commit_s:
             self.next_auto_commit_s = now + self.auto_commit_s
             held = positions_to_wire(self.consumer.positions())
@@ -85,6 +105,7 @@ class Membership:
             return self.coordinator, ("group_commit", self.ids() | {"positions": wire})
         if now >= self.next_beat_s:
             self.inflight = ("heartbeat", None)
+            self.beat_sent_s = now
             return self.coordinator, ("group_heartbeat", self._heartbeat())
         return None
 
@@ -92,6 +113,11 @@ class Membership:
         kind, future = self.inflight
         self.inflight = None
         if kind == "heartbeat":
+            if now >= self.beat_sent_s + self._fence_span_s():
+                # Answered too late to act on: the session it renewed may be over already.
+                self.on_error(Timeout("heartbeat answered after the member fenced itself"), now)
+                return
+            self.answered_s = self.beat_sent_s
             self._apply(reply[0], now)
         elif future is not None:
             future.set_result(None)
@@ -113,6 +139,8 @@ class Membership:
 
     def next_wake(self, now: float) -> float | None:
         wakes = [self.next_beat_s]
+        if self.member_id:
+            wakes.append(self._fence_at())
         if self.member_id and self.auto_commit_s is not None:
             wakes.append(self.next_auto_commit_s)
         if self.member_id and self.commits:
@@ -147,6 +175,12 @@ class Membership:
         if self.pattern is not None:
             fields["pattern"] = self.pattern
         return fields
+
+    def _fence_span_s(self) -> float:
+        return SELF_FENCE_FRACTION * self.session_timeout_ms / 1000
+
+    def _fence_at(self) -> float:
+        return self.answered_s + self._fence_span_s()
 
     def _apply(self, header: dict, now: float) -> None:
         self.member_id, self.member_epoch = header["member_id"], header["member_epoch"]

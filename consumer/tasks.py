@@ -6,6 +6,7 @@ A task is any object with
     on_reply(reply, now)      # reply = (header, frames) of a successful reply
     on_error(err, now)        # a KeraError: an error reply, a timeout, an unreachable peer
     next_wake(now) -> float | None   # monotonic time it wants to be asked again, or None
+    check(now)                # optional: called every turn, also while a request is in flight
 
 It is the hook for group membership (heartbeats, joins, commits): the request thread sends its
 requests on the same one connection per address it fetches on, so a consumer of any number of
@@ -54,6 +55,9 @@ class TaskRunner:
         out = []
         for task in self.tasks:
             if id(task) in self._busy:
+                check = getattr(task, "check", None)
+                if check is not None:
+                    check(now)   # deadlines that cannot wait for the reply (self-fencing)
                 continue
             want = task.next_request(now)
             if want is not None:

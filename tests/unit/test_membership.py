@@ -1,0 +1,87 @@
+"""The consumer's group membership task (kera.consumer.membership), sans-IO: it lets go of its
+streamlets before its session can have ended at the coordinator, whatever the network does."""
+
+from kera.consumer.membership import SELF_FENCE_FRACTION, Membership
+from kera.consumer.tasks import TaskRunner
+from kera.errors import Timeout
+
+SESSION_MS = 3000
+
+
+class Parts:
+    """A stand-in consumer: just the assignment (the Assignable interface)."""
+
+    def __init__(self):
+        self.held: set = set()
+
+    def assign(self, parts, positions=None):
+        self.held |= set(parts)
+
+    def unassign(self, parts):
+        self.held -= set(parts)
+        return []
+
+    def assignment(self):
+        return sorted(self.held)
+
+    def positions(self, parts=None):
+        return []
+
+
+def reply(parts, member="m1", epoch=1, interval_ms=1000):
+    return ({"ok": True, "member_id": member, "member_epoch": epoch,
+             "assignment": [list(p) for p in parts], "heartbeat_interval_ms": interval_ms}, [])
+
+
+def joined(now=0.0):
+    consumer = Parts()
+    m = Membership(consumer, "coord:1", "g", ["s"], now, session_timeout_ms=SESSION_MS,
+                   auto_commit_interval_ms=None)
+    assert m.next_request(now)[1][0] == "group_heartbeat"
+    m.on_reply(reply([("s", 0), ("s", 1)]), now)
+    assert consumer.held == {("s", 0), ("s", 1)}
+    return m, consumer
+
+
+def test_a_member_whose_heartbeats_go_unanswered_drops_its_parts_in_time():
+    m, consumer = joined()
+    span = SELF_FENCE_FRACTION * SESSION_MS / 1000
+    t = 1.0
+    while t < span:                      # every heartbeat lost: timeouts only
+        req = m.next_request(t)
+        if req is not None:
+            m.on_error(Timeout("lost"), t)
+        assert consumer.held, f"dropped too early at {t}"
+        t += 0.1
+    m.next_request(span + 0.01)
+    assert consumer.held == set() and m.member_id == ""       # fenced, rejoining
+    assert span < SESSION_MS / 1000      # before the coordinator can expire it
+
+
+def test_a_heartbeat_stuck_in_flight_does_not_delay_the_fence():
+    m, consumer = joined()
+    runner = TaskRunner(request_timeout_s=60.0)   # far longer than the session
+    runner.add(m)
+    [(task, address, op, fields)] = runner.requests(1.0)
+    runner.sent(task, address, 7, 1.0)
+    runner.requests(SELF_FENCE_FRACTION * SESSION_MS / 1000 + 0.01)
+    assert consumer.held == set()
+
+
+def test_a_reply_that_comes_after_the_fence_is_not_acted_on():
+    m, consumer = joined()
+    m.next_request(1.0)                  # heartbeat sent at 1.0
+    late = 1.0 + SELF_FENCE_FRACTION * SESSION_MS / 1000 + 0.5
+    m.check(late)
+    assert consumer.held == set()
+    m.on_reply(reply([("s", 0), ("s", 1)]), late)
+    assert consumer.held == set()
+
+
+def test_answered_heartbeats_keep_the_parts():
+    m, consumer = joined()
+    for t in range(1, 20):
+        req = m.next_request(float(t))
+        if req is not None:
+            m.on_reply(reply([("s", 0), ("s", 1)]), t + 0.05)
+    assert consumer.held == {("s", 0), ("s", 1)}
