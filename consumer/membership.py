@@ -91,6 +91,9 @@ class Membership:
                                        f"{now - self.answered_s:.1f} s of a "
                                        f"{self.session_timeout_ms} ms session"), now)
 
+    def check_wake(self, now: float) -> float | None:
+        return self._fence_at() if self.member_id else None
+
     def next_request(self, now: float):
         self.check(now)
         if self.member_id and self.auto_commit_s is not None and now >= self.next_auto_commit_s:

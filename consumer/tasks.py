@@ -7,6 +7,7 @@ A task is any object with
     on_error(err, now)        # a KeraError: an error reply, a timeout, an unreachable peer
     next_wake(now) -> float | None   # monotonic time it wants to be asked again, or None
     check(now)                # optional: called every turn, also while a request is in flight
+    check_wake(now) -> float | None   # optional: when `check` wants to run (while in flight)
 
 It is the hook for group membership (heartbeats, joins, commits): the request thread sends its
 requests on the same one connection per address it fetches on, so a consumer of any number of
@@ -95,7 +96,12 @@ class TaskRunner:
     def next_wake(self, now: float) -> float | None:
         times = [p.deadline for p in self.pending.values()]
         for task in self.tasks:
-            t = task.next_wake(now)
+            if id(task) in self._busy:
+                # Its requests wait for the reply in flight: waking for them would spin.
+                check_wake = getattr(task, "check_wake", None)
+                t = check_wake(now) if check_wake is not None else None
+            else:
+                t = task.next_wake(now)
             if t is not None:
                 times.append(t)
         return min(times, default=None)

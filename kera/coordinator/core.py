@@ -767,6 +767,7 @@ class Coordinator:
                         for _, s in sorted(self.streams.items())],
             "recovery": self.failover.to_state(),
             "groups": self.groups.to_state(),
+            "groups_session_max_ms": self.groups.session_max_ms,
             "acls": self.access.to_state(),
         }
 
@@ -811,7 +812,8 @@ class Coordinator:
             # Absent in files written before broker failover existed.
             self.failover.load(state.get("recovery"))
             # Absent in files written before consumer groups existed.
-            self.groups.load(state.get("groups", []))
+            self.groups.load(state.get("groups", []), self.started_s,
+                             state.get("groups_session_max_ms"))
             # Absent in files written before ACLs existed.
             self.access.load(state.get("acls"))
             # Absent in files written before the replica map existed.

@@ -47,6 +47,10 @@ SESSION_TIMEOUT_MS_DEFAULT = 10_000
 # is asked back sooner so a handover takes a few round trips, not a few intervals.
 HEARTBEAT_INTERVAL_MS = 1_000
 CONVERGING_INTERVAL_MS = 50
+# A settled member's interval is at most this share of its session timeout: a member fences
+# itself at 0.8 of it without an answered heartbeat (kera.consumer.membership), so a short
+# session still leaves room for three lost beats.
+HEARTBEAT_SESSION_SHARE = 0.2
 
 # Bounds a flood of joins cannot pass: each group costs ~1 KB plus its committed positions and
 # each member ~0.5 KB plus its parts, so the coordinator's memory stays bounded (~100 MB at the
@@ -101,6 +105,13 @@ class Groups:
         self.streamlets_of, self.stream_names = streamlets_of, stream_names
         self._id_source = id_source or (lambda: os.urandom(8).hex())
         self.dirty = False   # committed positions changed since take_dirty()
+        # Membership is soft state: after a coordinator restart, members of the previous
+        # incarnation may still hold parts until they notice (a heartbeat answered
+        # unknown_member, or their own fence at 0.8 of their session timeout). So no part is
+        # granted before `grants_after_s`: the start plus the longest session timeout any
+        # member has had (`session_max_ms`, persisted).
+        self.session_max_ms = 0
+        self.grants_after_s = float("-inf")
         self.changes = 0     # counts changes of committed positions (consumption retention)
 
     # ------------------------------------------------------------------ membership
@@ -123,7 +134,7 @@ class Groups:
         member.last_seen_s, member.left = now, False
         member.owned = set(map(_part, owned)) & member.holds()
         self._reshape(group)
-        self._reconcile(group, member)
+        self._reconcile(group, member, now)
         return self._reply(group, member)
 
     def _member(self, group: Group | None, name: str, member_id: str) -> GroupMember:
@@ -146,6 +157,9 @@ class Groups:
                              f"most one group may have: use another group or fewer consumers")
         member = GroupMember(self._id_source(), instance_id, streams, session_timeout_ms / 1000,
                              now, pattern=pattern)
+        if session_timeout_ms > self.session_max_ms:
+            self.session_max_ms = session_timeout_ms   # persisted before the reply goes
+            self.dirty = True
         previous = next((m for m in group.members.values()
                          if instance_id is not None and m.instance_id == instance_id), None)
         if previous is not None:
@@ -222,9 +236,11 @@ class Groups:
         return tuple(sorted(set(member.streams) | {n for n in names
                                                    if fnmatchcase(n, member.pattern)}))
 
-    def _reconcile(self, group: Group, member: GroupMember) -> None:
+    def _reconcile(self, group: Group, member: GroupMember, now: float) -> None:
         kept = member.granted & member.target
         free = {p for p in member.target - kept if group.holder(p, member.member_id) is None}
+        if now < self.grants_after_s:
+            free = set()   # a previous incarnation's members may still hold them
         member.granted = kept | free
         if member.granted == member.target and member.owned <= member.target:
             member.epoch = group.epoch
@@ -238,7 +254,8 @@ class Groups:
                 "positions": [[s, sl, group.committed[(s, sl)]] for s, sl in granted
                               if (s, sl) in group.committed],
                 "heartbeat_interval_ms": CONVERGING_INTERVAL_MS if waiting
-                else HEARTBEAT_INTERVAL_MS}
+                else min(HEARTBEAT_INTERVAL_MS,
+                         int(member.session_timeout_s * 1000 * HEARTBEAT_SESSION_SHARE))}
 
     # ------------------------------------------------------------------ commits
     def commit(self, name: str, member_id: str | None, member_epoch: int, positions) -> None:
@@ -335,7 +352,14 @@ class Groups:
                  "committed": [[s, sl, pos] for (s, sl), pos in sorted(g.committed.items())]}
                 for _, g in sorted(self.groups.items())]
 
-    def load(self, state: list[dict]) -> None:
+    def load(self, state: list[dict], now: float, session_max_ms: int | None = None) -> None:
+        """Groups as `to_state` wrote them, loaded at `now` by a restarted coordinator: no
+        part is granted for the longest session timeout (`session_max_ms`; unknown in older
+        files, so the largest allowed) while the previous incarnation's members let go."""
+        if session_max_ms is None:
+            session_max_ms = SESSION_TIMEOUT_MS_MAX if state else 0
+        self.session_max_ms = session_max_ms
+        self.grants_after_s = now + session_max_ms / 1000
         for g in state:
             group = Group(str(g["name"]), int(g["epoch"]))
             group.committed = {(str(s), int(sl)): pos for s, sl, pos in g["committed"]}

@@ -50,7 +50,8 @@ def test_error_reply_timeout_and_send_failure_reach_on_error():
                                 "retriable": True}, [], 0.1)
     runner.requests(1.0)
     runner.sent(task, "coord:1", 2, 1.0)
-    assert runner.next_wake(1.5) == 2.0
+    # Its request's deadline: the busy task's own next beat (2.0) waits for the reply.
+    assert runner.next_wake(1.5) == 3.0
     runner.expire(2.9)
     assert len(task.errors) == 1
     runner.expire(3.0)

@@ -85,3 +85,14 @@ def test_answered_heartbeats_keep_the_parts():
         if req is not None:
             m.on_reply(reply([("s", 0), ("s", 1)]), t + 0.05)
     assert consumer.held == {("s", 0), ("s", 1)}
+
+
+def test_the_runner_does_not_wake_for_a_task_whose_request_is_in_flight():
+    m, _consumer = joined()
+    runner = TaskRunner(request_timeout_s=5.0)
+    runner.add(m)
+    [(task, address, _op, _fields)] = runner.requests(1.0)
+    runner.sent(task, address, 7, 1.0)
+    # The beat is due (1.0) but in flight: the next wake is the fence or the timeout, not now.
+    assert runner.next_wake(1.0) == min(1.0 + 5.0, m.check_wake(1.0))
+    assert runner.next_wake(1.0) > 1.0
