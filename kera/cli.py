@@ -328,11 +328,34 @@ def cmd_stream_describe(args) -> int:
         stream = admin.describe_stream(args.name)
     if args.json:
         _print_json(stream)
-    else:
-        width = max(len(k) for k in stream)
-        for key in stream:
+        return 0
+    streamlets = ("placement", "brokers", "states", "recovering")
+    width = max(len(k) for k in stream)
+    for key in stream:
+        if key not in streamlets:
             print(f"{key:<{width}}  {stream[key]}")
+    print()
+    print(_streamlet_table(args, stream))
     return 0
+
+
+def _streamlet_table(args, stream: dict) -> str:
+    """Each streamlet's owner, state and durable end in records (asked of its broker)."""
+    from kera.consumer import Consumer
+    states = stream.get("states") or ["?"] * stream["streamlets"]
+    rows, failed = [], {}   # a broker that did not answer is not asked again
+    with Consumer(args.bootstrap, stream["name"], streamlets=[],
+                  request_timeout_s=min(args.timeout_s, 2.0)) as c:
+        for sl, owner in enumerate(stream["placement"]):
+            end = "-"
+            if states[sl] == "serving" and owner not in failed:
+                try:
+                    end = c.watermarks(stream["name"], sl)[1]
+                except KeraError as err:
+                    failed[owner] = f"? ({err.code})"
+            end = failed.get(owner, end)
+            rows.append([sl, owner, stream["brokers"].get(str(owner), "-"), states[sl], end])
+    return _table(["STREAMLET", "OWNER", "ADDRESS", "STATE", "DURABLE END (records)"], rows)
 
 
 def cmd_stream_list(args) -> int:

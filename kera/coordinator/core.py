@@ -716,7 +716,19 @@ class Coordinator:
         recovering = self.failover.descriptor_field(stream.id)
         if recovering:
             d["recovering"] = recovering   # [[streamlet, [[broker, epoch], ...]], ...]
+        d["states"] = self._streamlet_states(stream, {sl for sl, _ in recovering or ()})
         return d
+
+    def _streamlet_states(self, stream: Stream, recovering: set) -> list[str]:
+        """Per streamlet: `recovering` (its owner rebuilds it from backups), `offline` (its
+        owner is dead and it has not been failed over yet) or `serving`."""
+        brokers = self.members["broker"]
+        out = []
+        for sl, owner in enumerate(stream.placement):
+            member = brokers.get(owner)
+            out.append("recovering" if sl in recovering else
+                       "serving" if member is not None and member.alive else "offline")
+        return out
 
     def _stream(self, name: str) -> Stream:
         stream = self.streams.get(name)

@@ -73,7 +73,8 @@ def test_stream_commands(coordinator, fake_daemons):
     assert stream["ready"] is True and len(stream["placement"]) == 4
 
     table = kera("stream", "describe", "clicks", bootstrap=boot)
-    assert table.returncode == 0 and "placement" in table.stdout
+    assert table.returncode == 0 and "STREAMLET  OWNER" in table.stdout
+    assert table.stdout.count("serving") == 4 and stream["states"] == ["serving"] * 4
 
     assert kera("stream", "create", "views", "--no-wait", bootstrap=boot).returncode == 0
     listed = kera("stream", "list", bootstrap=boot)

@@ -431,3 +431,14 @@ def test_metadata_is_bounded(monkeypatch):
         create(c, "c")
     c.handle("delete_stream", {"name": "a"}, 0.0)
     create(c, "c")
+
+
+def test_describe_shows_each_streamlets_state():
+    c = make()
+    join(c, "broker", 2)
+    s = create(c, "a", streamlets=4)
+    assert s["states"] == ["serving"] * 4
+    c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 0, "metadata_version": 0}, 1.5)
+    c.tick(DEAD_AFTER_S + 0.5)                 # broker 1 dead; R=1: its streamlets stay put
+    d = c.handle("describe_stream", {"name": "a"}, DEAD_AFTER_S + 0.5)["stream"]
+    assert d["states"] == ["offline" if b == 1 else "serving" for b in d["placement"]]
