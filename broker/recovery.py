@@ -29,6 +29,8 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
 
 from kera import config
 from kera.broker.rebuild import StreamletRebuild, install
@@ -111,6 +113,45 @@ class VsegTask:
         return sum(1 for c in self.candidates if not c.failed and c.length >= end)
 
 
+class Phase(str, Enum):
+    """Where a recovery job is; `Job.enter` allows only the moves in TRANSITIONS."""
+    BACKUPS = "backups"            # waiting for a view of the live backups
+    LISTING = "listing"            # asking every backup which replicas it holds (and fencing)
+    READING = "reading"            # reading the chosen replicas' chunks
+    INSTALLING = "installing"      # replaying them into streamlets, one per loop turn
+    REPLICATING = "replicating"    # installed; waiting for R-1 copies, then reporting
+    DONE = "done"
+
+
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.BACKUPS: frozenset({Phase.LISTING}),
+    # No backup answered: start over with a fresh view; else plan and read (or, with nothing
+    # to read, install at once).
+    Phase.LISTING: frozenset({Phase.BACKUPS, Phase.READING}),
+    Phase.READING: frozenset({Phase.INSTALLING}),
+    Phase.INSTALLING: frozenset({Phase.REPLICATING, Phase.DONE}),
+    Phase.REPLICATING: frozenset({Phase.DONE}),
+    Phase.DONE: frozenset(),
+}
+
+
+class ListState(str, Enum):
+    """One `list_replicas` request of a job (a backup, a dead broker)."""
+    TODO = "todo"
+    SENT = "sent"
+    FAILED = "failed"      # gave up after its attempts: recover without that backup's copies
+    DONE = "done"
+
+
+@dataclass
+class Listing:
+    max_attempts: int
+    timeout_s: float
+    attempts: int = 0
+    state: ListState = ListState.TODO
+    at: float = 0.0        # not before (a retry's pause)
+
+
 @dataclass(eq=False)
 class Job:
     id: int
@@ -118,8 +159,8 @@ class Job:
     rebuilds: dict                    # (sid, sl) -> StreamletRebuild
     sources: dict                     # (sid, sl) -> set[(broker, epoch)]
     copies_needed: dict               # (sid, sl) -> R - 1
-    phase: str = "backups"            # backups -> listing -> reading -> replicating -> done
-    lists: dict = field(default_factory=dict)     # (backup id, broker id) -> state
+    phase: Phase = Phase.BACKUPS
+    lists: dict = field(default_factory=dict)     # (backup id, broker id) -> Listing
     backups: dict = field(default_factory=dict)   # backup id -> address (the view used)
     replicas: dict = field(default_factory=dict)  # (broker, epoch, vlog, vseg) -> [Candidate]
     answered: set = field(default_factory=set)    # backups that answered every list request
@@ -133,6 +174,10 @@ class Job:
     bytes_read: int = 0
     lost_bytes: int = 0
 
+    def enter(self, phase: Phase) -> None:
+        assert phase in TRANSITIONS[self.phase], f"recovery job {self.id}: {self.phase.value} -> {phase.value}"
+        self.phase = phase
+
     @property
     def epochs(self) -> dict[int, set[int]]:
         out: dict[int, set[int]] = {}
@@ -142,8 +187,20 @@ class Job:
         return out
 
 
+class RecoveryHost(Protocol):
+    """What recovery needs of the broker core (kera.broker.core.Broker): its identity, its
+    streams and which streamlets it is recovering, its counters, and what
+    kera.broker.rebuild.install writes into (producers, group hooks)."""
+    broker_id: int | None
+    epoch: int
+    streams: dict          # sid -> Stream
+    recovering: dict       # (sid, sl) -> the Job rebuilding it
+    counters: object       # kera.metrics.Counters
+    producers: object      # kera.broker.producers table (exactly-once state of rebuilt chunks)
+
+
 class Recovery:
-    def __init__(self, core, *, read_bytes: int = READ_BYTES,
+    def __init__(self, core: RecoveryHost, *, read_bytes: int = READ_BYTES,
                  reads_in_flight_max: int = READS_IN_FLIGHT_MAX):
         self.core = core
         self.read_bytes = read_bytes
@@ -221,7 +278,7 @@ class Recovery:
     def take_requests(self, now: float) -> list[Request]:
         out: list[Request] = []
         for job in list(self.jobs):
-            if job.phase == "backups":
+            if job.phase is Phase.BACKUPS:
                 if self.backups_at is not None and self.backups_at >= job.created_at:
                     if self.backups or not any(n > 0 for n in job.copies_needed.values()):
                         self._start_listing(job, now)
@@ -229,17 +286,17 @@ class Recovery:
                         # No live backup: nothing to recover from yet; never install empty.
                         self.counters.add("recovery_waits_for_backups")
                         job.created_at = now
-            if job.phase == "listing":
+            if job.phase is Phase.LISTING:
                 out.extend(self._list_requests(job, now))
-            if job.phase == "reading":
+            if job.phase is Phase.READING:
                 out.extend(self._read_requests(job, now))
                 if all(t.done for t in job.tasks) and not any(t.in_flight for t in job.tasks):
                     job.read_s = now
                     job.tasks = []
-                    job.phase = "installing"
-            if job.phase == "installing":
+                    job.enter(Phase.INSTALLING)
+            if job.phase is Phase.INSTALLING:
                 self._install_one(job, now)   # one per turn: the loop answers in between
-            if job.phase == "replicating":
+            if job.phase is Phase.REPLICATING:
                 for key, inst in job.installed.items():
                     if key not in job.due and inst.replicated():
                         job.due.add(key)
@@ -247,14 +304,14 @@ class Recovery:
 
     def reports_due(self) -> list[list[int]]:
         """[[sid, sl], ...] re-replicated and not yet acknowledged by the coordinator."""
-        return [[sid, sl] for job in self.jobs if job.phase == "replicating"
+        return [[sid, sl] for job in self.jobs if job.phase is Phase.REPLICATING
                 for (sid, sl) in sorted(job.due)]
 
     def reported(self, entries: list, now: float) -> None:
         """The coordinator took a `recovered` report of these streamlets."""
         done = {tuple(e) for e in entries}
         for job in list(self.jobs):
-            if job.phase != "replicating":
+            if job.phase is not Phase.REPLICATING:
                 continue
             for key in done & job.due:
                 job.due.discard(key)
@@ -264,18 +321,17 @@ class Recovery:
                 job.due.discard(key)
                 del job.installed[key]
             if not job.installed:
-                job.phase = "done"
+                job.enter(Phase.DONE)
                 self.jobs.remove(job)
                 self._record(job, now)
 
     # ------------------------------------------------------------------ listing
     def _start_listing(self, job: Job, now: float) -> None:
-        job.phase = "listing"
+        job.enter(Phase.LISTING)
         job.backups = {**self.unreachable, **self.backups}
-        job.lists = {(bid, b): {"attempts": 0, "state": "todo", "at": 0.0,
-                                "max": LIST_ATTEMPTS_MAX if bid in self.backups else 1,
-                                "timeout": LIST_TIMEOUT_S if bid in self.backups
-                                else UNREACHABLE_LIST_TIMEOUT_S}
+        job.lists = {(bid, b): Listing(LIST_ATTEMPTS_MAX if bid in self.backups else 1,
+                                       LIST_TIMEOUT_S if bid in self.backups
+                                       else UNREACHABLE_LIST_TIMEOUT_S)
                      for bid in job.backups for b in job.epochs}
         job.answered = set()
         job.replicas = {}
@@ -286,18 +342,18 @@ class Recovery:
         out = []
         epochs = job.epochs
         for (bid, b), st in job.lists.items():
-            if st["state"] != "todo" or st["at"] > now:
+            if st.state is not ListState.TODO or st.at > now:
                 continue
-            st["state"] = "sent"
-            st["attempts"] += 1
+            st.state = ListState.SENT
+            st.attempts += 1
             out.append(Request(job.backups[bid], "list_replicas",
                                {"broker_id": b, "fence": sorted(epochs[b])},
-                               st["timeout"], job, (bid, b)))
+                               st.timeout_s, job, (bid, b)))
         return out
 
     def _on_list(self, job: Job, key, header, error, now: float) -> None:
         st = job.lists.get(key)
-        if st is None or st["state"] != "sent":
+        if st is None or st.state is not ListState.SENT:
             return
         bid, b = key
         if error is None:
@@ -306,16 +362,16 @@ class Recovery:
                 error = KeraError("list_replicas reply without a replica list", retriable=True)
         if error is not None:
             self.counters.add("recovery_list_failures")
-            if st["attempts"] >= st["max"]:
-                st["state"] = "failed"
-                log.log(logging.WARNING if st["max"] > 1 else logging.INFO,"recovery: backup %d did not list its replicas of broker %d "
+            if st.attempts >= st.max_attempts:
+                st.state = ListState.FAILED
+                log.log(logging.WARNING if st.max_attempts > 1 else logging.INFO,"recovery: backup %d did not list its replicas of broker %d "
                             "(%s: %s); recovering without them", bid, b, error.code, error.message)
             else:
-                st["state"] = "todo"
-                st["at"] = now + RETRY_PAUSE_S
+                st.state = ListState.TODO
+                st.at = now + RETRY_PAUSE_S
             self._maybe_plan(job, now)
             return
-        st["state"] = "done"
+        st.state = ListState.DONE
         epochs = job.epochs.get(b, set())
         address = job.backups[bid]
         for r in replicas:
@@ -330,17 +386,18 @@ class Recovery:
         self._maybe_plan(job, now)
 
     def _maybe_plan(self, job: Job, now: float) -> None:
-        if any(st["state"] in ("todo", "sent") for st in job.lists.values()):
+        if any(st.state in (ListState.TODO, ListState.SENT) for st in job.lists.values()):
             return
         for bid in job.backups:
-            if all(st["state"] == "done" for (b_id, _), st in job.lists.items() if b_id == bid):
+            if all(st.state is ListState.DONE for (b_id, _), st in job.lists.items()
+                   if b_id == bid):
                 job.answered.add(bid)
         if not job.answered and any(n > 0 for n in job.copies_needed.values()):
             # No backup answered at all: recovering now would install nothing. Start over
             # with a fresh view of the backups.
             self.counters.add("recovery_list_restarts")
             log.warning("recovery job %d: no backup answered; trying again", job.id)
-            job.phase = "backups"
+            job.enter(Phase.BACKUPS)
             job.created_at = now
             return
         self._plan(job, now)
@@ -365,7 +422,7 @@ class Recovery:
             filt = wanted if len(wanted) <= FILTER_STREAMLETS_MAX else None
             tasks.append(VsegTask(b, epoch, vlog, vseg, cands, filt))
         job.tasks = tasks
-        job.phase = "reading"
+        job.enter(Phase.READING)
         self._check_chains(job)
         log.info("recovery job %d: %d virtual segments to read (%d bytes) from %d backups",
                  job.id, len(tasks), sum(t.candidates[0].length for t in tasks),
@@ -499,9 +556,10 @@ class Recovery:
         if job.rebuilds:
             return
         job.installed_s = now
-        job.phase = "replicating"
-        if not job.installed:
-            job.phase = "done"
+        if job.installed:
+            job.enter(Phase.REPLICATING)
+        else:
+            job.enter(Phase.DONE)
             self.jobs.remove(job)
             self._record(job, now)
 
@@ -547,7 +605,7 @@ class Recovery:
             out.update({f"recovery_last_{k}": v for k, v in last.items()})
         if self.jobs:
             job = self.jobs[0]
-            out.update(recovery_phase=job.phase, recovery_started_s=job.started_s,
+            out.update(recovery_phase=job.phase.value, recovery_started_s=job.started_s,
                        recovery_listed_s=job.listed_s, recovery_read_s=job.read_s,
                        recovery_installed_s=job.installed_s)
         return out

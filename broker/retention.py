@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 from array import array
 from collections import OrderedDict, deque
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from kera.errors import BadRequest
 
@@ -109,8 +109,18 @@ def group_bytes(group) -> int:
     return sum(seg.used_bytes for seg in group.segments)
 
 
+class RetentionHost(Protocol):
+    """What retention needs of the broker core (kera.broker.core.Broker), and nothing more."""
+    broker_id: int | None
+    streams: dict          # sid -> the broker's Stream (info, streamlets)
+    tier: object           # kera.broker.tier.Tier: segment_deleted, record_first_group
+    counters: object       # kera.metrics.Counters
+
+    def close_group(self, group) -> None: ...
+
+
 class Retention:
-    def __init__(self, broker):
+    def __init__(self, broker: RetentionHost):
         self.broker = broker
         self.clock = RetentionClock()
         self._by_age_left: int | None = None   # deletions by age left in this pass (bounded)

@@ -356,3 +356,18 @@ def test_backups_the_coordinator_calls_dead_are_asked_too():
     for sl in (0, 1):   # all there; readable once on R-1 backups again (one answers)
         heads = lambda br: [(g.id, g.head) for g in br.streams[SID].streamlets[sl].groups]
         assert heads(b) == heads(dead) and heads(b)
+
+
+def test_recovery_phases_move_only_along_their_transitions():
+    from kera.broker.recovery import TRANSITIONS, Job, Phase
+    job = Job(1, 0.0, {}, {}, {})
+    for phase in (Phase.LISTING, Phase.BACKUPS, Phase.LISTING, Phase.READING, Phase.INSTALLING,
+                  Phase.REPLICATING, Phase.DONE):
+        job.enter(phase)
+    assert job.phase is Phase.DONE and not TRANSITIONS[Phase.DONE]
+    with pytest.raises(AssertionError, match="done -> listing"):
+        job.enter(Phase.LISTING)
+    fresh = Job(2, 0.0, {}, {}, {})
+    with pytest.raises(AssertionError):
+        fresh.enter(Phase.READING)      # reading before listing: a bug
+    assert set(TRANSITIONS) == set(Phase)
