@@ -51,15 +51,15 @@ COORDINATOR_OPS = {
     "register": ["kind", "address", "node", "daemon_id", "token", "cluster_id",
                  "stream_id_mark"],
     "heartbeat": ["kind", "daemon_id", "token", "metadata_version", "epoch", "stats", "vsegs",
-                  "held", "stream_id_mark"],
+                  "held", "stream_id_mark", "acl_version", "consumed_at"],
     "cluster": [],
     "create_stream": ["name", "streamlets", "active_groups", "replication", "group_segments",
                       "segment_size_bytes", "durability", "replication_capacity",
-                      "retention_ms", "retention_bytes"],
+                      "retention_ms", "retention_bytes", "retain_until_consumed"],
     "describe_stream": ["name"],
     "list_streams": ["after", "limit"],
     "delete_stream": ["name"],
-    "alter_stream": ["name", "retention_ms", "retention_bytes"],
+    "alter_stream": ["name", "retention_ms", "retention_bytes", "retain_until_consumed"],
     "broker_streams": ["broker_id"],
     "replicas": ["broker_id", "backup_id", "after", "limit"],
     "recovered": ["broker_id", "token", "epoch", "streamlets"],
@@ -74,8 +74,13 @@ COORDINATOR_OPS = {
     "group_describe": ["group"],
     "group_reset": ["group", "streams", "positions"],
     "group_delete": ["group"],
+    "acl_add": ["acls"],
+    "acl_remove": ["acls"],
+    "acl_list": ["principal", "resource"],
+    "quota_set": ["principal", "produce_bytes_per_s", "fetch_bytes_per_s"],
+    "quota_list": [],
 }
-BROKER_OPS = {"produce": ["acks"], "fetch": ["reads"], "offsets": ["sid", "sl"], "stats": []}
+BROKER_OPS = {"produce": ["acks"], "fetch": ["reads"], "offsets": ["sid", "sl", "at"], "stats": []}
 BACKUP_OPS = {
     "replicate": ["broker_id", "vlog", "vseg", "offset", "durability", "close", "reset"],
     "list_replicas": ["broker_id", "fence"],
@@ -84,8 +89,9 @@ BACKUP_OPS = {
     "stats": [],
 }
 OPS_BY_KIND = {"coordinator": COORDINATOR_OPS, "broker": BROKER_OPS, "backup": BACKUP_OPS}
-LIST_FIELDS = {"vsegs", "held", "streamlets", "reads", "fence", "streams", "owned", "positions"}
-MAP_FIELDS = {"stats"}
+LIST_FIELDS = {"vsegs", "held", "streamlets", "reads", "fence", "streams", "owned", "positions",
+               "acls"}
+MAP_FIELDS = {"stats", "at"}
 
 FAMILIES = ("envelope", "types", "huge_numbers", "huge_counts", "unknown_ids", "forged_ids",
             "bogus_address", "zero_byte_replicate", "payload")
@@ -164,6 +170,17 @@ class HostileMessages:
             "instance_id": f"fuzz-{rng.randrange(10)}", "session_timeout_ms": 1000,
             "positions": [[rng.choice(list(live.protected_streams)), rng.randrange(2),
                            [[rng.randrange(3), rng.randrange(100), None]]]],
+            "acl_version": rng.randrange(-1, 5), "consumed_at": rng.randrange(-1, 5),
+            "retain_until_consumed": rng.random() < 0.5,
+            "at": {"low": 0, "offsets": {}},
+            # ACLs and quotas: enforced only in secure clusters, so plaintext fuzz changes
+            # nothing a client sees; they must be validated all the same.
+            "acls": [[rng.choice(["fuzz", "*", "a/b"]), rng.choice(["allow", "deny", "maybe"]),
+                      rng.choice(["read", "all", "fly"]), rng.choice(["stream", "group", "x"]),
+                      f"fuzz-{rng.randrange(10)}", rng.choice(["literal", "prefixed"])]],
+            "principal": rng.choice(["fuzz", "*", "", "a/b"]), "resource": "fuzz-1",
+            "produce_bytes_per_s": rng.choice([0, 1, 2**40]),
+            "fetch_bytes_per_s": rng.choice([0, 1, 2**40]),
         }
         if op == "list_streams":
             t["after"] = f"fuzz-{rng.randrange(10**6)}"

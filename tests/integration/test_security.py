@@ -56,10 +56,10 @@ def client_conn(cluster, address: str, key="client", timeout_s: float = 5.0) -> 
     return rpc.Connection(address, timeout_s=timeout_s, key_file=str(cluster.keys.secret(key)))
 
 
-def consume(cluster, name: str, count: int, key: str = "client") -> list[bytes]:
+def consume(cluster, name: str, count: int, key: str = "client", **kw) -> list[bytes]:
     got: list[bytes] = []
     with Consumer(cluster.bootstrap, name, key_file=str(cluster.keys.secret(key)),
-                  request_timeout_s=5.0) as c:
+                  request_timeout_s=5.0, **kw) as c:
         deadline = time.monotonic() + WAIT_S
         while len(got) < count and time.monotonic() < deadline:
             record = c.poll(timeout_s=0.5)
@@ -266,7 +266,8 @@ def test_a_principal_over_its_quotas_is_slowed_not_dropped(cluster, admin):
     assert sorted(got) == sorted(values)          # every record, once
     admin.set_quota("client", produce_bytes_per_s=0, fetch_bytes_per_s=rate)
     wait_brokers_caught_up(cluster, admin)
-    got = consume(cluster, name, len(values), key="client")
+    # Small fetches: the quota bites after the first 256 KiB, not after one fetch of it all.
+    got = consume(cluster, name, len(values), key="client", fetch_max_bytes=32 * 1024)
     assert sorted(got) == sorted(values)          # slowed, not cut short
     throttled = sum(rpc.call(b.address, "stats", key_file=str(cluster.keys.admin))[0]["stats"]
                     .get("quota_throttled_fetch", 0) for b in cluster.brokers)
