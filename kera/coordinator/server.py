@@ -199,7 +199,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser, default_port=DEFAULT_PORT, coordinator=False, advertise=False)
     parser.add_argument("--dir", required=True,
                         help="data directory; metadata is kept in DIR/coordinator.json (snapshot) "
-                             "and DIR/coordinator-<g>.log (changes since)")
+                             "and DIR/coordinator-<g>.log (changes since), unless --metadata "
+                             "names an etcd")
     parser.add_argument("--heartbeat-interval-ms", type=int,
                         default=round(config.HEARTBEAT_INTERVAL_S * 1000),
                         help="interval daemons are told to heartbeat at (default: %(default)s)")
