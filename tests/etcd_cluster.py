@@ -11,6 +11,7 @@ root); it returns None when that fails, and the fixture skips with the reason.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -39,16 +40,26 @@ def etcd_binary() -> tuple[str | None, str]:
     found = shutil.which("etcd")
     if found:
         return found, ""
+    why = ""
+    # Install; if that fails, the package lists may be stale or missing: update them, once.
+    for command in (["install", "-y", "etcd-server"], ["update"],
+                    ["install", "-y", "etcd-server"]):
+        why = _apt(command)
+        found = shutil.which("etcd")
+        if found:
+            return found, ""
+    return None, f"apt-get install etcd-server failed: {why}"
+
+
+def _apt(command: list[str]) -> str:
+    """Run apt-get `command`; "" or why it failed."""
     try:
-        done = subprocess.run(["apt-get", "install", "-y", "etcd-server"], capture_output=True,
-                              text=True, timeout=APT_TIMEOUT_S,
+        done = subprocess.run(["apt-get", *command], capture_output=True, text=True,
+                              timeout=APT_TIMEOUT_S,
                               env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"apt-get install etcd-server failed: {exc}"
-    found = shutil.which("etcd")
-    if found is None:
-        return None, f"apt-get install etcd-server failed: {done.stderr.strip()[-500:]}"
-    return found, ""
+        return str(exc)
+    return "" if done.returncode == 0 else done.stderr.strip()[-500:]
 
 
 class EtcdCluster:
@@ -67,7 +78,36 @@ class EtcdCluster:
 
     @property
     def url(self) -> str:
-        return "etcd://" + ",".join(f"{HOST}:{c}" for c, _ in self.ports)
+        return self.url_from(0)
+
+    def url_from(self, first: int) -> str:
+        """The members' etcd:// URL listing member `first` first (a client asks it first)."""
+        order = self.ports[first:] + self.ports[:first]
+        return "etcd://" + ",".join(f"{HOST}:{c}" for c, _ in order)
+
+    def leader(self) -> int:
+        """The index of the member the raft leader is (asked of a running member)."""
+        for i, proc in enumerate(self.procs):
+            if proc is None or proc.poll() is not None:
+                continue
+            request = urllib.request.Request(self.client_url(i) + "/v3/maintenance/status",
+                                             data=b"{}", method="POST")
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as reply:
+                status = json.loads(reply.read())
+            return self._member_ids().index(status["leader"])
+        raise RuntimeError("no etcd member running")
+
+    def _member_ids(self) -> list[str]:
+        """Each member's raft id, in index order (from /v3/cluster/member/list)."""
+        request = urllib.request.Request(self.client_url(self._running()) +
+                                         "/v3/cluster/member/list", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as reply:
+            members = json.loads(reply.read())["members"]
+        by_name = {m["name"]: m["ID"] for m in members}
+        return [by_name[f"m{i}"] for i in range(len(self.ports))]
+
+    def _running(self) -> int:
+        return next(i for i, p in enumerate(self.procs) if p is not None and p.poll() is None)
 
     def client_url(self, i: int) -> str:
         return f"http://{HOST}:{self.ports[i][0]}"
