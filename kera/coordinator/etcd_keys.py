@@ -40,7 +40,7 @@ from kera.errors import StorageError
 # both; its bytes budget leaves a third of the request for the framing and the compare.
 TXN_OPS_MAX = 128
 ETCD_REQUEST_BYTES_MAX = 3 * 512 * 1024
-TXN_BYTES_MAX = 1024 * 1024
+TXN_BYTES_MAX = ETCD_REQUEST_BYTES_MAX * 2 // 3
 OP_OVERHEAD_BYTES = 16   # an operation's framing in the request, beyond its key and value
 
 META, REPLICAS = "meta", "replicas"
