@@ -35,6 +35,8 @@ RANGE_PAGE_KEYS = 1000            # keys per read: bounds one response
 DEFAULT_PORT = 2379
 URL_SCHEME = "etcd"
 
+KeyValue = tuple[str, str, int]   # key, value, mod revision
+
 _RETRIABLE = (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
               etcd_errors.InternalServerError)
 
@@ -105,13 +107,12 @@ class EtcdClient:
                            f"{getattr(last, 'detail_text', None) or last}): check that a "
                            f"majority of its members is up (etcdctl endpoint health)")
 
-    def read_prefix(self, prefix: str, revision: int = 0) -> tuple[list[tuple[str, str, int]],
-                                                                    int]:
+    def read_prefix(self, prefix: str, revision: int = 0) -> tuple[list[KeyValue], int]:
         """Every (key, value, mod revision) under `prefix` at one revision (`revision`, or
         the latest when 0), in pages; and that revision."""
-        out: list[tuple[str, str, int]] = []
+        out: list[KeyValue] = []
         start, end = b64(prefix), b64(prefix_end(prefix))
-        while True:
+        while True:   # ends: each page starts after the last key of the one before
             reply = self.call("kv/range", {"key": start, "range_end": end,
                                            "limit": RANGE_PAGE_KEYS, "revision": revision})
             revision = int(reply["header"]["revision"])

@@ -17,7 +17,9 @@ transaction (etcd_keys.batches). There is no log to fold: etcd keeps the history
 from __future__ import annotations
 
 import logging
+import os
 import secrets
+import socket
 
 from kera.coordinator import etcd_keys
 from kera.coordinator.etcd_client import EtcdClient, b64, parse_url
@@ -62,8 +64,12 @@ class EtcdStore:
     def claim_fence(self) -> int:
         """Take the metadata over: write the fencing key; from now on only this store's
         commits apply. Returns the fencing revision."""
-        _, revision = self.client.txn([], [_put(self.fence_key, secrets.token_hex(8))])
+        # Who claimed it, for an operator reading the key: host, pid and a nonce.
+        owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        _, revision = self.client.txn([], [_put(self.fence_key, owner)])
         self.fence_revision = revision
+        log.info("claimed the metadata under %s (%s at revision %d as %s)", self.prefix,
+                 self.fence_key, revision, owner)
         return revision
 
     def use_fence(self, key: str, revision: int) -> None:
