@@ -29,8 +29,10 @@ ETCD_REQUEST_TIMEOUT_S = 3.0
 # (election timeout 1 s by default) and for a request to time out on a dead member first;
 # past it the coordinator stops rather than hold its replies longer.
 ETCD_CALL_DEADLINE_S = 10.0
-ETCD_ATTEMPTS_MAX = 40            # bounds the loop even if every failure is instant
 ETCD_RETRY_PAUSE_S = 0.1          # after a round in which every member failed
+# The deadline ends a call; this bounds the loop should the clock not move (a simulated one):
+# a round of 3 instant failures per pause fills the deadline with about 300 attempts.
+ETCD_ATTEMPTS_MAX = 400
 RANGE_PAGE_KEYS = 1000            # keys per read: bounds one response
 DEFAULT_PORT = 2379
 URL_SCHEME = "etcd"
@@ -86,7 +88,8 @@ class EtcdClient:
 
     def call(self, path: str, body: dict) -> dict:
         """POST `body` to the v3 API `path` ("kv/range", "kv/txn") on a member that answers."""
-        deadline = self.clock.monotonic() + ETCD_CALL_DEADLINE_S
+        started = self.clock.monotonic()
+        deadline = started + ETCD_CALL_DEADLINE_S
         last: Exception | None = None
         for attempt in range(ETCD_ATTEMPTS_MAX):
             member = self.members[self.current]
@@ -102,8 +105,9 @@ class EtcdClient:
                 break
             if self.current == 0:
                 self.clock.sleep(ETCD_RETRY_PAUSE_S)
-        raise StorageError(f"etcd at {self.names()} did not answer {path} within "
-                           f"{ETCD_CALL_DEADLINE_S} s ({type(last).__name__}: "
+        raise StorageError(f"etcd at {self.names()} did not answer {path} in "
+                           f"{self.clock.monotonic() - started:.1f} s, {attempt + 1} attempts "
+                           f"({type(last).__name__}: "
                            f"{getattr(last, 'detail_text', None) or last}): check that a "
                            f"majority of its members is up (etcdctl endpoint health)")
 

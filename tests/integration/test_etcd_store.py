@@ -16,7 +16,7 @@ import pytest
 
 from kera import Consumer, Producer, rpc
 from kera.coordinator.core import Coordinator
-from kera.coordinator.etcd_client import EtcdClient, parse_url
+from kera.coordinator.etcd_client import ETCD_CALL_DEADLINE_S, EtcdClient, parse_url
 from kera.coordinator.etcd_store import EtcdStore, prefix_for
 from kera.errors import Fenced, KeraError
 
@@ -178,3 +178,16 @@ def test_a_three_member_etcd_losing_its_leader_keeps_serving(etcd_cluster, fresh
     with cluster.admin() as admin:
         assert {"before", "after"} <= {s["name"] for s in admin.list_streams()}
         assert ACL in admin.list_acls()
+
+
+def test_a_coordinator_that_loses_etcd_stops(etcd_cluster, fresh_cluster):
+    """With no etcd to write to, nothing is acknowledged and the coordinator stops (fail-stop,
+    as on a disk error) once its etcd deadline passes."""
+    etcd = etcd_cluster(members=1)
+    cluster = coordinator_cluster(fresh_cluster, etcd, "lost")
+    etcd.kill(0)
+    with pytest.raises(KeraError):
+        with cluster.admin() as admin:
+            admin.create_stream("unstored", streamlets=1)
+    assert cluster.coordinator.wait(ETCD_CALL_DEADLINE_S + EXIT_TIMEOUT_S) == 1
+    assert "did not answer" in cluster.coordinator.log_tail()
