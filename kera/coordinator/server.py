@@ -36,7 +36,7 @@ DEFAULT_PORT = 7000
 
 
 class CoordinatorServer:
-    def __init__(self, data_dir: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
+    def __init__(self, data_dir: str | None, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
                  heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
                  heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX,
                  security: daemon_security.Security | None = None,
@@ -44,7 +44,8 @@ class CoordinatorServer:
         self.env = env = real_if_none(env)
         self.clock = env.clock
         self.data_dir = data_dir
-        env.makedirs(data_dir)
+        if store is None or data_dir is not None:   # a store of its own needs no directory
+            env.makedirs(data_dir)
         # `store`: a kera.coordinator.metadata.MetadataStoreLike other than the directory's.
         self.store = store if store is not None else env.metadata_store.MetadataStore(data_dir)
         self.where = data_dir if store is None else store.describe()
@@ -197,8 +198,9 @@ class CoordinatorServer:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser, default_port=DEFAULT_PORT, coordinator=False, advertise=False)
-    parser.add_argument("--dir", required=True,
-                        help="data directory; metadata is kept in DIR/coordinator.json (snapshot) "
+    parser.add_argument("--dir",
+                        help="data directory (required unless --metadata); metadata is kept in "
+                             "DIR/coordinator.json (snapshot) "
                              "and DIR/coordinator-<g>.log (changes since), unless --metadata "
                              "names an etcd")
     parser.add_argument("--heartbeat-interval-ms", type=int,
@@ -227,6 +229,9 @@ def open_store(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args)
+    if not args.dir and not args.metadata:
+        log.error("--dir is required (or --metadata etcd://... to keep the metadata on etcd)")
+        return 2
     if args.heartbeat_interval_ms < 1 or args.heartbeat_missed_max < 1:
         log.error("--heartbeat-interval-ms and --heartbeat-missed-max must be at least 1")
         return 2

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import itertools
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
 
 from kera import Consumer, Producer, rpc
+from kera.admin import Admin
 from kera.coordinator.core import Coordinator
 from kera.coordinator.etcd_client import ETCD_CALL_DEADLINE_S, EtcdClient, parse_url
 from kera.coordinator.etcd_store import EtcdStore, prefix_for
 from kera.errors import Fenced, KeraError
+from kera.local import free_port
 
 STREAMLETS = 2
 SETTLE_TIMEOUT_S = 30.0
@@ -191,3 +195,20 @@ def test_a_coordinator_that_loses_etcd_stops(etcd_cluster, fresh_cluster):
             admin.create_stream("unstored", streamlets=1)
     assert cluster.coordinator.wait(ETCD_CALL_DEADLINE_S + EXIT_TIMEOUT_S) == 1
     assert "did not answer" in cluster.coordinator.log_tail()
+
+
+def test_a_coordinator_on_etcd_needs_no_directory(etcd_cluster, tmp_path):
+    etcd = etcd_cluster(members=1)
+    port = free_port()
+    with open(tmp_path / "coordinator.log", "wb") as logf:
+        proc = subprocess.Popen([sys.executable, "-m", "kera", "coordinator", "--port", str(port),
+                                 "--metadata", etcd.url, "--metadata-prefix", "nodir"],
+                                cwd=tmp_path, stdout=logf, stderr=subprocess.STDOUT)
+    try:
+        with Admin(f"127.0.0.1:{port}") as admin:
+            admin.add_acls([ACL])
+        assert '"alice"' in stored_keys(etcd.url, "nodir")["/kera/nodir/meta/acls"]
+    finally:
+        proc.kill()
+        proc.wait(EXIT_TIMEOUT_S)
+    assert list(tmp_path.iterdir()) == [tmp_path / "coordinator.log"], "nothing else written"
