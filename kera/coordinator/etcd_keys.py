@@ -8,7 +8,7 @@ is its JSON:
     members/<kind>/<id>            one daemon
     streams/<name>                 one stream (descriptor + placement)
     groups/<name>                  one consumer group (committed positions)
-    replicas/<broker>/<vlog>/<vseg>  the backups holding one virtual segment
+    replicas/<broker>/<vlog>/<vseg>  [seq, backups]: who holds one virtual segment (seq below)
 
 so a commit writes only the entries that changed. Other keys under the prefix (the fencing key,
 a leader key) are not state and are skipped when loading.
