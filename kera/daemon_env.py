@@ -37,7 +37,8 @@ class DaemonEnv:
     backup_disk: the backup's replica files, as the functions of kera.backup.disk
         (`scan(root)`, `run(root, job)`, `read_chunks(root, read)`).
     metadata_store: the coordinator's persistence, as kera.coordinator.store
-        (`MetadataStore(data_dir)`).
+        (`MetadataStore(data_dir)`); a coordinator given a store of its own (on etcd:
+        kera.coordinator.etcd_store) uses that instead.
     makedirs: `makedirs(path)`: creates a data directory (and its parents) if missing.
     worker: `worker(name, run_job, max_jobs)` -> a kera.backup.worker.Worker (a thread).
     new_token: a fresh random token (incarnation tokens, the cluster id).

@@ -202,3 +202,15 @@ class Undelivered(Timeout):
         self.streamlets = sorted(streamlets)
         self.streams = sorted({stream for stream, _ in self.streamlets})
         self.records = records
+
+
+class Fenced(KeraError):
+    """This coordinator no longer owns the cluster's metadata: another coordinator took it over
+    (its fencing key in etcd moved past the revision this one read), so nothing this one decides
+    may be applied. It stops serving; retry against the coordinator that took over."""
+    code = "fenced"
+    retriable = True
+    refresh_metadata = True
+
+
+_BY_CODE[Fenced.code] = Fenced

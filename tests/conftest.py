@@ -168,3 +168,25 @@ def fake_daemons():
     yield make
     for daemon in made:
         daemon.stop()
+
+
+@pytest.fixture
+def etcd_cluster(tmp_path_factory):
+    """Factory `make(members=1) -> tests.etcd_cluster.EtcdCluster`, started and healthy; every
+    member is killed and its data removed after the test. Installs Debian's etcd-server when no
+    `etcd` is on the PATH; skips (saying why) only when that fails."""
+    from tests.etcd_cluster import EtcdCluster, etcd_binary
+
+    binary, why = etcd_binary()
+    if binary is None:
+        pytest.skip(f"no etcd to test against: {why}")
+    made: list = []
+
+    def make(members: int = 1):
+        cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), members=members, binary=binary)
+        made.append(cluster)
+        return cluster.start()
+
+    yield make
+    for cluster in made:
+        cluster.stop()

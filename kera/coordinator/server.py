@@ -4,7 +4,9 @@ Group commit: the requests of one loop turn are handled, their changes appended 
 log (kera.coordinator.store) with one fsync, and only then are their replies sent, so nothing
 acknowledged is lost by a crash. If the metadata cannot be written the coordinator answers
 `storage_error` and stops (fail-stop): serving on with memory ahead of disk would acknowledge
-changes a restart forgets.
+changes a restart forgets. The metadata lives in the data directory, or on etcd with
+`--metadata etcd://...` (kera.coordinator.etcd_store); there a coordinator whose writes another
+coordinator fenced off answers `fenced` and stops the same way.
 If the core halts (its state is brand new while a daemon holds data of a cluster:
 kera.coordinator.core) the coordinator logs why at CRITICAL and stops with a non-zero exit.
 """
@@ -20,7 +22,8 @@ import zmq
 from kera import config
 from kera import security as daemon_security
 from kera.coordinator.core import Coordinator
-from kera.errors import KeraError, StorageError
+from kera.coordinator.metadata import DEFAULT_PREFIX_NAME
+from kera.errors import Fenced, KeraError, StorageError
 from kera.coordinator.group_lag import GroupLagExporter
 from kera.metrics import Counters, serve_metrics
 from kera.daemon_env import DaemonEnv, real_if_none
@@ -33,23 +36,26 @@ DEFAULT_PORT = 7000
 
 
 class CoordinatorServer:
-    def __init__(self, data_dir: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
+    def __init__(self, data_dir: str | None, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
                  heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
                  heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX,
                  security: daemon_security.Security | None = None,
-                 env: DaemonEnv | None = None):
+                 env: DaemonEnv | None = None, store=None):
         self.env = env = real_if_none(env)
         self.clock = env.clock
         self.data_dir = data_dir
-        env.makedirs(data_dir)
-        self.store = env.metadata_store.MetadataStore(data_dir)
+        if store is None or data_dir is not None:   # a store of its own needs no directory
+            env.makedirs(data_dir)
+        # `store`: a kera.coordinator.metadata.MetadataStoreLike other than the directory's.
+        self.store = store if store is not None else env.metadata_store.MetadataStore(data_dir)
+        self.where = data_dir if store is None else store.describe()
         state = self.store.load()
         self.core = Coordinator(self.clock.monotonic(), heartbeat_interval_s=heartbeat_interval_s,
                                 heartbeat_missed_max=heartbeat_missed_max, state=state,
                                 token_source=env.new_token)
         if state is not None:
             log.info("loaded %d streams, %d brokers, %d backups from %s", len(self.core.streams),
-                     len(self.core.members["broker"]), len(self.core.members["backup"]), data_dir)
+                     len(self.core.members["broker"]), len(self.core.members["backup"]), self.where)
         self.counters = Counters()
         self._saved_version: int | None = None    # the metadata version on disk
         # Replies of this loop turn, sent once its changes are committed (`_commit_turn`).
@@ -104,7 +110,7 @@ class CoordinatorServer:
         outbox, self._outbox = self._outbox, []
         try:
             self._persist()
-        except StorageError as err:
+        except (StorageError, Fenced) as err:
             outbox = [(req, err) for req, _ in outbox]
         for req, outcome in outbox:
             if isinstance(outcome, KeraError):
@@ -144,15 +150,21 @@ class CoordinatorServer:
                     tables = {bid: dict(t) for bid, t in self.core.replicas.items()}
                     self.store.start_snapshot(self.core.base_state(), tables)
                     self.counters.add("snapshots")
-        except OSError as exc:
-            log.critical("cannot persist metadata to %s (%s): stopping", self.data_dir, exc)
-            self.counters.add("persist_errors")
-            if hasattr(self, "server"):
-                self.server.stop()
+        except (OSError, StorageError) as exc:
+            self._fail_stop(f"cannot persist metadata to {self.where} ({exc})")
             raise StorageError(f"coordinator cannot persist its metadata: {exc}") from None
+        except Fenced as exc:
+            self._fail_stop(str(exc))
+            raise
         self._saved_version = self.core.version
         self.counters.add("persists")
         self.counters.add("persist_ms_total", round((self.clock.monotonic() - started) * 1000, 3))
+
+    def _fail_stop(self, why: str) -> None:
+        log.critical("%s: stopping", why)
+        self.counters.add("persist_errors")
+        if hasattr(self, "server"):
+            self.server.stop()
 
     def _refresh_snapshot(self) -> None:
         # Replaced whole so the metrics thread never sees a dict being written.
@@ -186,25 +198,45 @@ class CoordinatorServer:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser, default_port=DEFAULT_PORT, coordinator=False, advertise=False)
-    parser.add_argument("--dir", required=True,
-                        help="data directory; metadata is kept in DIR/coordinator.json (snapshot) "
-                             "and DIR/coordinator-<g>.log (changes since)")
+    parser.add_argument("--dir",
+                        help="data directory (required unless --metadata); metadata is kept in "
+                             "DIR/coordinator.json (snapshot) "
+                             "and DIR/coordinator-<g>.log (changes since), unless --metadata "
+                             "names an etcd")
     parser.add_argument("--heartbeat-interval-ms", type=int,
                         default=round(config.HEARTBEAT_INTERVAL_S * 1000),
                         help="interval daemons are told to heartbeat at (default: %(default)s)")
     parser.add_argument("--heartbeat-missed-max", type=int, default=config.HEARTBEAT_MISSED_MAX,
                         help="missed heartbeat intervals before a daemon is declared dead "
                              "(default: %(default)s)")
+    parser.add_argument("--metadata", metavar="URL",
+                        help="keep the metadata on etcd instead of in --dir: "
+                             "etcd://HOST:PORT[,HOST:PORT...] (the members' client URLs)")
+    parser.add_argument("--metadata-prefix", metavar="NAME", default=DEFAULT_PREFIX_NAME,
+                        help="with --metadata: the cluster's keys are under /kera/NAME/ "
+                             "(default: %(default)s)")
     daemon_security.add_arguments(parser)
+
+
+def open_store(args: argparse.Namespace):
+    """The store --metadata names, or None for the data directory's (the default)."""
+    if not args.metadata:
+        return None
+    # Imported only then: the etcd client library is not needed for the file store.
+    from kera.coordinator.etcd_store import EtcdStore
+    return EtcdStore.from_url(args.metadata, args.metadata_prefix)
 
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args)
+    if not args.dir and not args.metadata:
+        log.error("--dir is required (or --metadata etcd://... to keep the metadata on etcd)")
+        return 2
     if args.heartbeat_interval_ms < 1 or args.heartbeat_missed_max < 1:
         log.error("--heartbeat-interval-ms and --heartbeat-missed-max must be at least 1")
         return 2
     try:
-        coord = CoordinatorServer(args.dir, args.host, args.port,
+        coord = CoordinatorServer(args.dir, args.host, args.port, store=open_store(args),
                                   heartbeat_interval_s=args.heartbeat_interval_ms / 1000,
                                   heartbeat_missed_max=args.heartbeat_missed_max,
                                   security=daemon_security.from_args(args, "coordinator"))

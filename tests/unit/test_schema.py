@@ -110,7 +110,8 @@ def test_error_reply_is_typed_and_never_crashes_the_client():
 
 def test_error_classes_carry_their_behaviour():
     refresh = {cls.code for cls in errors._BY_CODE.values() if cls.refresh_metadata}
-    assert refresh == {"not_owner", "unknown_stream", "not_ready", "timeout", "unreachable"}
+    assert refresh == {"not_owner", "unknown_stream", "not_ready", "timeout", "unreachable",
+                       "fenced"}   # another coordinator took over: ask again
     assert errors.PeerUnreachable.retriable and not errors.BadRequest.refresh_metadata
 
 

@@ -1,0 +1,138 @@
+"""A connection to an etcd cluster through its JSON gateway (etcd3gw), following its members.
+
+`EtcdClient(endpoints)` sends each request to one member and, when that member is down or has
+no leader (an election, a partition), tries the next, until ETCD_CALL_DEADLINE_S passes: a
+3-member etcd with one member lost keeps serving the coordinator. A request etcd refuses (too
+large, too many operations) is not retried. Failures are kera.errors.StorageError, so the
+coordinator fail-stops as it does when its disk fails.
+
+Only what the metadata store needs: a consistent paged read of a prefix, and a transaction.
+A retried transaction may have been applied already; the store's transactions set values and
+compare a key they never write, so applying one twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from urllib.parse import urlsplit
+
+import etcd3gw
+from etcd3gw import exceptions as etcd_errors
+
+from kera.errors import StorageError
+
+# One request to one member: a write commits within a few heartbeats of etcd's raft (100 ms by
+# default), so a member that has not answered in this long is treated as lost.
+ETCD_REQUEST_TIMEOUT_S = 3.0
+# All attempts of one call: long enough for etcd to elect a new leader after losing one
+# (election timeout 1 s by default) and for a request to time out on a dead member first;
+# past it the coordinator stops rather than hold its replies longer.
+ETCD_CALL_DEADLINE_S = 10.0
+ETCD_RETRY_PAUSE_S = 0.1          # after a round in which every member failed
+# The deadline ends a call; this bounds the loop should the clock not move (a simulated one):
+# a round of 3 instant failures per pause fills the deadline with about 300 attempts.
+ETCD_ATTEMPTS_MAX = 400
+RANGE_PAGE_KEYS = 1000            # keys per read: bounds one response
+DEFAULT_PORT = 2379
+URL_SCHEME = "etcd"
+
+KeyValue = tuple[str, str, int]   # key, value, mod revision
+
+_RETRIABLE = (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
+              etcd_errors.InternalServerError)
+
+
+def parse_url(url: str) -> list[tuple[str, int]]:
+    """`etcd://host:port[,host:port...]` -> [(host, port)]. Raises ValueError."""
+    parts = urlsplit(url)
+    if parts.scheme != URL_SCHEME or not parts.netloc or parts.path not in ("", "/"):
+        raise ValueError(f"metadata URL {url!r}: expected etcd://HOST:PORT[,HOST:PORT...]")
+    endpoints = []
+    for item in parts.netloc.split(","):
+        host, _, port = item.rpartition(":")
+        if not host:
+            host, port = item, str(DEFAULT_PORT)
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"metadata URL {url!r}: bad endpoint {item!r} (HOST:PORT)")
+        endpoints.append((host, int(port)))
+    return endpoints
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def unb64(text: str) -> str:
+    return base64.b64decode(text).decode()
+
+
+def prefix_end(prefix: str) -> str:
+    """The first key after every key starting with `prefix` (etcd's range_end)."""
+    raw = prefix.encode()
+    return raw[:-1].decode() + chr(raw[-1] + 1)
+
+
+class EtcdClient:
+    """Requests to the members at `endpoints` ([(host, port)]), one at a time."""
+
+    def __init__(self, endpoints: list[tuple[str, int]], *, clock=time):
+        assert endpoints, "at least one etcd endpoint"
+        self.clock = clock
+        self.members = [etcd3gw.Etcd3Client(host=h, port=p, timeout=ETCD_REQUEST_TIMEOUT_S,
+                                            api_path="/v3/") for h, p in endpoints]
+        self.current = 0    # the member that answered last: asked first
+
+    def names(self) -> str:
+        return ",".join(f"{m.host}:{m.port}" for m in self.members)
+
+    def call(self, path: str, body: dict) -> dict:
+        """POST `body` to the v3 API `path` ("kv/range", "kv/txn") on a member that answers."""
+        started = self.clock.monotonic()
+        deadline = started + ETCD_CALL_DEADLINE_S
+        last: Exception | None = None
+        for attempt in range(ETCD_ATTEMPTS_MAX):
+            member = self.members[self.current]
+            try:
+                return member.post(member.get_url(path), json=body)
+            except _RETRIABLE as exc:
+                last = exc
+            except etcd_errors.Etcd3Exception as exc:
+                raise StorageError(f"etcd {member.host}:{member.port} refused {path}: "
+                                   f"{exc.detail_text or exc}") from None
+            self.current = (self.current + 1) % len(self.members)
+            if self.clock.monotonic() >= deadline:
+                break
+            if self.current == 0:
+                self.clock.sleep(ETCD_RETRY_PAUSE_S)
+        raise StorageError(f"etcd at {self.names()} did not answer {path} in "
+                           f"{self.clock.monotonic() - started:.1f} s, {attempt + 1} attempts "
+                           f"({type(last).__name__}: "
+                           f"{getattr(last, 'detail_text', None) or last}): check that a "
+                           f"majority of its members is up (etcdctl endpoint health)")
+
+    def read_prefix(self, prefix: str, revision: int = 0) -> tuple[list[KeyValue], int]:
+        """Every (key, value, mod revision) under `prefix` at one revision (`revision`, or
+        the latest when 0), in pages; and that revision."""
+        out: list[KeyValue] = []
+        start, end = b64(prefix), b64(prefix_end(prefix))
+        while True:   # ends: each page starts after the last key of the one before
+            reply = self.call("kv/range", {"key": start, "range_end": end,
+                                           "limit": RANGE_PAGE_KEYS, "revision": revision})
+            revision = int(reply["header"]["revision"])
+            kvs = reply.get("kvs", [])
+            out += [(unb64(kv["key"]), unb64(kv.get("value", "")), int(kv["mod_revision"]))
+                    for kv in kvs]
+            if not reply.get("more") or not kvs:
+                return out, revision
+            start = b64(unb64(kvs[-1]["key"]) + "\x00")
+
+    def txn(self, compare: list[dict], success: list[dict]) -> tuple[bool, int]:
+        """Run a transaction: (whether its compares held, the revision after it)."""
+        reply = self.call("kv/txn", {"compare": compare, "success": success})
+        # The gateway leaves out fields at their zero value: an absent `succeeded` is false.
+        return bool(reply.get("succeeded", False)), int(reply["header"]["revision"])
+
+    def close(self) -> None:
+        for member in self.members:
+            member.session.close()
