@@ -48,9 +48,17 @@ def join_group(cluster: LocalCluster, stream: str) -> tuple[str, int]:
     raise RuntimeError(f"no assignment of {stream} in group {GROUP}")
 
 
+# Commits between the member's heartbeats: it must not miss its session while it commits.
+COMMITS_PER_HEARTBEAT = 100
+
+
 def group_commits(cluster: LocalCluster, member: tuple[str, int], stream: str, n: int) -> float:
     started = time.perf_counter()
     for i in range(n):
+        if i % COMMITS_PER_HEARTBEAT == 0:
+            rpc.call(cluster.bootstrap, "group_heartbeat", {
+                "group": GROUP, "member_id": member[0], "member_epoch": member[1],
+                "owned": [[stream, 0]]})
         rpc.call(cluster.bootstrap, "group_commit", {
             "group": GROUP, "member_id": member[0], "member_epoch": member[1],
             "positions": [[stream, 0, [[0, i, None]]]]})
