@@ -116,7 +116,8 @@ def _first_cause(err: Exception) -> str:
 
 def check_executors(sc, timeout_s: float = EXECUTOR_PROBE_TIMEOUT_S) -> None:
     """Raise SparkSetupError naming what to set if the cluster's executors cannot import kera."""
-    python = worker_python(sc.getConf().get("spark.pyspark.python"), os.environ)
+    python = getattr(sc, "pythonExec", None) or worker_python(
+        sc.getConf().get("spark.pyspark.python"), os.environ)
     problems = executor_problems(sc, timeout_s)
     if problems is None:
         log.warning("no Spark executor ran kera's import check within %g s; registered "
@@ -125,7 +126,9 @@ def check_executors(sc, timeout_s: float = EXECUTOR_PROBE_TIMEOUT_S) -> None:
     if problems:
         raise SparkSetupError(
             f"Spark's executors run Python {python!r}, which cannot import kera: "
-            f"{'; '.join(problems)}. Install kera on every executor host, or ship it with "
-            f"the job: a wheel (pip wheel --no-deps kera) in spark.submit.pyFiles with kera's "
-            f"dependencies installed there, or a packed environment in spark.archives with "
-            f"PYSPARK_PYTHON pointing into it (kera/spark/README.md, 'Executors')")
+            f"{'; '.join(problems)}. Install kera where the executors run, or ship it with "
+            f"the job: a wheel (pip wheel --no-deps kera) copied to a name ending in .zip "
+            f"(Spark puts only .zip/.egg/.jar py-files on sys.path) and added with "
+            f"SparkContext.addPyFile or --py-files, kera's dependencies installed for that "
+            f"Python; or a packed environment in spark.archives with PYSPARK_PYTHON pointing "
+            f"into it (kera/spark/README.md, 'Executors')")

@@ -6,7 +6,10 @@ import check refusing executors whose Python cannot import kera."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +20,8 @@ from test_spark_connector import broker_stats, create, opts, produce, read_all
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 @pytest.fixture(scope="module")
 def cluster(local_cluster):
@@ -24,7 +29,7 @@ def cluster(local_cluster):
 
 
 def executor_pids_that_ran(df) -> set[int]:
-    """The executor-side Python worker processes' parents' parents: proves where tasks ran."""
+    """The Python worker processes that ran `df`'s partitions."""
     return set(df.rdd.mapPartitions(lambda _rows: [os.getpid()]).collect())
 
 
@@ -147,3 +152,113 @@ def test_exactly_once_sink_through_a_killed_executor(standalone, standalone_spar
                for r in got)
     after = sum(s.get("duplicates", 0) for s in broker_stats(cluster))
     assert after > before, "the re-run task re-sent chunks the broker already had"
+
+
+# --------------------------------------------------------------------------- executors' Python
+
+KERA_DEPENDENCIES = ("zmq", "msgpack", "numpy", "crc32c", "pyarrow", "lz4", "zstandard")
+
+
+def make_venv(path: Path) -> str:
+    """A bare `python -m venv` (no system site-packages, no pip): its python cannot import
+    kera. Same Python version as the driver, as PySpark requires."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True,
+                   timeout=VENV_TIMEOUT_S)
+    return str(path / "bin" / "python")
+
+
+def venv_site_packages(python: str) -> str:
+    return subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          check=True, capture_output=True, text=True,
+                          timeout=VENV_TIMEOUT_S).stdout.strip()
+
+
+def cannot_import_kera(python: str) -> bool:
+    # Not from the repository's directory: `-c` puts the working directory on sys.path.
+    return subprocess.run([python, "-c", "import kera"], capture_output=True, cwd="/",
+                          timeout=VENV_TIMEOUT_S).returncode != 0
+
+
+VENV_TIMEOUT_S = 120.0     # creating a venv / starting an interpreter on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> str:
+    python = make_venv(tmp_path_factory.mktemp("venv") / "bare")
+    assert cannot_import_kera(python)
+    return python
+
+
+@pytest.fixture(scope="module")
+def deps_python(tmp_path_factory) -> str:
+    """A venv with kera's dependencies (the directories they are installed in, on its path
+    through a .pth file, whose own .pth hooks do not run) but not kera."""
+    import importlib
+    python = make_venv(tmp_path_factory.mktemp("venv") / "deps")
+    dirs = {str(Path(importlib.import_module(m).__file__).parents[1]) for m in KERA_DEPENDENCIES}
+    Path(venv_site_packages(python), "kera-deps.pth").write_text("\n".join(sorted(dirs)) + "\n")
+    assert cannot_import_kera(python), "kera is installed in a dependency's directory"
+    return python
+
+
+@pytest.fixture(scope="module")
+def kera_zip(tmp_path_factory) -> str:
+    """kera built as a wheel (`pip wheel --no-deps .`), copied to a .zip name: Spark puts only
+    .zip/.egg/.jar py-files on executors' sys.path, and a pure-Python wheel is a zip."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "-w", str(out), str(REPO)], check=True, timeout=VENV_TIMEOUT_S)
+    (wheel,) = out.glob("kera-*.whl")
+    return str(shutil.copy(wheel, out / "kera.zip"))
+
+
+def session_with_python(standalone, python: str, app: str):
+    """A new session on `standalone` whose Python workers (executors' and the driver's
+    planners) run `python`; PySpark reads PYSPARK_PYTHON when the context starts."""
+    from conftest import stop_active_spark
+    stop_active_spark()
+    saved = os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = python
+    try:
+        session = standalone.session(app)
+    finally:
+        os.environ["PYSPARK_PYTHON"] = saved if saved is not None else sys.executable
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def test_executors_whose_python_lacks_kera_are_refused_when_registering(standalone, bare_python):
+    import kera.spark
+    from kera.errors import SparkSetupError
+    session = session_with_python(standalone, bare_python, "kera-no-kera")
+    try:
+        with pytest.raises(SparkSetupError) as err:
+            kera.spark.register(session)
+    finally:
+        session.stop()
+    message = err.value.message
+    assert bare_python in message and "No module named 'kera'" in message
+    assert "addPyFile" in message and "spark.archives" in message     # what to do
+    assert "in stage" not in message     # one line, not Spark's stack
+
+
+def test_kera_shipped_as_a_wheel_reaches_executors_with_their_own_python(
+        standalone, deps_python, kera_zip, cluster):
+    import kera.spark
+    session = session_with_python(standalone, deps_python, "kera-shipped-wheel")
+    try:
+        session.sparkContext.addPyFile(kera_zip)     # before register(): its probe needs it
+        kera.spark.register(session)
+        create(cluster, "sa-wheel", streamlets=2)
+        rows = [(f"k{i % 5}", f"v{i:04d}") for i in range(1000)]
+        (session.createDataFrame(rows, "key string, value string").repartition(2)
+         .write.format("kera").options(**opts(cluster, "sa-wheel")).mode("append").save())
+        back = read_all(session, cluster, "sa-wheel")
+        got = back.select("key", "value").collect()
+        where = set(back.rdd.mapPartitions(
+            lambda _rows: [(__import__("kera").__file__, __import__("sys").executable)]).collect())
+    finally:
+        session.stop()
+    assert Counter((r.key.decode(), r.value.decode()) for r in got) == Counter(rows)
+    assert {python for _file, python in where} == {deps_python}
+    assert all("kera.zip" in file for file, _python in where), where
