@@ -105,13 +105,17 @@ def executor_problems(sc, timeout_s: float = EXECUTOR_PROBE_TIMEOUT_S) -> list[s
     return sorted(set(outcome["problems"]))
 
 
+FAILURE_MARK = "most recent failure: "   # Spark: "... most recent failure: Lost task 1.3 (...): why"
+
+
 def _first_cause(err: Exception) -> str:
-    """The line of a failed job's text that says why (Spark wraps it in pages of stack)."""
+    """The reason a failed job gives (Spark wraps it in a stage failure and pages of stack)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    for line in lines:
-        if "Error:" in line or "Exception:" in line:
-            return line
-    return lines[0] if lines else type(err).__name__
+    line = next((x for x in lines if FAILURE_MARK in x), None)
+    if line is not None:
+        return line.split(FAILURE_MARK, 1)[1].split("): ", 1)[-1]
+    line = next((x for x in lines if "Error:" in x or "Exception:" in x), None)
+    return line or (lines[0] if lines else type(err).__name__)
 
 
 def check_executors(sc, timeout_s: float = EXECUTOR_PROBE_TIMEOUT_S) -> None:

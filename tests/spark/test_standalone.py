@@ -21,6 +21,10 @@ from test_spark_connector import broker_stats, create, opts, produce, read_all
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
+# A query's run on two 1-core executors of a loaded 2-core machine (normally 5-15 s).
+QUERY_TIMEOUT_S = 240.0
+# The blocked write attempt waits this long for the test to kill its executor, then fails.
+BLOCK_LIMIT_S = QUERY_TIMEOUT_S
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +74,7 @@ def test_streaming_read_and_write_on_executors(standalone_spark, cluster, tmp_pa
         q = (src.selectExpr("key", "upper(cast(value as string)) as value")
              .writeStream.format("kera").options(**opts(cluster, "sa-out"))
              .option("checkpointLocation", ck).trigger(availableNow=True).start())
-        assert q.awaitTermination(240)
+        assert q.awaitTermination(QUERY_TIMEOUT_S)
         assert q.exception() is None
         return q
 
@@ -112,14 +116,19 @@ def test_exactly_once_sink_through_a_killed_executor(standalone, standalone_spar
     produce(cluster, "sa-src", values, [b"u%d" % (i % 9) for i in range(n)], per_chunk=20)
     blocked, released = tmp_path / "blocked", tmp_path / "released"
     poison = "r01500-"
-    # The blocked attempt waits at most this long for the kill (then fails the test).
-    block_limit_s = 240.0
+    # The rows the blocked task passes to its sink before it blocks (its partition is the
+    # poison's (streamlet, group)); one of them stored means the sink has sent chunks.
+    src_rows = read_all(spark, cluster, "sa-src").select("value", "streamlet", "group", "offset").collect()
+    (p,) = [r for r in src_rows if bytes(r.value).startswith(poison.encode())]
+    ahead = {bytes(r.value) for r in src_rows
+             if (r.streamlet, r.group) == (p.streamlet, p.group) and r.offset < p.offset}
+    assert len(ahead) > 100, "the poison row is too early in its partition"
 
     def block_once(v):
         import time
         if v.startswith(poison) and not blocked.exists():
             blocked.write_text(str(os.getpid()))
-            deadline = time.monotonic() + block_limit_s
+            deadline = time.monotonic() + BLOCK_LIMIT_S
             while not released.exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
             raise RuntimeError("the executor running this task was not killed")
@@ -134,12 +143,15 @@ def test_exactly_once_sink_through_a_killed_executor(standalone, standalone_spar
         out = src.select("key", fail(F.col("value").cast("string")).alias("value"), "timestamp")
         q = (out.writeStream.format("kera").options(**opts(cluster, "sa-dst", chunkSizeBytes="16384"))
              .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
-        wait_until(blocked.exists, 240, "a write task blocked mid-partition")
+        wait_until(blocked.exists, QUERY_TIMEOUT_S, "a write task blocked mid-partition")
+        wait_until(lambda: ahead & {bytes(r.value) for r in read_all(spark, cluster, "sa-dst")
+                                    .select("value").collect()},
+                   QUERY_TIMEOUT_S, "a chunk of the blocked task stored")
         udf_pid = int(blocked.read_text())
         victims = [p for p in standalone.executor_pids() if descendant_of(udf_pid, p)]
         assert len(victims) == 1, (udf_pid, standalone.executor_pids())
         os.kill(victims[0], signal.SIGKILL)
-        assert q.awaitTermination(300)
+        assert q.awaitTermination(QUERY_TIMEOUT_S)
         assert q.exception() is None, q.exception()
     finally:
         released.write_text("x")
@@ -227,19 +239,29 @@ def session_with_python(standalone, python: str, app: str):
     return session
 
 
-def test_executors_whose_python_lacks_kera_are_refused_when_registering(standalone, bare_python):
+def refusal(standalone, python: str) -> str:
+    """The SparkSetupError message register() raises on a session whose workers run `python`."""
     import kera.spark
     from kera.errors import SparkSetupError
-    session = session_with_python(standalone, bare_python, "kera-no-kera")
+    session = session_with_python(standalone, python, "kera-refused")
     try:
         with pytest.raises(SparkSetupError) as err:
             kera.spark.register(session)
     finally:
         session.stop()
-    message = err.value.message
+    return err.value.message
+
+
+def test_executors_whose_python_lacks_kera_are_refused_when_registering(standalone, bare_python,
+                                                                        tmp_path):
+    message = refusal(standalone, bare_python)
     assert bare_python in message and "No module named 'kera'" in message
     assert "addPyFile" in message and "spark.archives" in message     # what to do
     assert "in stage" not in message     # one line, not Spark's stack
+    # An interpreter that does not exist there: the Python worker never starts.
+    missing = str(tmp_path / "no-such-python")
+    message = refusal(standalone, missing)
+    assert f'Cannot run program "{missing}"' in message and "in stage" not in message
 
 
 def test_kera_shipped_as_a_wheel_reaches_executors_with_their_own_python(
