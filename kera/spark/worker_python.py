@@ -76,7 +76,7 @@ def _probe_function():
         import socket
         import sys as worker_sys
         try:
-            import kera.spark.columns  # noqa: F401
+            import kera.spark.columns  # noqa: F401 - the import PROBE names
         except Exception as err:    # noqa: BLE001 - any import failure is the report
             yield f"{socket.gethostname()} ({worker_sys.executable}): {type(err).__name__}: {err}"
     return probe
