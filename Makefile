@@ -29,3 +29,8 @@ bench: setup
 
 clean:
 	rm -rf $(STAMP) build dist *.egg-info .pytest_cache
+
+# The Spark connector on a real standalone cluster (a master and two worker JVMs; ~2 minutes).
+.PHONY: test-spark-standalone
+test-spark-standalone: setup
+	$(PYTHON) -m pytest tests/spark/test_standalone.py -q -p no:randomly

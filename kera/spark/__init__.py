@@ -23,7 +23,10 @@ def register(spark, check_workers: bool = True) -> None:
     if check_workers:
         from kera.spark import worker_python
         sc = spark.sparkContext
-        worker_python.check(sc.master, sc.getConf().get("spark.pyspark.python"))
+        if sc.master.startswith("local"):
+            worker_python.check(sc.master, sc.getConf().get("spark.pyspark.python"))
+        else:     # executors elsewhere: a probe job imports kera on them
+            worker_python.check_executors(sc)
     spark.dataSource.register(KeraDataSource)
 
 
