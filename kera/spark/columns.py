@@ -15,13 +15,13 @@ from kera import chunk as kchunk
 from kera.errors import RecordTooLarge
 
 SCHEMA_DDL = ("key binary, value binary, stream string, streamlet int, `group` int, "
-              "offset long, timestamp timestamp")
+              "offset long, timestamp timestamp, headers array<struct<key: string, value: binary>>")
 TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
 # What Spark expects a Python source to yield for SCHEMA_DDL (every field nullable).
 ARROW_SCHEMA = pa.schema([
     ("key", pa.binary()), ("value", pa.binary()), ("stream", pa.string()),
     ("streamlet", pa.int32()), ("group", pa.int32()), ("offset", pa.int64()),
-    ("timestamp", TIMESTAMP_TYPE)])
+    ("timestamp", TIMESTAMP_TYPE), ("headers", kchunk.HEADERS_ARROW_TYPE)])
 
 
 def chunk_rows(c: kchunk.Chunk, lo: int, hi: int, stream: str, streamlet: int, group: int,
@@ -29,8 +29,10 @@ def chunk_rows(c: kchunk.Chunk, lo: int, hi: int, stream: str, streamlet: int, g
     """Records [lo, hi) of chunk `c` (indexes inside the chunk) as source rows; record i has
     offset base_offset + i."""
     kvt = c.to_arrow()
+    headers = c.headers_arrow()
     if lo or hi != len(c):
         kvt = kvt.slice(lo, hi - lo)
+        headers = headers.slice(lo, hi - lo)
     n = hi - lo
     keys, values, ts = kvt.column(0), kvt.column(1), kvt.column(2)
     return pa.RecordBatch.from_arrays([
@@ -38,7 +40,7 @@ def chunk_rows(c: kchunk.Chunk, lo: int, hi: int, stream: str, streamlet: int, g
         pa.array(np.full(n, streamlet, dtype=np.int32)),
         pa.array(np.full(n, group, dtype=np.int32)),
         pa.array(np.arange(base_offset + lo, base_offset + hi, dtype=np.int64)),
-        ts.view(TIMESTAMP_TYPE)], schema=ARROW_SCHEMA)
+        ts.view(TIMESTAMP_TYPE), headers], schema=ARROW_SCHEMA)
 
 
 def concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:

@@ -45,6 +45,17 @@ def test_chunk_rows_slices_and_adds_constant_columns():
     assert [t.timestamp() for t in rows.column("timestamp").to_pylist()] == pytest.approx(ts[2:7] / 1e6)
     both = concat([rows, chunk_rows(c, 0, 1, "clicks", 3, 4, 100)])
     assert both.num_rows == 6 and both.schema == ARROW_SCHEMA
+    assert d["headers"] == [[]] * 5
+
+
+def test_chunk_rows_carry_each_records_headers_compressed_or_not():
+    headers = [[("a", b"1"), ("b", b"")], None, [], [("\u00e9t\u00e9", b"\xff" * 3)]]
+    for compression in (None, "lz4", "zstd"):
+        c = kchunk.Chunk(kchunk.encode(1, 0, 5, 0, [b"w", b"x", b"y", b"z"], headers=headers,
+                                       compression=compression))
+        rows = chunk_rows(c, 1, 4, "s", 0, 0, 0).to_pydict()["headers"]
+        assert [[(h["key"], h["value"]) for h in hs] for hs in rows] == \
+            [list(h or []) for h in headers[1:]] == [[(k, v) for k, v in h] for h in c.headers()[1:]]
 
 
 def test_vectorized_crc32c_matches_partitioner():

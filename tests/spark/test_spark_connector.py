@@ -78,8 +78,9 @@ def test_batch_round_trip_exact(spark, cluster):
     df.write.format("kera").options(**opts(cluster, "rt", chunkSizeBytes="2048")).mode("append").save()
 
     back = read_all(spark, cluster, "rt")
-    assert back.schema.simpleString() == ("struct<key:binary,value:binary,stream:string,streamlet:int,"
-                                          "group:int,offset:bigint,timestamp:timestamp>")
+    assert back.schema.simpleString() == (
+        "struct<key:binary,value:binary,stream:string,streamlet:int,group:int,offset:bigint,"
+        "timestamp:timestamp,headers:array<struct<key:string,value:binary>>>")
     got = back.collect()
     assert Counter((r.key.decode(), r.value.decode()) for r in got) == Counter(rows)
     assert {r.stream for r in got} == {"rt"}
@@ -413,3 +414,17 @@ def test_a_streaming_query_commits_its_progress_to_a_group(spark, cluster, tmp_p
         wait_for(lambda: m.assignment(), what="the member's assignment")
         q = run()
     assert q.exception() is not None and "GroupNotEmpty" in str(q.exception()), q.exception()
+
+
+def test_record_headers_reach_spark_rows(spark, cluster):
+    from kera import Producer
+    create(cluster, "hdr", streamlets=2)
+    with Producer(cluster.bootstrap) as p:
+        for i in range(20):
+            p.send("hdr", b"v%d" % i, key=b"k%d" % i,
+                   headers=[("trace", b"t%d" % i), ("n", b"%d" % (i % 3))] if i % 2 else None)
+        p.flush()
+    got = {bytes(r.value): [(h.key, bytes(h.value)) for h in r.headers]
+           for r in read_all(spark, cluster, "hdr").collect()}
+    assert got == {b"v%d" % i: ([("trace", b"t%d" % i), ("n", b"%d" % (i % 3))] if i % 2 else [])
+                   for i in range(20)}
