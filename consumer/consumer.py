@@ -91,7 +91,7 @@ class Consumer:
         self.stream = self.streams[0] if isinstance(stream, str) else None
         self.cache_chunks_max = cache_chunks_max
         self.request_timeout_s = request_timeout_s
-        self.on_assigned, self.on_revoked = on_assigned, on_revoked
+        self.on_assigned, self.on_revoked, self.group = on_assigned, on_revoked, group
         self._default_start = start if isinstance(start, str) else "earliest"
         self.key_file = key_file   # CURVE key (kera.keys): None is $KERA_KEY_FILE or plaintext
         self._meta = Metadata(bootstrap, timeout_s=request_timeout_s, key_file=key_file)
@@ -120,7 +120,6 @@ class Consumer:
         from kera.consumer.fetcher import Fetcher
         self._fetcher = Fetcher(self)
         self._fetcher.start()
-        self.group = group
         self._membership = None
         if group is not None:
             self._join(group, group_instance_id, session_timeout_ms, auto_commit_interval_ms,
