@@ -54,6 +54,12 @@ def retention_passes(cluster) -> int:
         return sum(s.get("retention_passes", 0) for s in admin.stats()["brokers"].values())
 
 
+def passes_done(cluster, n: int) -> None:
+    """Wait until the brokers ran `n` more retention passes (each sees every stream)."""
+    start = retention_passes(cluster)
+    wait_for(lambda: retention_passes(cluster) >= start + n, f"{n} retention passes")
+
+
 def offsets(cluster, desc, sl=0):
     return call(cluster.brokers[0].address, "offsets", sid=desc["id"], sl=sl)
 
@@ -154,7 +160,8 @@ def test_retain_until_consumed_keeps_what_a_group_has_not_committed(cluster):
     with cluster.admin() as admin:                      # a consumer group that read nothing
         admin._call("group_reset", {"group": "slow-readers", "streams": [name],
                                     "positions": [[name, 0, [[0, 0, 0]]]]})
-    time.sleep(1.5)                                     # far past retention_ms, twice a pass
+    time.sleep(0.6)                                     # every group now past retention_ms
+    passes_done(cluster, 2)                             # ...and retention has looked twice since
     assert offsets(cluster, desc)["first_group"] == 0, "deleted before it was consumed"
     # The group commits half-way: the groups below its position go, the rest stay.
     half = len(groups) // 2
@@ -163,6 +170,6 @@ def test_retain_until_consumed_keeps_what_a_group_has_not_committed(cluster):
                                     "positions": [[name, 0, [[half, 0, 0]]]]})
     kept = wait_for(lambda: (o := offsets(cluster, desc))["first_group"] == half and o,
                     "the consumed groups to be deleted")
-    time.sleep(1.0)
+    passes_done(cluster, 2)
     assert offsets(cluster, desc)["first_group"] == half, "deleted what was not consumed"
     assert len(kept["groups"]) >= len(groups) - half - 1
