@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 import time
 
@@ -36,6 +35,7 @@ from kera.consumer.membership import Membership, positions_from_wire, positions_
 from kera.consumer.tasks import TaskRunner
 from kera.errors import BadRequest, ClientClosed, KeraError, Timeout
 from kera.metadata import Metadata
+from kera.request_thread import Waker
 from kera.position import Position, Record
 
 log = logging.getLogger(__name__)
@@ -114,9 +114,7 @@ class Consumer:
         self._state_lock = threading.RLock()
         self._init_cache()
         self._set_cursors(starts)
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._waker = Waker()
         from kera.consumer.fetcher import Fetcher
         self._fetcher = Fetcher(self)
         self._fetcher.start()
@@ -613,12 +611,9 @@ class Consumer:
         self._cur_idx = 0
 
     def _wake(self) -> None:
-        if getattr(self, "_wake_w", -1) < 0:
-            return
-        try:
-            os.write(self._wake_w, b"\0")
-        except (BlockingIOError, OSError):
-            pass
+        waker = getattr(self, "_waker", None)
+        if waker is not None:
+            waker.wake()
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -633,9 +628,7 @@ class Consumer:
         self._leave_group()
         self._meta.close()
         with self._lock:
-            fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
-        for fd in fds:
-            os.close(fd)
+            self._waker.close()
 
     def __enter__(self) -> "Consumer":
         return self

@@ -26,6 +26,7 @@ from kera.producer import batch as batching
 from kera.producer.accumulator import Accumulator, StreamState
 from kera.producer.delivery import DeliveryFuture, on_delivery_callback
 from kera.producer.pipeline import Failure, Pipeline
+from kera.request_thread import Waker
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +130,7 @@ class Producer:
         self._batch_records = 0
         # The request thread sleeps in a zmq poll; a byte on this pipe wakes it (`_idle` says
         # whether it is asleep, so a busy thread is not woken once per chunk).
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._waker = Waker()
         self._idle = False
         from kera.producer.sender import Sender
         self._sender = Sender(self)
@@ -310,9 +309,7 @@ class Producer:
             self._sender.join(self.request_timeout_s + 5)
             self._meta.close()
             with self._lock:
-                fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
-            for fd in fds:
-                os.close(fd)
+                self._waker.close()
 
     def __enter__(self) -> "Producer":
         return self
@@ -378,12 +375,7 @@ class Producer:
             self._cond.wait(left)
 
     def _wake(self) -> None:
-        if self._wake_w < 0:
-            return
-        try:
-            os.write(self._wake_w, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # the pipe is full (the thread has wake-ups pending) or closed
+        self._waker.wake()
 
     def _stream_gone(self, name: str, stream_id: int, error: KeraError) -> None:
         """Under the lock: the coordinator confirmed the stream was deleted."""

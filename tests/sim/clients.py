@@ -3,7 +3,7 @@
 Producers drive kera.producer.pipeline.Pipeline and consumers kera.consumer.fetching.FetchState
 the way their request threads do (kera/producer/sender.py, kera/consumer/fetcher.py): expire,
 build, send, apply replies, sleep until the next deadline. Metadata comes from the coordinator
-(`describe_stream`, parsed by kera.metadata.parse_stream), asked again when the bookkeeping says
+through the clients' own kera.stream_cache.StreamCache, asked again when the bookkeeping says
 so. Producers append records numbered per (producer, stream, streamlet), so the checker can
 follow every record through retries, re-identification and reads.
 """
@@ -16,64 +16,58 @@ import random
 from kera import chunk, config
 from kera.consumer.cursor import ChunkItem, ErrorItem, FetchCursor
 from kera.consumer.fetching import FetchState
-from kera.errors import BadRequest
-from kera.metadata import StreamInfo, parse_stream
+from kera.errors import BadRequest, KeraError, UnknownStream
+from kera.schema import StreamInfo
+from kera.stream_cache import StreamCache
 from kera.producer.pipeline import ACKED, Pipeline
 
 from tests.sim.checker import Checker, InvariantBroken, record_value
 from tests.sim.network import Network
 from tests.sim.shell import SimHost, SimServer
 
-METADATA_REFRESH_INTERVAL_S_MIN = 0.05   # as in the producer's and consumer's request threads
 COORDINATOR_REQUEST_TIMEOUT_S = 1.0
 
 
 class ClientMetadata:
-    """kera.metadata.Metadata without the blocking call: a describe_stream in flight per name."""
+    """The clients' kera.stream_cache.StreamCache, its requests sent on the simulated network
+    the way kera.request_thread sends them."""
 
-    def __init__(self, node: SimServer, coordinator: str, on_update=None):
+    def __init__(self, node: "Client", coordinator: str, on_update=None):
         self.node = node
-        self.coordinator = coordinator
+        self.cache = StreamCache(coordinator, COORDINATOR_REQUEST_TIMEOUT_S)
         self.on_update = on_update
-        self.by_name: dict[str, StreamInfo] = {}
-        self.by_id: dict[int, StreamInfo] = {}
-        self._fetched_at: dict[str, float] = {}
-        self._asked: dict[int, tuple[str, float]] = {}   # req id -> (name, deadline)
+        self._known: set[str] = set()
+        self.by_name = self.cache.by_name
+        self.address_of = self.cache.address_of
 
-    def address_of(self, stream_id: int, streamlet: int) -> str | None:
-        info = self.by_id.get(stream_id)
-        return None if info is None else info.address_of(streamlet)
+    def refresh(self, name: str) -> None:
+        self.cache.want(name, self.node.sched.now)
+        self.pump()
 
-    def refresh(self, name: str, interval_s_min: float = 0.0) -> None:
+    def pump(self) -> None:
+        """Send the describe requests due now; wake when the next one is."""
         now = self.node.sched.now
-        for req_id in [r for r, (_, deadline) in self._asked.items() if deadline <= now]:
-            del self._asked[req_id]   # lost: asked again below
-        if any(n == name and deadline > now for n, deadline in self._asked.values()):
-            return
-        if name in self.by_name and now - self._fetched_at.get(name, -1e9) < interval_s_min:
-            return
-        req_id = self.node.send_request(self.coordinator, "describe_stream", {"name": name})
-        self._asked[req_id] = (name, now + COORDINATOR_REQUEST_TIMEOUT_S)
+        for req in self.cache.requests(now):
+            req_id = self.node.send_request(req.address, "describe_stream", req.fields)
+            self.cache.sent(req, req_id, now)
+        self.node.wake_at(self.cache.next_wake(now))
 
     def on_reply(self, header: dict) -> bool:
         """Apply a coordinator reply; False if it was not one of ours (or came too late)."""
-        asked = self._asked.pop(header.get("id"), None)
-        if asked is None:
+        found = self.cache.on_reply(header, self.node.sched.now)
+        if found is None:
             return False
-        name = asked[0]
-        if header.get("ok") is not True:
-            if header.get("code") == "unknown_stream" and name in self.by_name:
-                raise InvariantBroken(f"{self.node.name}: the coordinator forgot stream '{name}'")
-            return True   # retried on the next refresh (or not created yet: the admin retries)
-        try:
-            info = parse_stream(header.get("stream"))
-        except BadRequest as err:
-            raise InvariantBroken(f"{self.node.name}: bad descriptor of '{name}': {err}") from None
-        self.by_name[name] = info
-        self.by_id[info.id] = info
-        self._fetched_at[name] = self.node.sched.now
+        name, result = found
+        if isinstance(result, UnknownStream) and name in self._known:
+            raise InvariantBroken(f"{self.node.name}: the coordinator forgot stream '{name}'")
+        if isinstance(result, BadRequest):
+            raise InvariantBroken(f"{self.node.name}: bad descriptor of '{name}': {result}")
+        if isinstance(result, KeraError):
+            self.pump()   # retried after the refresh interval (or not created yet: asked again)
+            return True
+        self._known.add(name)
         if self.on_update is not None:
-            self.on_update(info)
+            self.on_update(result)
         return True
 
 
@@ -112,6 +106,7 @@ class Client(SimServer):
     def _wake(self) -> None:
         if self.sched.now >= self._wake_at:
             self._wake_at = math.inf
+        self.meta.pump()
         self.loop()
 
     def loop(self) -> None:
@@ -193,7 +188,7 @@ class SimProducer(Client):
 
     def _refresh(self, streams: set) -> None:
         for name, _ in sorted(streams):
-            self.meta.refresh(name, METADATA_REFRESH_INTERVAL_S_MIN)
+            self.meta.refresh(name)
 
     def on_client_reply(self, src: str, header: dict, frames: list) -> None:
         if src == self.coordinator:
@@ -260,7 +255,7 @@ class SimConsumer(Client):
         state.expire(now)
         if state.want_refresh:
             state.want_refresh = set()
-            self.meta.refresh(self.stream, METADATA_REFRESH_INTERVAL_S_MIN)
+            self.meta.refresh(self.stream)
         for broker, reads, streamlets in state.build(now, self.meta.address_of):
             req_id = self.send_request(broker, "fetch", {"reads": reads})
             state.sent(broker, req_id, streamlets, now)
