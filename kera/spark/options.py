@@ -13,6 +13,9 @@ from kera import config
 from kera.coordinator.groups import GROUP_NAME_CHARS_MAX
 
 log = logging.getLogger(__name__)
+# The sink's smallest chunk: the producer needs room for a chunk header (64 bytes) and some
+# records; smaller chunks would hold one row each anyway.
+CHUNK_SIZE_BYTES_MIN = 256
 SPARK_OPTIONS = {"path", "checkpointlocation", "queryname"}
 
 OPTION_NAMES = (
@@ -54,7 +57,7 @@ class Options:
         if not bootstrap:
             raise ValueError("option 'bootstrap' (the coordinator's host:port) is required")
         streams = tuple(s.strip() for s in opts.get("stream", opts.get("path", "")).split(",") if s.strip())
-        return Options(
+        return _check_sink_sizes(Options(
             bootstrap=bootstrap,
             streams=streams,
             starting=opts.get("startingoffsets"),
@@ -64,7 +67,7 @@ class Options:
             min_partitions=_int(opts, "minPartitions", None, lo=1),
             fetch_max_bytes=_int(opts, "fetchMaxBytes", config.DEFAULT_FETCH_MAX_BYTES, lo=1),
             timeout_s=_int(opts, "timeoutMs", 30_000, lo=1) / 1000.0,
-            chunk_size_bytes=_int(opts, "chunkSizeBytes", config.DEFAULT_CHUNK_SIZE_BYTES, lo=1,
+            chunk_size_bytes=_int(opts, "chunkSizeBytes", config.DEFAULT_CHUNK_SIZE_BYTES, lo=CHUNK_SIZE_BYTES_MIN,
                                   hi=config.DEFAULT_MAX_RECORD_BYTES * 4),
             request_size_bytes=_int(opts, "requestSizeBytes", config.DEFAULT_REQUEST_SIZE_BYTES, lo=1),
             in_flight_per_broker=_int(opts, "inFlightPerBroker", config.DEFAULT_IN_FLIGHT_PER_BROKER, lo=1, hi=64),
@@ -73,12 +76,20 @@ class Options:
             pattern=_pattern(opts, streams),
             key_file=opts.get("keyfile"),
             group=_group(opts),
-        )
+        ))
 
     def need_streams(self) -> tuple[str, ...]:
         if not self.streams:
             raise ValueError("option 'stream' is required (one stream name, or several separated by commas)")
         return self.streams
+
+
+def _check_sink_sizes(opts: Options) -> Options:
+    """A write task holds at least one whole chunk unacknowledged."""
+    if opts.chunk_size_bytes > opts.buffer_bytes:
+        raise ValueError(f"option 'chunkSizeBytes'={opts.chunk_size_bytes} exceeds option "
+                         f"'bufferBytes'={opts.buffer_bytes}: lower the first or raise the second")
+    return opts
 
 
 def _pattern(opts: Mapping[str, str], streams: tuple[str, ...]) -> str | None:

@@ -22,6 +22,12 @@ chunk per streamlet, plus one for keyless rows) travels in its commit message an
 driver when Spark commits the write, because only then is it certain that the task saw all its
 rows (see _TaskWriter.run). Rows become visible to readers as soon as their chunk is stored,
 before Spark commits the batch (as with Kafka's non-transactional sink).
+
+The chunks travel through the library's engine: one kera.producer.Producer per write task (and
+one on the driver for the tails), given each chunk with its own identity (`send_chunk`). It
+resends a chunk with the same bytes until acknowledged, follows streamlets that move, retries
+through a stream that its brokers do not know yet (just created), and bounds what a task holds
+unacknowledged by option `bufferBytes`.
 """
 
 from __future__ import annotations
@@ -40,17 +46,22 @@ from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrow
                                     WriterCommitMessage)
 from pyspark.sql.types import BinaryType, StringType, StructType, TimestampNTZType, TimestampType
 
+from kera.errors import KeraError, Timeout, UnknownStream
+from kera.producer.producer import Producer
 from kera.spark.chunking import ChunkPlanner
 from kera.spark.columns import as_binary, encode_arrow
-from kera.errors import UnknownStream
 from kera.spark.metadata import Metadata
 from kera.spark.options import Options
-from kera.spark.produce import Sender
 
 log = logging.getLogger(__name__)
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"     # set by Spark on every task of a streaming query
 BATCH_ID_PROPERTY = "streaming.sql.batchId"     # the micro-batch id, likewise
+# A task (or the driver's commit) fails when its chunks are not all acknowledged within this
+# many request timeouts (option timeoutMs) of its final flush, or when its buffer stays full as
+# long: room for a broker failover (detected, then recovered, within a few timeouts) without
+# hanging on a cluster that is down.
+STALL_TIMEOUTS = 3
 
 
 def producer_id(write_id: str, batch_id: str, partition_id: int) -> int:
@@ -76,18 +87,51 @@ def send_tails(opts: Options, messages) -> int:
     tails = [(m.producer_id, *t) for m in messages if m is not None for t in m.tails]
     if not tails:
         return 0
-    sender = Sender(Metadata(opts.bootstrap, opts.timeout_s, opts.key_file), opts.in_flight_per_broker,
-                    opts.request_size_bytes, opts.buffer_bytes, opts.timeout_s)
+    producer = open_producer(opts)
     try:
-        for pid, stream, sid, sl, seq, chunk in sorted(tails, key=lambda t: t[:5]):
-            info = sender.stream(stream)
-            if info.id != sid:
-                raise UnknownStream(f"stream {stream!r} was recreated during the write")
-            sender.send(pid, info, sl, seq, chunk)
-        sender.flush()
+        for _, stream, sid, _, _, chunk in sorted(tails, key=lambda t: t[:5]):
+            if producer.stream_info(stream).id != sid:
+                raise UnknownStream(f"stream {stream!r} was deleted and created again during the "
+                                    f"write; its rows cannot be committed: run the write again")
+            producer.send_chunk(stream, chunk)
+        flush_chunks(producer, opts, f"the commit of {len(tails)} tail chunks")
     finally:
-        sender.close()
+        close_quietly(producer)
     return len(tails)
+
+
+def open_producer(opts: Options) -> Producer:
+    """The engine that sends a task's chunks (each given with its own identity)."""
+    return Producer(opts.bootstrap, chunk_size_bytes=opts.chunk_size_bytes,
+                    request_size_bytes=opts.request_size_bytes,
+                    in_flight_per_broker=opts.in_flight_per_broker, buffer_bytes=opts.buffer_bytes,
+                    request_timeout_s=opts.timeout_s, send_timeout_s=STALL_TIMEOUTS * opts.timeout_s,
+                    key_file=opts.key_file)
+
+
+def flush_chunks(producer: Producer, opts: Options, what: str) -> None:
+    """Wait until every chunk sent is acknowledged; a KeraError of the same class naming `what`
+    and the streamlets (Producer.flush's message) when one failed or time ran out."""
+    try:
+        producer.flush(STALL_TIMEOUTS * opts.timeout_s)
+    except KeraError as err:
+        raise with_context(err, f"the kera sink could not store {what}", opts)
+
+
+def with_context(err: KeraError, what: str, opts: Options) -> KeraError:
+    """`err` itself (class and fields kept), its message prefixed with what failed and where."""
+    hint = " (if the cluster is only slow, raise option 'timeoutMs')" if isinstance(err, Timeout) else ""
+    err.args = (f"{what} on {opts.bootstrap}{hint}: {err}",)
+    return err
+
+
+def close_quietly(producer: Producer) -> None:
+    """Close without waiting: after a successful flush nothing is pending; after a failure the
+    task fails anyway and its retry resends the same chunks."""
+    try:
+        producer.close(timeout=0)
+    except KeraError as err:
+        log.info("kera sink: closing the producer dropped unacknowledged chunks: %s", err)
 
 
 def check_schema(schema: StructType, opts: Options) -> None:
@@ -133,8 +177,7 @@ class _TaskWriter:
         self.pid = pid
         self.partition_id = partition_id
         self.timestamp_us = timestamp_us
-        self.sender = Sender(Metadata(opts.bootstrap, opts.timeout_s, opts.key_file), opts.in_flight_per_broker,
-                             opts.request_size_bytes, opts.buffer_bytes, opts.timeout_s)
+        self.producer: Producer | None = None   # opened by run, which closes it
         self.planners: dict[str, ChunkPlanner] = {}
         self.seqs: dict[tuple[int, int], int] = {}
         self.rows = 0
@@ -147,17 +190,19 @@ class _TaskWriter:
         all its rows: when an upstream operator fails, Spark may end the input early and
         cleanly. A tail cut from such a truncated input would take the sequence the complete
         re-run gives a fuller chunk, which the broker would then drop as a duplicate."""
+        self.producer = open_producer(self.opts)
         try:
             for batch in batches:
                 self.add(batch)
             tails = []
             for stream in sorted(self.planners):
-                info = self.sender.stream(stream)
+                info = self.producer.stream_info(stream)
                 for c, seq, chunk in self._encode(stream, self.planners[stream].flush()):
                     tails.append((stream, info.id, c.streamlet, seq, chunk))
-            self.sender.flush()
+            flush_chunks(self.producer, self.opts,
+                         f"the {self.chunks - len(tails)} full chunks of write task {self.partition_id}")
         finally:
-            self.sender.close()
+            close_quietly(self.producer)
         return KeraCommitMessage(self.partition_id, self.pid, self.rows, self.chunks, tails)
 
     def add(self, batch: pa.RecordBatch) -> None:
@@ -199,21 +244,24 @@ class _TaskWriter:
     def _add(self, stream: str, values, keys, ts) -> None:
         planner = self.planners.get(stream)
         if planner is None:
-            info = self.sender.stream(stream)
+            info = self.producer.stream_info(stream)
             planner = self.planners[stream] = ChunkPlanner(info.streamlets, self.opts.chunk_size_bytes,
                                                            keyless_seed=self.partition_id)
         self._send(stream, planner.add(values, keys, ts))
 
     def _send(self, stream: str, planned) -> None:
-        info = self.sender.stream(stream) if planned else None
-        for c, seq, chunk in self._encode(stream, planned):
-            self.sender.send(self.pid, info, c.streamlet, seq, chunk)
+        try:
+            for _, _, chunk in self._encode(stream, planned):
+                self.producer.send_chunk(stream, chunk)
+        except KeraError as err:  # the buffer stayed full: no chunk acknowledged for long
+            raise with_context(err, f"write task {self.partition_id} could not send to stream "
+                                    f"{stream!r}", self.opts)
 
     def _encode(self, stream: str, planned):
         """(planned chunk, sequence, bytes): sequences dense from 0 per (stream, streamlet)."""
         if not planned:
             return
-        info = self.sender.stream(stream)
+        info = self.producer.stream_info(stream)
         for c in planned:
             key = (info.id, c.streamlet)
             seq = self.seqs.get(key, 0)

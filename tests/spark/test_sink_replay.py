@@ -1,18 +1,21 @@
 """The sink's write tasks against a real cluster, without Spark: a task attempt whose input
-ended early, then a complete re-run with the same identity, store every row exactly once."""
+ended early, then a complete re-run with the same identity, store every row exactly once; a
+task whose chunks cannot be stored fails in bounded time, naming the stream."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pyarrow as pa
 import pytest
 
 from kera.admin import Admin
+from kera.errors import Timeout
 from kera.spark import offsets as ko
 from kera.spark.fetch import read_group
 from kera.spark.options import Options
-from kera.spark.sink import _TaskWriter, producer_id, send_tails
+from kera.spark.sink import STALL_TIMEOUTS, _TaskWriter, producer_id, send_tails
 from kera.spark.source import _Planner
 
 
@@ -72,3 +75,28 @@ def test_truncated_attempt_then_full_rerun_stores_every_row_once(cluster, keyed)
     send_tails(opts, [third])
     want = Counter(v for b in data for v in b.column("value").to_pylist())
     assert Counter(read_values(opts, stream)) == want
+
+
+def test_producer_id_is_stable_and_distinct():
+    a = producer_id("q", "7", 1)
+    assert a == producer_id("q", "7", 1)
+    assert len({a, producer_id("q", "7", 2), producer_id("q", "8", 1), producer_id("r", "7", 1)}) == 4
+    assert 0 < a < 2 ** 64
+
+
+def test_task_whose_chunks_cannot_be_stored_fails_in_bounded_time_naming_the_stream(fresh_cluster):
+    cluster = fresh_cluster(brokers=1, backups=0)
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_stream("down", streamlets=2)
+    cluster.kill_broker(0)
+    timeout_s = 1.0
+    # A buffer that holds every chunk (the final flush gives up), then one that fills (send does).
+    for buffer_bytes, where in ((32 << 20, "full chunks of write task 3"), (4096, "write task 3 could not send")):
+        opts = Options.parse({"bootstrap": cluster.bootstrap, "stream": "down", "chunkSizeBytes": "700",
+                              "bufferBytes": str(buffer_bytes), "timeoutMs": str(int(timeout_s * 1000))})
+        started = time.monotonic()
+        with pytest.raises(Timeout, match=where) as err:
+            _TaskWriter(opts, producer_id("q", "0", 3), 3, timestamp_us=42).run(iter(batches(500, 100, False)))
+        assert "'down'" in str(err.value) and "timeoutMs" in str(err.value)
+        # The wait, then closing the producer (its request thread ends within a request timeout).
+        assert time.monotonic() - started < STALL_TIMEOUTS * timeout_s + 2 * timeout_s + 5

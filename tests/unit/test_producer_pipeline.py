@@ -331,3 +331,81 @@ def test_flush_error_names_stream_streamlet_and_totals():
     odd = KeraError("x")
     odd.code = "weird_code"
     assert failure_error([Failure("s", 0, odd, 1)]).code == "weird_code"
+
+
+# --------------------------------------------------------------------------- foreign chunks
+# Chunks encoded by the caller with their own (producer id, sequence), as the Spark sink's write
+# tasks send them: several identities may share a streamlet, none is ever re-identified.
+
+def add_foreign(pipe, pid, sl, seq, body=b"x"):
+    return pipe.add_foreign("s", chunk.encode(pid, seq, SID, sl, [body]))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_foreign_chunks_of_two_producers_stored_once_in_order_despite_losses(seed):
+    rng = random.Random(seed)
+    print("seed", seed)
+    pipe = make(window=3, retries=1000, timeout_s=1.0)
+    broker = BrokerModel()
+    want = {}
+    for i in range(300):
+        pid, sl = rng.choice([7, 8]), rng.randrange(3)
+        seq = len(want.setdefault((pid, sl), []))
+        body = b"%d-%d-%d" % (pid, sl, seq)
+        want[(pid, sl)].append(body)
+        add_foreign(pipe, pid, sl, seq, body)
+    mapping, now, req_ids = {0: "b1", 1: "b1", 2: "b2"}, 0.0, iter(range(1, 10**9))
+    for _ in range(100_000):
+        if not pipe.incomplete:
+            break
+        now += rng.choice([0.001, 0.01, 0.1])
+        pipe.expire(now)
+        for o in pipe.build(now, owners(mapping)):
+            rid = next(req_ids)
+            pipe.sent(o, rid, now)
+            assert len({(c.lane.stream_id, c.lane.streamlet) for c in o.chunks}) == len(o.chunks)
+            results = [["throttled", "busy", True] if rng.random() < 0.05 else broker.produce(c.data)
+                       for c in o.chunks]
+            if rng.random() < 0.9:  # else the reply is lost (its chunks may be stored)
+                pipe.on_reply(o.broker, {"id": rid, "ok": True, "results": results}, now)
+    assert not pipe.incomplete and not pipe.take_failures() and not pipe.lanes
+    got = {}
+    for (sid, sl), stored in broker.stored.items():
+        for pid, seq, _ in stored:
+            got.setdefault((pid, sl), []).append(b"%d-%d-%d" % (pid, sl, seq))
+    assert got == want  # every chunk once, each identity's in sequence order
+
+
+def test_foreign_chunks_of_two_producers_on_one_streamlet_never_share_a_request():
+    pipe = make(window=4)
+    add_foreign(pipe, 1, 0, 3)   # a later part of producer 1's sequence
+    add_foreign(pipe, 2, 0, 0)
+    outs = send_all(pipe)
+    assert sorted(len(o.chunks) for o in outs) == [1, 1]
+
+
+def test_refused_foreign_chunk_fails_with_its_followers_and_keeps_its_identity():
+    pipe = make(window=1)
+    first, second = add_foreign(pipe, 9, 0, 0), add_foreign(pipe, 9, 0, 1)
+    (o,) = send_all(pipe)
+    pipe.on_reply("b1", {"id": 1, "ok": True, "results": [["corrupt_chunk", "bad", False]]}, 0.0)
+    failures = pipe.take_failures()
+    assert [f.error.code for f in failures] == ["corrupt_chunk", "internal"]
+    assert pipe.done_through(second.serial) and first.lane.producer_id == 9
+
+
+def test_stream_its_broker_does_not_know_yet_is_retried_not_failed():
+    """A just-created stream: its broker answers unknown_stream (retriable) until it applied
+    the creation. The chunk waits, the stream's metadata is refreshed, the chunk is resent."""
+    pipe = make(window=1, retries=30)
+    c = add_foreign(pipe, 9, 0, 0)
+    now = 0.0
+    for attempt in range(10):
+        (o,) = send_all(pipe, now=now, first_id=attempt + 1)
+        refresh = pipe.on_reply("b1", {"id": attempt + 1, "ok": True, "results": [
+            ["unknown_stream", f"unknown stream id {SID}", True]]}, now)
+        assert refresh == {("s", SID)}
+        now += 10
+    (o,) = send_all(pipe, now=now, first_id=100)
+    pipe.on_reply("b1", ok(o, 100), now)
+    assert pipe.done_through(c.serial) and not pipe.take_failures()
