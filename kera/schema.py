@@ -229,6 +229,20 @@ class StreamInfo:
         owner = self.placement[streamlet]
         return None if owner is None else self.brokers.get(owner)
 
+    def owner(self, streamlet: int) -> str:
+        """The owning broker's "host:port"; NotReady (retriable) while it has no live owner."""
+        address = self.address_of(streamlet)
+        if address is None:
+            from kera.errors import NotReady
+            raise NotReady(f"stream '{self.name}' streamlet {streamlet} has no live owner now "
+                           f"(failover under way?); ask again shortly")
+        return address
+
+    @property
+    def serving(self) -> bool:
+        """Every streamlet has a live owner and every owner knows the stream."""
+        return self.ready and all(self.address_of(sl) for sl in range(self.streamlets))
+
 
 def stream_descriptor(descriptor) -> StreamInfo:
     """A descriptor from `describe_stream` / `create_stream` / `list_streams`."""

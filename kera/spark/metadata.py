@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 from kera import rpc, schema, wire
+from kera.stream_cache import StreamCache
 from kera.errors import KeraError, NotReady, Timeout, UnknownStream
 from kera.spark.offsets import GroupInfo, Groups, group_infos
 
@@ -21,27 +21,7 @@ RETRY_PAUSE_S = 0.05
 RETRY_PAUSE_MAX_S = 1.0
 
 
-@dataclass(frozen=True)
-class StreamInfo:
-    """The parts of a stream descriptor the connector uses, validated."""
-    name: str
-    id: int
-    streamlets: int
-    active_groups: int
-    placement: tuple[int, ...]
-    brokers: dict  # broker id (str) -> "host:port"
-
-    def owner(self, streamlet: int) -> str:
-        return self.brokers[str(self.placement[streamlet])]
-
-    @staticmethod
-    def from_descriptor(desc) -> "StreamInfo":
-        d = schema.stream_descriptor(desc)
-        for bid in d.placement:
-            if bid is None or bid not in d.brokers:
-                raise KeraError(f"stream descriptor places a streamlet on broker {bid} with no address")
-        return StreamInfo(d.name, d.id, d.streamlets, d.active_groups, d.placement,
-                          {str(k): v for k, v in d.brokers.items()})
+StreamInfo = schema.StreamInfo
 
 
 def _pause(attempt: int) -> float:
@@ -57,6 +37,9 @@ class Metadata:
             raise ValueError("option 'bootstrap' must name the coordinator, e.g. 127.0.0.1:7000")
         self.timeout_s = timeout_s
         self._conns: dict[str, rpc.Connection] = {}
+        # The clients' one descriptor cache (kera.stream_cache): parses and keeps what the
+        # coordinator said; this class adds the retries and the wait for `serving`.
+        self.cache = StreamCache(self.coordinators[0], timeout_s)
 
     def conn(self, address: str) -> rpc.Connection:
         c = self._conns.get(address)
@@ -77,7 +60,7 @@ class Metadata:
         self._conns.clear()
 
     def describe(self, name: str) -> StreamInfo:
-        """The stream's descriptor once every owning broker knows it (`ready`)."""
+        """The stream's descriptor once every streamlet has a live owner that knows it."""
         deadline = time.monotonic() + self.timeout_s
         attempt = 0
         last: Exception | None = None
@@ -85,9 +68,8 @@ class Metadata:
             address = self.coordinators[attempt % len(self.coordinators)]
             try:
                 reply, _ = self.conn(address).call("describe_stream", {"name": name})
-                desc = reply.get("stream")
-                info = StreamInfo.from_descriptor(desc)
-                if desc.get("ready", True):
+                info = self.cache.on_describe(name, reply, time.monotonic())
+                if info.serving:
                     return info
                 last = NotReady(f"stream {name!r} is not ready on its brokers yet")
             except UnknownStream:
