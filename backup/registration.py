@@ -15,7 +15,8 @@ import logging
 from typing import Callable
 
 from kera import config, schema
-from kera.errors import IdInUse, KeraError, NotAuthorized, Timeout, WrongCluster
+from kera.coordinator_peer import CoordinatorPeer
+from kera.errors import Fenced, IdInUse, KeraError, NotAuthorized, NotLeader, Timeout, WrongCluster
 from kera.identity import Identity
 from kera.interval_timer import IntervalTimer
 from kera.server import Server
@@ -53,7 +54,7 @@ class Registration:
         self._on_heartbeat_reply = on_heartbeat   # gets each heartbeat reply's header
         self._timeout_s = timeout_s
         self._server = server
-        self._peer = server.peer(coordinator)
+        self._peer = CoordinatorPeer(server, coordinator)   # follows the leader
         self._busy = False
         self._unreachable_logged = False
         self._timer = IntervalTimer(server, self.tick)
@@ -118,8 +119,10 @@ class Registration:
             if self._on_heartbeat_reply is not None:
                 self._on_heartbeat_reply(header)
             return
-        if isinstance(err, Timeout):
-            self._unreachable("heartbeat timed out", err)
+        if isinstance(err, (Timeout, NotLeader, Fenced)):
+            # No answer, or a standby / deposed coordinator: the next tick asks the next one
+            # (kera.coordinator_peer), which knows this daemon if it leads now.
+            self._unreachable(f"heartbeat failed: {err.code}", err)
             return
         if self._fatal(err):
             return

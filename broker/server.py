@@ -22,6 +22,7 @@ import zmq
 
 from kera import config, schema
 from kera import security as daemon_security
+from kera.coordinator_peer import CoordinatorPeer
 from kera.broker import history_epoch, replica_report
 from kera.broker.core import Broker, BrokerConfig, parse_cursor
 from kera.broker.memory import default_memory_limit_bytes
@@ -88,8 +89,7 @@ class BrokerDaemon:
         self.server.on("fetch", self._on_fetch)
         self.server.on("offsets", self._on_offsets)
         self.server.on("stats", self._on_stats)
-        self.coordinator_address = coordinator
-        self.coordinator = self.server.peer(coordinator)
+        self.coordinator = CoordinatorPeer(self.server, coordinator)   # follows the leader
         if advertise is None:
             advertise = self.server.address
             if host in ("0.0.0.0", "*", "::", ""):
@@ -238,7 +238,7 @@ class BrokerDaemon:
     def _coordinator_error(self, op: str, error: KeraError) -> None:
         if isinstance(error, (IdInUse, WrongCluster, NotAuthorized)):
             log.error("the coordinator %s refused this broker's identity (%s): %s; stopping, "
-                      "nothing deleted", self.coordinator_address, error.code, error.message)
+                      "nothing deleted", self.coordinator.address, error.code, error.message)
             self.exit_code = 1
             self.server.stop()
         elif op == "heartbeat" and isinstance(error, BadRequest):
@@ -251,7 +251,7 @@ class BrokerDaemon:
             log.warning("the coordinator does not know broker %s: registering again", self.core.broker_id)
             self._register()
         else:
-            log.warning("coordinator %s %s failed: %s: %s", self.coordinator_address, op,
+            log.warning("coordinator %s %s failed: %s: %s", self.coordinator.address, op,
                         error.code, error.message)
 
     def _register(self) -> None:
@@ -278,7 +278,7 @@ class BrokerDaemon:
         self.core.set_identity(bid)
         # The coordinator forgets a broker's replica map when it registers: report it all again.
         replica_report.report_all(self.core.vlog_list)
-        log.info("registered with %s as broker %d (%s)", self.coordinator_address, bid, self.advertise)
+        log.info("registered with %s as broker %d (%s)", self.coordinator.address, bid, self.advertise)
         self._refresh_streams()
         self._refresh_cluster()
 
@@ -377,7 +377,7 @@ class BrokerDaemon:
         self.recovery.cluster_reply(header)
         live = {b.address for b in self.core.pool.backups.values() if b.alive}
         # Departed backups' connections are freed (one still needed opens again on next use).
-        self.server.close_idle_peers(keep=live | {self.coordinator_address})
+        self.server.close_idle_peers(keep=live | {self.coordinator.address})
         if len(live) <= PRECONNECT_BACKUPS_MAX:
             for address in live:
                 self.server.peer(address)   # connect before the first write

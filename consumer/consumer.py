@@ -483,7 +483,7 @@ class Consumer:
     def _join(self, group, instance_id, session_timeout_ms, auto_commit_interval_ms,
               pattern) -> None:
         self._membership = Membership(
-            self, self._meta.coordinator, group, list(self.streams), time.monotonic(),
+            self, self._meta.coordinators, group, list(self.streams), time.monotonic(),
             instance_id=instance_id, pattern=pattern, session_timeout_ms=session_timeout_ms,
             auto_commit_interval_ms=auto_commit_interval_ms)
         self.add_task(self._membership)
@@ -504,8 +504,8 @@ class Consumer:
         """The group's committed positions (of `parts`, default every part it has)."""
         if self.group is None:
             raise BadRequest("committed() needs a consumer group: Consumer(..., group='name')")
-        header, _ = rpc.call(self._meta.coordinator, "group_offsets", {"group": self.group},
-                             timeout_s=self.request_timeout_s, key_file=self.key_file)
+        header, _ = self._meta.call("group_offsets", {"group": self.group},
+                                    timeout_s=self.request_timeout_s)
         out = positions_from_wire(header["positions"])
         wanted = None if parts is None else {tuple(p) for p in parts}
         return [p for p in out if wanted is None or (p.stream, p.streamlet) in wanted]
@@ -518,12 +518,11 @@ class Consumer:
             return
         try:
             if m.auto_commit_s is not None and self.assignment():
-                rpc.call(self._meta.coordinator, "group_commit", m.ids() | {
+                self._meta.call("group_commit", m.ids() | {
                     "positions": positions_to_wire(self.positions())},
-                    timeout_s=self.request_timeout_s, key_file=self.key_file)
+                    timeout_s=self.request_timeout_s)
             op, fields = m.leave_request()
-            rpc.call(self._meta.coordinator, op, fields, timeout_s=self.request_timeout_s,
-                     key_file=self.key_file)
+            self._meta.call(op, fields, timeout_s=self.request_timeout_s)
         except KeraError as err:
             log.warning("group '%s': leaving failed (%s): the coordinator drops this member "
                         "after its session timeout", self.group, err)

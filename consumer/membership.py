@@ -27,6 +27,7 @@ import logging
 from concurrent.futures import Future
 from typing import Protocol
 
+from kera.coordinators import CoordinatorList
 from kera.errors import KeraError, StaleMemberEpoch, Timeout, UnknownMember
 from kera.position import Position
 
@@ -64,11 +65,15 @@ def positions_from_wire(entries) -> list[Position]:
 
 
 class Membership:
-    def __init__(self, consumer: Assignable, coordinator: str, group: str, streams, now: float,
+    def __init__(self, consumer: Assignable, coordinator: str | CoordinatorList, group: str,
+                 streams, now: float,
                  *, instance_id: str | None = None, pattern: str | None = None,
                  session_timeout_ms: int = 10_000,
                  auto_commit_interval_ms: int | None = 5_000):
-        self.consumer, self.coordinator, self.group = consumer, coordinator, group
+        self.consumer, self.group = consumer, group
+        # The leader of these (kera.coordinators): a standby's `not_leader` moves on to the next.
+        self.coordinators = CoordinatorList(coordinator) if isinstance(coordinator, str) else coordinator
+        self.asked = ""   # the coordinator the request in flight went to
         self.streams = list(streams)
         self.instance_id, self.session_timeout_ms = instance_id, session_timeout_ms
         self.pattern = pattern   # the coordinator adds every stream whose name matches
@@ -105,11 +110,13 @@ class Membership:
         if self.member_id and self.commits:
             wire, future = self.commits.pop(0)
             self.inflight = ("commit", future)
-            return self.coordinator, ("group_commit", self.ids() | {"positions": wire})
+            self.asked = self.coordinators.current
+            return self.asked, ("group_commit", self.ids() | {"positions": wire})
         if now >= self.next_beat_s:
             self.inflight = ("heartbeat", None)
             self.beat_sent_s = now
-            return self.coordinator, ("group_heartbeat", self._heartbeat())
+            self.asked = self.coordinators.current
+            return self.asked, ("group_heartbeat", self._heartbeat())
         return None
 
     def on_reply(self, reply, now: float) -> None:
@@ -128,6 +135,7 @@ class Membership:
     def on_error(self, err: KeraError, now: float) -> None:
         kind, future = self.inflight or ("heartbeat", None)
         self.inflight = None
+        self.coordinators.failed(self.asked, err)
         if isinstance(err, UnknownMember):
             self._fenced(err, now)
         if kind == "commit":

@@ -13,7 +13,9 @@ import threading
 import time
 
 from kera import config, rpc
-from kera.errors import BadRequest, KeraError, Timeout
+from kera.coordinator_client import CoordinatorClient
+from kera.coordinators import parse_addresses
+from kera.errors import KeraError, Timeout
 
 READY_POLL_S = 0.02          # between describe_stream calls while waiting for `ready`
 STATS_TIMEOUT_S_MAX = 2.0    # per daemon: a dead daemon must not stall `stats` for long
@@ -24,12 +26,8 @@ PAGES_MAX = 1_000_000
 
 
 def parse_bootstrap(bootstrap: str) -> str:
-    """The coordinator's "host:port" (the first, if a comma-separated list is given)."""
-    address = (bootstrap or "").split(",")[0].strip()
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise BadRequest(f"bootstrap address must be host:port, not {bootstrap!r}")
-    return address
+    """The first coordinator's "host:port" of a bootstrap list (kera.coordinators)."""
+    return parse_addresses(bootstrap)[0]
 
 
 class Admin:
@@ -39,7 +37,8 @@ class Admin:
         self.bootstrap = parse_bootstrap(bootstrap)
         self.timeout_s = timeout_s
         self.key_file = key_file
-        self._conn = rpc.Connection(self.bootstrap, timeout_s=timeout_s, key_file=key_file)
+        # The leader of the bootstrap list's coordinators (kera.coordinator_client).
+        self._conn = CoordinatorClient(bootstrap, timeout_s=timeout_s, key_file=key_file)
         self._lock = threading.Lock()
 
     def _call(self, op: str, fields: dict | None = None, timeout_s: float | None = None) -> dict:

@@ -214,3 +214,14 @@ class Fenced(KeraError):
 
 
 _BY_CODE[Fenced.code] = Fenced
+
+
+class NotLeader(KeraError):
+    """This coordinator stands by: another one leads the cluster (it holds the leadership key
+    in etcd). Ask the next coordinator of the bootstrap list; clients and daemons do that
+    themselves (kera.coordinators)."""
+    code = "not_leader"
+    retriable = True
+
+
+_BY_CODE[NotLeader.code] = NotLeader

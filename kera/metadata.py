@@ -13,6 +13,8 @@ import time
 
 from kera import rpc, schema
 from kera.errors import ClientClosed, UnknownStream
+from kera.coordinator_client import CoordinatorClient
+from kera.coordinators import CoordinatorList
 from kera.stream_cache import StreamCache
 
 # The descriptor and its parser are the wire schema's.
@@ -23,15 +25,13 @@ parse_stream = schema.stream_descriptor
 class Metadata:
     def __init__(self, bootstrap: str, *, timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
                  key_file: str | None = None):
-        from kera.admin import parse_bootstrap
-
-        self.coordinator = parse_bootstrap(bootstrap)
+        self.coordinators = CoordinatorList(bootstrap)   # shared by every thread's client
         self.timeout_s = timeout_s
         self.key_file = key_file   # CURVE key (kera.keys): None is $KERA_KEY_FILE or plaintext
         self.lock = threading.Lock()   # around every use of `cache`
-        self.cache = StreamCache(self.coordinator, timeout_s)
+        self.cache = StreamCache(self.coordinators, timeout_s)
         self._local = threading.local()
-        self._conns: list[rpc.Connection] = []
+        self._conns: list[CoordinatorClient] = []
         self._closed = False
 
     # ------------------------------------------------------------------ lookups
@@ -58,17 +58,27 @@ class Metadata:
         with self.lock:
             return self.cache.on_describe(name, header, time.monotonic())
 
+    def call(self, op: str, fields: dict | None = None, timeout_s: float | None = None) -> tuple:
+        """Any request of the leading coordinator, from the calling thread."""
+        return self._conn().call(op, fields, timeout_s=timeout_s)
+
     def forget(self, name: str) -> None:
         with self.lock:
             self.cache.forget(name)
 
     # ------------------------------------------------------------------ connections
-    def _conn(self) -> rpc.Connection:
+    @property
+    def coordinator(self) -> str:
+        """The coordinator asked now (the leader, once one answered)."""
+        return self.coordinators.current
+
+    def _conn(self) -> CoordinatorClient:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             if self._closed:
                 raise ClientClosed("metadata cache is closed")
-            conn = rpc.Connection(self.coordinator, timeout_s=self.timeout_s, key_file=self.key_file)
+            conn = CoordinatorClient("", timeout_s=self.timeout_s, key_file=self.key_file,
+                                     coordinators=self.coordinators)
             self._local.conn = conn
             with self.lock:
                 self._conns.append(conn)

@@ -153,7 +153,7 @@ class RequestThread(threading.Thread):
                     continue
                 except Timeout:
                     break
-                if address != self.meta.coordinator or not self._on_describe(header):
+                if address not in self.meta.coordinators.addresses or not self._on_describe(header):
                     replies.append((address, header, frames))
         if replies:
             self.on_replies(replies)

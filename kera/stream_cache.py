@@ -15,7 +15,8 @@ import logging
 from dataclasses import dataclass
 
 from kera import schema, wire
-from kera.errors import BadRequest, KeraError, UnknownStream
+from kera.coordinators import CoordinatorList
+from kera.errors import BadRequest, KeraError, Timeout, UnknownStream
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +38,16 @@ class Describe:
 
 
 class StreamCache:
-    def __init__(self, coordinator: str, request_timeout_s: float,
+    def __init__(self, coordinators: CoordinatorList, request_timeout_s: float,
                  refresh_interval_s_min: float = REFRESH_INTERVAL_S_MIN):
-        self.coordinator = coordinator
+        self.coordinators = coordinators   # asked in turn until the leader answers
         self.request_timeout_s = request_timeout_s
         self.refresh_interval_s_min = refresh_interval_s_min
         self.by_name: dict[str, StreamInfo] = {}
         self.by_id: dict[int, StreamInfo] = {}
         self._fetched_at: dict[str, float] = {}
         self._wanted: dict[str, float] = {}            # name -> not before (monotonic s)
-        self._asked: dict[int, tuple[str, float]] = {}  # request id -> (name, deadline)
+        self._asked: dict[int, tuple[str, float, str]] = {}  # request id -> (name, deadline, address)
 
     # ------------------------------------------------------------------ lookups
     def get(self, name: str) -> StreamInfo | None:
@@ -65,17 +66,18 @@ class StreamCache:
     def requests(self, now: float) -> list[Describe]:
         """The describe requests due now; report each as `sent` (or `failed`)."""
         self._expire(now)
-        asking = {name for name, _ in self._asked.values()}
+        asking = {a[0] for a in self._asked.values()}
         due = [n for n, t in self._wanted.items() if t <= now and n not in asking]
         for name in due:
             del self._wanted[name]
-        return [Describe(name, self.coordinator) for name in sorted(due)]
+        return [Describe(name, self.coordinators.current) for name in sorted(due)]
 
     def sent(self, req: Describe, req_id: int, now: float) -> None:
-        self._asked[req_id] = (req.name, now + self.request_timeout_s)
+        self._asked[req_id] = (req.name, now + self.request_timeout_s, req.address)
 
     def failed(self, req: Describe, now: float) -> None:
         """The request could not be sent: ask again after the refresh interval."""
+        self.coordinators.failed(req.address, Timeout(f"{req.address} took no request"))
         self._wanted.setdefault(req.name, now + self.refresh_interval_s_min)
 
     def on_reply(self, header: dict, now: float) -> tuple[str, StreamInfo | KeraError] | None:
@@ -85,26 +87,28 @@ class StreamCache:
         asked = self._asked.pop(header.get("id"), None)
         if asked is None:
             return None
-        name = asked[0]
+        name, _, address = asked
         try:
             return name, self.on_describe(name, header, now)
         except KeraError as err:
+            self.coordinators.failed(address, err)   # a standby: ask the next one
             if err.retriable:
                 self._wanted.setdefault(name, now + self.refresh_interval_s_min)
             return name, err
 
     def next_wake(self, now: float) -> float | None:
         """When `requests` next has something to do (a wanted name, a request's deadline)."""
-        asking = {name for name, _ in self._asked.values()}
+        asking = {a[0] for a in self._asked.values()}
         times = [t for n, t in self._wanted.items() if n not in asking]
-        times += [deadline for _, deadline in self._asked.values()]
+        times += [a[1] for a in self._asked.values()]
         return min(times) if times else None
 
     def _expire(self, now: float) -> None:
-        for req_id in [r for r, (_, deadline) in self._asked.items() if deadline <= now]:
-            name, _ = self._asked.pop(req_id)
+        for req_id in [r for r, a in self._asked.items() if a[1] <= now]:
+            name, _, address = self._asked.pop(req_id)
             log.info("no describe_stream reply for '%s' from %s within %.1f s; asking again",
-                     name, self.coordinator, self.request_timeout_s)
+                     name, address, self.request_timeout_s)
+            self.coordinators.failed(address, Timeout(f"no reply from {address}"))
             self._wanted.setdefault(name, now)
 
     # ------------------------------------------------------------------ replies

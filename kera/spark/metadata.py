@@ -11,6 +11,7 @@ import logging
 import time
 
 from kera import rpc, schema, wire
+from kera.coordinator_client import CoordinatorClient
 from kera.stream_cache import StreamCache
 from kera.errors import KeraError, NotReady, Timeout, UnknownStream
 from kera.spark.offsets import GroupInfo, Groups, group_infos
@@ -32,14 +33,15 @@ class Metadata:
     def __init__(self, bootstrap: str, timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
                  key_file: str | None = None):
         self.key_file = key_file   # None: $KERA_KEY_FILE, else plaintext
-        self.coordinators = [a.strip() for a in bootstrap.split(",") if a.strip()]
-        if not self.coordinators:
+        if not bootstrap or not bootstrap.strip():
             raise ValueError("option 'bootstrap' must name the coordinator, e.g. 127.0.0.1:7000")
         self.timeout_s = timeout_s
-        self._conns: dict[str, rpc.Connection] = {}
-        # The clients' one descriptor cache (kera.stream_cache): parses and keeps what the
+        self._conns: dict[str, rpc.Connection] = {}   # brokers
+        # The leading coordinator of the bootstrap list (kera.coordinator_client), and the
+        # clients' one descriptor cache (kera.stream_cache): it parses and keeps what the
         # coordinator said; this class adds the retries and the wait for `serving`.
-        self.cache = StreamCache(self.coordinators[0], timeout_s)
+        self.coordinator = CoordinatorClient(bootstrap, timeout_s=timeout_s, key_file=key_file)
+        self.cache = StreamCache(self.coordinator.coordinators, timeout_s)
 
     def conn(self, address: str) -> rpc.Connection:
         c = self._conns.get(address)
@@ -58,6 +60,7 @@ class Metadata:
         for c in self._conns.values():
             c.close()
         self._conns.clear()
+        self.coordinator.close()
 
     def describe(self, name: str) -> StreamInfo:
         """The stream's descriptor once every streamlet has a live owner that knows it."""
@@ -65,18 +68,15 @@ class Metadata:
         attempt = 0
         last: Exception | None = None
         while True:
-            address = self.coordinators[attempt % len(self.coordinators)]
             try:
-                reply, _ = self.conn(address).call("describe_stream", {"name": name})
+                left = max(0.001, deadline - time.monotonic())
+                reply, _ = self.coordinator.call("describe_stream", {"name": name}, timeout_s=left)
                 info = self.cache.on_describe(name, reply, time.monotonic())
                 if info.serving:
                     return info
                 last = NotReady(f"stream {name!r} is not ready on its brokers yet")
             except UnknownStream:
                 raise
-            except Timeout as exc:
-                self.drop(address)
-                last = exc
             except KeraError as exc:
                 if not exc.retriable:
                     raise

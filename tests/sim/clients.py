@@ -18,6 +18,7 @@ from kera.consumer.cursor import ChunkItem, ErrorItem, FetchCursor
 from kera.consumer.fetching import FetchState
 from kera.errors import BadRequest, KeraError, UnknownStream
 from kera.schema import StreamInfo
+from kera.coordinators import CoordinatorList
 from kera.stream_cache import StreamCache
 from kera.producer.pipeline import ACKED, Pipeline
 
@@ -34,7 +35,7 @@ class ClientMetadata:
 
     def __init__(self, node: "Client", coordinator: str, on_update=None):
         self.node = node
-        self.cache = StreamCache(coordinator, COORDINATOR_REQUEST_TIMEOUT_S)
+        self.cache = StreamCache(CoordinatorList(coordinator), COORDINATOR_REQUEST_TIMEOUT_S)
         self.on_update = on_update
         self._known: set[str] = set()
         self.by_name = self.cache.by_name

@@ -515,7 +515,7 @@ class Cluster:
     def _watch_registration(self, dup: SimBroker) -> None:
         """Note every `register` reply that gives the duplicate the id it asked for: the
         coordinator's table may flip back (the live broker registers again) between checks."""
-        peer = dup.daemon.coordinator
+        peer = dup.server.peer(dup.daemon.coordinator.address)
 
         def on_reply(header, frames, real=peer.on_reply):
             if header.get("ok") is True and header.get("daemon_id") == dup.broker_id:
