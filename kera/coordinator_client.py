@@ -21,6 +21,10 @@ log = logging.getLogger(__name__)
 # After asking every coordinator in turn without finding the leader (an election under way:
 # a dead leader's lease has a few seconds to run), wait this long before the next pass.
 RETRY_PAUSE_S = 0.1
+# With several coordinators, one that takes no request or sends no reply for this long is left
+# for the next (a dead leader's address takes nothing). Coordinator requests are answered within
+# one loop turn plus an etcd commit (milliseconds), so this only cuts off the dead.
+MOVE_ON_AFTER_S = 2.0
 
 
 class CoordinatorClient:
@@ -44,6 +48,8 @@ class CoordinatorClient:
         while True:
             address = self.coordinators.current
             left = deadline - time.monotonic()
+            if len(self.coordinators) > 1:
+                left = min(left, MOVE_ON_AFTER_S)
             try:
                 return self._conn(address).call(op, fields, frames, timeout_s=max(left, 0.001))
             except KeraError as err:

@@ -20,11 +20,12 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
 from kera import keys as keyfiles
-from kera import rpc
+from kera.coordinator_client import CoordinatorClient
 from kera.errors import KeraError
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,9 @@ class Daemon:
 
     @property
     def name(self) -> str:
-        return self.kind if self.kind == "coordinator" else f"{self.kind}-{self.index}"
+        if self.kind == "coordinator" and self.index == 0:
+            return self.kind
+        return f"{self.kind}-{self.index}"
 
     @property
     def address(self) -> str:
@@ -181,8 +184,10 @@ class LocalCluster:
                  extra_broker_args=(), extra_backup_args=(), extra_coordinator_args=(),
                  heartbeat_interval_ms: int | None = None,
                  start_timeout_s: float = START_TIMEOUT_S, start: bool = True,
-                 secure: bool = False):
-        """`secure`: CURVE on every daemon, keys in DATA_DIR/keys (see `keys`)."""
+                 secure: bool = False, coordinators: int = 1):
+        """`secure`: CURVE on every daemon, keys in DATA_DIR/keys (see `keys`).
+        `coordinators` > 1 (with `--metadata etcd://...` in extra_coordinator_args): one leads
+        and the others stand by (kera.coordinator.leadership); `bootstrap` lists them all."""
         self.data_dir = Path(data_dir).absolute()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.keys = LocalKeys(self.data_dir / "keys", brokers, backups) if secure else None
@@ -200,15 +205,20 @@ class LocalCluster:
             return p
 
         level = ["--log-level", log_level]
-        cport = pick(port)
-        coord_args = ["coordinator", "--host", HOST, "--port", str(cport),
-                      "--dir", str(self.data_dir / "coordinator"), *level]
-        if heartbeat_interval_ms is not None:
-            coord_args += ["--heartbeat-interval-ms", str(heartbeat_interval_ms)]
-        coord_args += self._key_args("coordinator")
-        self.coordinator = Daemon("coordinator", 0, cport, coord_args + list(extra_coordinator_args),
-                                  self.log_dir / "coordinator.log")
-        self.bootstrap = self.coordinator.address
+        self.coordinators: list[Daemon] = []
+        for i in range(coordinators):
+            cport = pick(port if i == 0 else 0)
+            suffix = "" if i == 0 else f"-{i}"
+            coord_args = ["coordinator", "--host", HOST, "--port", str(cport),
+                          "--dir", str(self.data_dir / f"coordinator{suffix}"), *level]
+            if heartbeat_interval_ms is not None:
+                coord_args += ["--heartbeat-interval-ms", str(heartbeat_interval_ms)]
+            coord_args += self._key_args("coordinator")
+            self.coordinators.append(Daemon("coordinator", i, cport,
+                                            coord_args + list(extra_coordinator_args),
+                                            self.log_dir / f"coordinator{suffix}.log"))
+        self.coordinator = self.coordinators[0]
+        self.bootstrap = ",".join(c.address for c in self.coordinators)
         self.brokers: list[Daemon] = []
         for i in range(brokers):
             p = pick()
@@ -240,11 +250,12 @@ class LocalCluster:
     # ------------------------------------------------------------------ lifecycle
     @property
     def daemons(self) -> list[Daemon]:
-        return [self.coordinator, *self.brokers, *self.backups]
+        return [*self.coordinators, *self.brokers, *self.backups]
 
     def start(self) -> "LocalCluster":
         try:
-            self.coordinator.start(self.env)
+            for c in self.coordinators:
+                c.start(self.env)
             self.wait_coordinator()
             for d in self.brokers + self.backups:
                 d.start(self.env)
@@ -283,8 +294,8 @@ class LocalCluster:
     def kill_backup(self, i: int) -> None:
         self._kill(self.backups[i])
 
-    def kill_coordinator(self) -> None:
-        self._kill(self.coordinator)
+    def kill_coordinator(self, i: int = 0) -> None:
+        self._kill(self.coordinators[i])
 
     def restart_broker(self, i: int, wait: bool = True) -> None:
         self._restart(self.brokers[i], wait)
@@ -292,10 +303,10 @@ class LocalCluster:
     def restart_backup(self, i: int, wait: bool = True) -> None:
         self._restart(self.backups[i], wait)
 
-    def restart_coordinator(self, wait: bool = True) -> None:
-        """Start the coordinator again on the same port and data dir; with `wait`, until every
+    def restart_coordinator(self, wait: bool = True, i: int = 0) -> None:
+        """Start coordinator `i` again on the same port and data dir; with `wait`, until every
         running broker and backup has re-registered and heartbeats again."""
-        self._restart(self.coordinator, False)
+        self._restart(self.coordinators[i], False)
         if wait:
             self.wait_coordinator()
             self.wait_registered()
@@ -339,8 +350,8 @@ class LocalCluster:
 
     def _metadata_version(self) -> int:
         try:
-            header, _ = rpc.call(self.bootstrap, "cluster", timeout_s=1.0, key_file=self.key_file)
-            return header["metadata_version"]
+            with closing(CoordinatorClient(self.bootstrap, timeout_s=1.0, key_file=self.key_file)) as c:
+                return c.call("cluster")[0]["metadata_version"]
         except KeraError:
             return 0
 
@@ -348,7 +359,7 @@ class LocalCluster:
         budget = self.start_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + budget
         last_error = None
-        with rpc.Connection(self.bootstrap, timeout_s=1.0, key_file=self.key_file) as conn:
+        with closing(CoordinatorClient(self.bootstrap, timeout_s=1.0, key_file=self.key_file)) as conn:
             while True:
                 self._check_running()
                 try:

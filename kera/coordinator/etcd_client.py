@@ -6,7 +6,8 @@ no leader (an election, a partition), tries the next, until ETCD_CALL_DEADLINE_S
 large, too many operations) is not retried. Failures are kera.errors.StorageError, so the
 coordinator fail-stops as it does when its disk fails.
 
-Only what the metadata store needs: a consistent paged read of a prefix, and a transaction.
+Only what the metadata store and the leader election need: a consistent paged read of a
+prefix, one key, a transaction, and leases.
 A retried transaction may have been applied already; the store's transactions set values and
 compare a key they never write, so applying one twice changes nothing.
 """
@@ -86,10 +87,11 @@ class EtcdClient:
     def names(self) -> str:
         return ",".join(f"{m.host}:{m.port}" for m in self.members)
 
-    def call(self, path: str, body: dict) -> dict:
-        """POST `body` to the v3 API `path` ("kv/range", "kv/txn") on a member that answers."""
+    def call(self, path: str, body: dict, deadline_s: float = ETCD_CALL_DEADLINE_S) -> dict:
+        """POST `body` to the v3 API `path` ("kv/range", "kv/txn") on a member that answers,
+        trying members in turn for up to `deadline_s`."""
         started = self.clock.monotonic()
-        deadline = started + ETCD_CALL_DEADLINE_S
+        deadline = started + deadline_s
         last: Exception | None = None
         for attempt in range(ETCD_ATTEMPTS_MAX):
             member = self.members[self.current]
@@ -132,6 +134,25 @@ class EtcdClient:
         reply = self.call("kv/txn", {"compare": compare, "success": success})
         # The gateway leaves out fields at their zero value: an absent `succeeded` is false.
         return bool(reply.get("succeeded", False)), int(reply["header"]["revision"])
+
+    def get(self, key: str) -> tuple[str, int] | None:
+        """(value, mod revision) of one key, or None when it does not exist."""
+        kvs = self.call("kv/range", {"key": b64(key)}).get("kvs", [])
+        return (unb64(kvs[0].get("value", "")), int(kvs[0]["mod_revision"])) if kvs else None
+
+    # ------------------------------------------------------------------ leases
+    def lease_grant(self, ttl_s: int) -> int:
+        """A new lease of `ttl_s` seconds; returns its id."""
+        return int(self.call("lease/grant", {"TTL": ttl_s, "ID": 0})["ID"])
+
+    def lease_keepalive(self, lease_id: int, deadline_s: float) -> int:
+        """Renew a lease: its new TTL in seconds, 0 when it already expired."""
+        reply = self.call("lease/keepalive", {"ID": lease_id}, deadline_s)
+        return int(reply.get("result", {}).get("TTL", 0))
+
+    def lease_revoke(self, lease_id: int) -> None:
+        """End a lease now: the keys attached to it are deleted."""
+        self.call("kv/lease/revoke", {"ID": lease_id})
 
     def close(self) -> None:
         for member in self.members:

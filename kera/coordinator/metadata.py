@@ -12,6 +12,9 @@ from __future__ import annotations
 from typing import Protocol
 
 DEFAULT_PREFIX_NAME = "default"   # etcd keys under /kera/default/ unless named (--metadata-prefix)
+# etcd leases are whole seconds. A dead leader coordinator is replaced within about this long
+# (kera.coordinator.leadership); shorter would have a leader step down over one slow etcd round.
+DEFAULT_LEADER_LEASE_TTL_S = 3
 
 
 class MetadataStoreLike(Protocol):

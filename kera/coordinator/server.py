@@ -14,15 +14,17 @@ kera.coordinator.core) the coordinator logs why at CRITICAL and stops with a non
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import signal
+import time
 
 import zmq
 
 from kera import config
 from kera import security as daemon_security
 from kera.coordinator.core import Coordinator
-from kera.coordinator.metadata import DEFAULT_PREFIX_NAME
+from kera.coordinator.metadata import DEFAULT_LEADER_LEASE_TTL_S, DEFAULT_PREFIX_NAME
 from kera.errors import Fenced, KeraError, StorageError
 from kera.coordinator.group_lag import GroupLagExporter
 from kera.metrics import Counters, serve_metrics
@@ -33,6 +35,12 @@ from kera.server import DEFERRED, Request
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 7000
+# How often a leader checks that its lease still holds (kera.coordinator.leadership): well
+# inside the margin the lease leaves (a fifth of 3 s).
+LEADERSHIP_CHECK_S = 0.1
+# A port just closed by a standby (or a deposed leader) is taken again by the other role;
+# zmq releases it in its I/O thread, within milliseconds.
+REBIND_WAIT_S = 5.0
 
 
 class CoordinatorServer:
@@ -40,8 +48,14 @@ class CoordinatorServer:
                  heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
                  heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX,
                  security: daemon_security.Security | None = None,
-                 env: DaemonEnv | None = None, store=None):
+                 env: DaemonEnv | None = None, store=None, leadership=None):
         self.env = env = real_if_none(env)
+        # kera.coordinator.leadership.Leadership when elected among several coordinators: the
+        # store's commits are guarded by the leader key, and serving ends with the lease.
+        self.leadership = leadership
+        self.stepped_down = False
+        if leadership is not None:
+            store.use_fence(leadership.key, leadership.revision)
         self.clock = env.clock
         self.data_dir = data_dir
         if store is None or data_dir is not None:   # a store of its own needs no directory
@@ -70,6 +84,8 @@ class CoordinatorServer:
         self.server.after_batch.append(self._commit_turn)
         self.server.on("stats", self._stats)
         self.server.every(heartbeat_interval_s, self._tick)
+        if leadership is not None:
+            self.server.every(LEADERSHIP_CHECK_S, self._check_leadership)
         self.snapshot: dict = {}
         # (committed positions by group, stream names) for the metrics thread's lag gauges;
         # taken only once something exports them (`export_group_lag`), replaced whole.
@@ -83,6 +99,8 @@ class CoordinatorServer:
 
     def _handle(self, req: Request):
         self.counters.add(f"requests_{req.op}")
+        if self.leadership is not None and not self._still_leading():
+            raise self.leadership.not_leader()
         try:
             outcome = self.core.handle(req.op, req.fields, self.clock.monotonic(), req.principal)
             if req.op == "list_streams" and self.server.guard is not None:
@@ -183,10 +201,35 @@ class CoordinatorServer:
             self.group_view = ({g["name"]: g["committed"] for g in self.core.groups.to_state()},
                                set(self.core.streams))
 
+    def _check_leadership(self) -> None:
+        self._still_leading()
+
+    def _still_leading(self) -> bool:
+        """Checked by a timer and before every request: a leader paused or cut off past its
+        lease must not answer even one request once another may lead."""
+        if self.stepped_down:
+            return False
+        if self.leadership.valid(self.clock.monotonic()):
+            return True
+        log.warning("leadership lost (lease not renewed in time): stepping down before another "
+                    "coordinator may take over")
+        self.stepped_down = True
+        self.server.stop()
+        return False
+
     def run(self) -> None:
+        keeper = None
+        if self.leadership is not None:
+            from kera.coordinator.leadership import LeaseKeeper
+            keeper = LeaseKeeper(self.leadership)
+            keeper.start()
         try:
             self.server.run()
         finally:
+            if keeper is not None:
+                keeper.stop()
+                if not self.stepped_down and self.exit_code == 0:
+                    self.leadership.resign()   # a clean stop: the next leader need not wait
             self.store.close()
 
     def stop(self) -> None:
@@ -212,6 +255,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metadata", metavar="URL",
                         help="keep the metadata on etcd instead of in --dir: "
                              "etcd://HOST:PORT[,HOST:PORT...] (the members' client URLs)")
+    parser.add_argument("--leader-lease-s", type=int, default=DEFAULT_LEADER_LEASE_TTL_S, metavar="S",
+                        help="with --metadata: run this command on two or three hosts; one leads "
+                             "and the others stand by (answering not_leader). A dead leader is "
+                             "replaced within about this many seconds (default: %(default)s)")
+    parser.add_argument("--advertise", metavar="HOST:PORT",
+                        help="with --metadata: the address other coordinators name when they "
+                             "point clients at this leader (default: --host:--port)")
     parser.add_argument("--metadata-prefix", metavar="NAME", default=DEFAULT_PREFIX_NAME,
                         help="with --metadata: the cluster's keys are under /kera/NAME/ "
                              "(default: %(default)s)")
@@ -235,20 +285,61 @@ def run(args: argparse.Namespace) -> int:
     if args.heartbeat_interval_ms < 1 or args.heartbeat_missed_max < 1:
         log.error("--heartbeat-interval-ms and --heartbeat-missed-max must be at least 1")
         return 2
+    stop = _StopOnSignal()
+    if args.metadata:
+        return _run_elected(args, stop)
+    coord = _start(args)
+    return coord if isinstance(coord, int) else _serve(coord, args, stop)
+
+
+class _StopOnSignal:
+    """SIGTERM / SIGINT stop whichever server runs now (a standby's or a leader's)."""
+
+    def __init__(self):
+        self.server = None
+        self.requested = False
+        signal.signal(signal.SIGTERM, self)
+        signal.signal(signal.SIGINT, self)
+
+    def __call__(self, signum, frame):
+        log.info("signal %d: stopping", signum)
+        self.requested = True
+        if self.server is not None:
+            self.server.stop()
+
+
+def _start(args: argparse.Namespace, leadership=None):
+    """A CoordinatorServer, or the exit code when it cannot start (logged)."""
     try:
-        coord = CoordinatorServer(args.dir, args.host, args.port, store=open_store(args),
-                                  heartbeat_interval_s=args.heartbeat_interval_ms / 1000,
-                                  heartbeat_missed_max=args.heartbeat_missed_max,
-                                  security=daemon_security.from_args(args, "coordinator"))
-    except KeraError as exc:   # a key file refused
+        return _bind_retrying(lambda: CoordinatorServer(
+            args.dir, args.host, args.port, store=open_store(args), leadership=leadership,
+            heartbeat_interval_s=args.heartbeat_interval_ms / 1000,
+            heartbeat_missed_max=args.heartbeat_missed_max,
+            security=daemon_security.from_args(args, "coordinator")))
+    except KeraError as exc:   # a key file refused; etcd unreachable
         log.error("cannot start: %s", exc.message)
-        return 2
+        return 2 if not isinstance(exc, (StorageError, Fenced)) else 1
     except ValueError as exc:
         log.error("cannot start: %s", exc)
         return 1
     except (OSError, zmq.ZMQError) as exc:  # data dir unwritable, port in use
         log.error("cannot start: %s", exc)
         return 1
+
+
+def _bind_retrying(make):
+    """make(), retried while its port is still held by the role this process just left."""
+    deadline = time.monotonic() + REBIND_WAIT_S
+    while True:
+        try:
+            return make()
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _serve(coord: CoordinatorServer, args: argparse.Namespace, stop: _StopOnSignal) -> int:
     httpd = None
     if args.metrics_port:
         coord.export_group_lag = True
@@ -257,20 +348,49 @@ def run(args: argparse.Namespace) -> int:
                                str(args.key_file) if args.key_file else None)
         httpd = serve_metrics(args.metrics_port, "kera_coordinator", lambda: coord.snapshot,
                               host=args.host, extra=lag.text)
-
-    def on_signal(signum, frame):
-        log.info("signal %d: stopping", signum)
+    stop.server = coord.server
+    if stop.requested:
         coord.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     try:
         coord.run()
     finally:
+        stop.server = None
         if httpd is not None:
             httpd.shutdown()
+            httpd.server_close()
     persist_failed = coord.counters.get("persist_errors", 0) > 0
-    log.info("coordinator stopped")
+    log.info("coordinator %s", "stepped down" if coord.stepped_down else "stopped")
     # Non-zero when the metadata could not be written, the core halted, or a bug stopped it
     # (logged with its stack).
     return 1 if persist_failed or coord.exit_code or coord.server.failure is not None else 0
+
+
+def _run_elected(args: argparse.Namespace, stop: _StopOnSignal) -> int:
+    """Stand by until elected, lead until stopped or deposed, and stand by again."""
+    from kera.coordinator.etcd_client import EtcdClient, parse_url
+    from kera.coordinator.etcd_store import prefix_for
+    from kera.coordinator.leadership import Leadership, serve_standby
+    from kera.server import Server
+
+    me = args.advertise or f"{args.host}:{args.port}"
+    try:
+        leadership = Leadership(EtcdClient(parse_url(args.metadata)), prefix_for(args.metadata_prefix),
+                                me, args.leader_lease_s)
+        security = daemon_security.from_args(args, "coordinator")
+    except (KeraError, ValueError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    while not stop.requested:
+        standby = _bind_retrying(lambda: Server("coordinator", args.host, args.port, security))
+        stop.server = standby
+        serve_standby(standby, leadership, [*Coordinator.OPS, "stats"])
+        stop.server = None
+        if stop.requested or standby.failure is not None:
+            return 1 if standby.failure is not None else 0
+        coord = _start(args, leadership)
+        if isinstance(coord, int):
+            return coord
+        code = _serve(coord, args, stop)
+        if code != 0 or not coord.stepped_down:
+            return code   # a failed write is fail-stop here too (a supervisor restarts it)
+    return 0
