@@ -50,7 +50,8 @@ class CliError(Exception):
 def _client_options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--bootstrap", default=os.environ.get(BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP),
-                   help=f"coordinator address host:port (default: ${BOOTSTRAP_ENV} or "
+                   help=f"coordinator address host:port, or several comma-separated (they "
+                        f"are asked in turn for the leader) (default: ${BOOTSTRAP_ENV} or "
                         f"{DEFAULT_BOOTSTRAP}; now %(default)s)")
     p.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS,
                    help="log level on stderr (default: %(default)s)")

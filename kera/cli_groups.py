@@ -6,7 +6,6 @@ lag, the durable records and chunk bytes past its committed position, asked of t
 
 from __future__ import annotations
 
-from kera import rpc
 
 RESET_TARGETS = ("earliest", "latest")
 
@@ -38,9 +37,13 @@ def add_parser(sub, admin_options) -> None:
 
 
 def _call(args, op: str, **fields) -> dict:
-    from kera.admin import parse_bootstrap
-    header, _ = rpc.call(parse_bootstrap(args.bootstrap), op, fields, timeout_s=args.timeout_s)
-    return header
+    from kera.coordinator_client import CoordinatorClient
+    client = CoordinatorClient(args.bootstrap, timeout_s=args.timeout_s,
+                               key_file=getattr(args, "key_file", None))
+    try:
+        return client.call(op, fields)[0]
+    finally:
+        client.close()
 
 
 def cmd_list(args) -> int:

@@ -46,8 +46,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int =
     """The shared daemon flags. `coordinator`: the daemon registers with one (--coordinator,
     required); `advertise`: it tells others an address of its own (--advertise)."""
     if coordinator:
-        parser.add_argument("--coordinator", required=True, metavar="HOST:PORT",
-                            help="the coordinator's address")
+        parser.add_argument("--coordinator", required=True, metavar="HOST:PORT[,...]",
+                            help="the coordinator's address; with several coordinators on "
+                                 "etcd, all of them (the daemon follows the leader)")
     parser.add_argument("--host", default=DEFAULT_HOST,
                         help="interface to bind (default: %(default)s)")
     parser.add_argument("--port", type=port_number, default=default_port,
@@ -55,7 +56,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int =
                              ("%(default)s)" if default_port else "any free port)"))
     if advertise:
         parser.add_argument("--advertise", default=None, metavar="HOST:PORT",
-                            help="address given to the coordinator (default: HOST:bound port)")
+                            help="the address others reach this daemon at: given to the "
+                                 "coordinator, or by a standby coordinator naming the leader "
+                                 "(default: HOST:bound port)")
     parser.add_argument("--metrics-port", type=port_number, default=0,
                         help="serve Prometheus metrics on this port (default: off)")
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,

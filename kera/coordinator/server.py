@@ -240,7 +240,7 @@ class CoordinatorServer:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser, default_port=DEFAULT_PORT, coordinator=False, advertise=False)
+    add_common_arguments(parser, default_port=DEFAULT_PORT, coordinator=False)
     parser.add_argument("--dir",
                         help="data directory (required unless --metadata); metadata is kept in "
                              "DIR/coordinator.json (snapshot) "
@@ -259,9 +259,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --metadata: run this command on two or three hosts; one leads "
                              "and the others stand by (answering not_leader). A dead leader is "
                              "replaced within about this many seconds (default: %(default)s)")
-    parser.add_argument("--advertise", metavar="HOST:PORT",
-                        help="with --metadata: the address other coordinators name when they "
-                             "point clients at this leader (default: --host:--port)")
     parser.add_argument("--metadata-prefix", metavar="NAME", default=DEFAULT_PREFIX_NAME,
                         help="with --metadata: the cluster's keys are under /kera/NAME/ "
                              "(default: %(default)s)")

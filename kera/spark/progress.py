@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 
-from kera import rpc
+from kera.coordinator_client import CoordinatorClient
 from kera.errors import KeraError
 from kera.spark import offsets as ko
 
@@ -53,15 +53,17 @@ def commit_progress(bootstrap: str, group: str, offsets: dict, snapshot,
     positions = wire_positions(offsets, snapshot)
     if not positions:
         return
+    client = CoordinatorClient(bootstrap, timeout_s=timeout_s, key_file=key_file)
     try:
-        rpc.call(bootstrap, "group_commit", {"group": group, "member_id": "", "member_epoch": 0,
-                                             "positions": positions}, timeout_s=timeout_s,
-                 key_file=key_file)
+        client.call("group_commit", {"group": group, "member_id": "", "member_epoch": 0,
+                                     "positions": positions})
     except KeraError as err:
         if not err.retriable:
             raise      # group_not_empty, bad_request: the query's configuration is wrong
         log.warning("committing progress to group %r failed (%s); the next batch's commit "
                     "supersedes it", group, err)
+    finally:
+        client.close()
 
 
 def wire_positions(offsets: dict, snapshot) -> list[list]:
