@@ -35,7 +35,7 @@ from kera.consumer.membership import Membership, positions_from_wire, positions_
 from kera.consumer.tasks import TaskRunner
 from kera.errors import BadRequest, ClientClosed, KeraError, Timeout
 from kera.metadata import Metadata
-from kera.request_thread import Waker
+from kera.client_env import ClientEnv
 from kera.position import Position, Record
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ class Consumer:
                  on_lost_position: str = "raise", on_assigned=None, on_revoked=None,
                  group: str | None = None, group_instance_id: str | None = None,
                  pattern: str | None = None, key_file: str | None = None,
-                 session_timeout_ms: int = 10_000, auto_commit_interval_ms: int | None = 5_000):
+                 session_timeout_ms: int = 10_000, auto_commit_interval_ms: int | None = 5_000,
+                 env: ClientEnv | None = None):
         """`stream`: one stream name or a list of them, all read by this one consumer.
         `streamlets` / `member`+`members` choose streamlets of each stream (`streamlets=[]`:
         none until `assign()`, for a group-membership layer). `start`: "earliest", "latest" or
@@ -114,10 +115,11 @@ class Consumer:
         self._state_lock = threading.RLock()
         self._init_cache()
         self._set_cursors(starts)
-        self._waker = Waker()
+        self._env = env or ClientEnv()   # clock, connections, wake-ups, thread (kera.client_env)
+        self._waker = self._env.waker()
         from kera.consumer.fetcher import Fetcher
         self._fetcher = Fetcher(self)
-        self._fetcher.start()
+        self._fetcher.start_engine()
         self._membership = None
         if group is not None:
             self._join(group, group_instance_id, session_timeout_ms, auto_commit_interval_ms,

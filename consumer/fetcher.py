@@ -12,7 +12,6 @@ which seek/assign also take.
 from __future__ import annotations
 
 import logging
-import time
 
 from kera.consumer.cursor import ErrorItem
 from kera.errors import KeraError, Timeout, UnknownStream
@@ -28,7 +27,8 @@ class Fetcher(RequestThread):
     def __init__(self, consumer):
         super().__init__(f"kera-consumer-{consumer.stream or 'streams'}", consumer._meta,
                          consumer._waker, request_timeout_s=consumer.request_timeout_s,
-                         key_file=consumer.key_file, idle_poll_ms=IDLE_POLL_MS)
+                         key_file=consumer.key_file, idle_poll_ms=IDLE_POLL_MS,
+                         env=consumer._env)
         self.c = consumer
 
     def stopping(self) -> bool:
@@ -43,7 +43,7 @@ class Fetcher(RequestThread):
             streams, c._fetch.want_refresh = c._fetch.want_refresh, set()
             self._send_fetches()
             self._send_tasks()
-            now = time.monotonic()
+            now = self.clock()
             wake = min((t for t in (c._fetch.next_wake(now), c._tasks.next_wake(now))
                         if t is not None), default=None)
         if streams:
@@ -52,7 +52,7 @@ class Fetcher(RequestThread):
 
     def _send_fetches(self) -> None:
         c, state = self.c, self.c._fetch
-        now = time.monotonic()
+        now = self.clock()
         state.expire(now)
         with c._lock:
             room = c.cache_chunks_max - c._cached_chunks
@@ -62,20 +62,20 @@ class Fetcher(RequestThread):
             try:
                 req_id = self.send(broker, "fetch", {"reads": reads})
             except Timeout:
-                state.send_failed(broker, parts, time.monotonic())
+                state.send_failed(broker, parts, self.clock())
             else:
-                state.sent(broker, req_id, parts, time.monotonic())
+                state.sent(broker, req_id, parts, self.clock())
 
     def _send_tasks(self) -> None:
         runner = self.c._tasks
-        runner.expire(time.monotonic())
-        for task, address, op, fields in runner.requests(time.monotonic()):
+        runner.expire(self.clock())
+        for task, address, op, fields in runner.requests(self.clock()):
             try:
                 req_id = self.send(address, op, fields)
             except KeraError as err:   # Timeout, or an address zmq cannot use
-                runner.send_failed(task, err, time.monotonic())
+                runner.send_failed(task, err, self.clock())
             else:
-                runner.sent(task, address, req_id, time.monotonic())
+                runner.sent(task, address, req_id, self.clock())
 
     def on_replies(self, replies: list) -> None:
         c = self.c
@@ -83,7 +83,7 @@ class Fetcher(RequestThread):
             # Under the state lock until pushed: a seek cannot slip between a reply's
             # bookkeeping and its items reaching the cache.
             with c._state_lock:
-                now = time.monotonic()
+                now = self.clock()
                 if c._tasks.on_reply(address, header, frames, now):
                     continue
                 items = c._fetch.on_reply(address, header, frames, now)

@@ -19,11 +19,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 
 import zmq
 
-from kera import rpc
+from kera.client_env import ClientEnv, Transport
 from kera.errors import BadRequest, KeraError, Timeout
 from kera.metadata import Metadata
 from kera.schema import StreamInfo
@@ -66,16 +65,19 @@ class Waker:
 
 class RequestThread(threading.Thread):
     def __init__(self, name: str, meta: Metadata, waker: Waker, *, request_timeout_s: float,
-                 key_file: str | None, idle_poll_ms: int):
+                 key_file: str | None, idle_poll_ms: int, env: ClientEnv | None = None):
         super().__init__(name=name, daemon=True)
+        self.env = env = env or ClientEnv()
+        self.clock = env.clock
         self.meta = meta
         self.waker = waker
         self.request_timeout_s = request_timeout_s
         self.key_file = key_file
         self.idle_poll_ms = idle_poll_ms   # nothing to wait for: look around this often anyway
-        self.conns: dict[str, rpc.Connection] = {}
+        self.conns: dict[str, Transport] = {}
         self.poller = zmq.Poller()
-        self.poller.register(waker.fd_r, zmq.POLLIN)
+        if getattr(waker, "fd_r", None) is not None:
+            self.poller.register(waker.fd_r, zmq.POLLIN)
 
     # ------------------------------------------------------------------ subclass hooks
     def turn(self, now: float) -> float | None:
@@ -99,12 +101,20 @@ class RequestThread(threading.Thread):
         """The loop ended (stopped or crashed); the connections are closed after this."""
 
     # ------------------------------------------------------------------ the loop
+    def start_engine(self) -> None:
+        """Start the loop the way the environment runs it (a thread, or a simulated process
+        that calls `step` and `deliver`)."""
+        self.env.start(self)
+
+    def step(self) -> float | None:
+        """One turn, then the describe requests due: when the next turn is wanted (or None)."""
+        wake = self.turn(self.clock())
+        return _earliest(wake, self._send_describes(self.clock()))
+
     def run(self) -> None:
         try:
             while not self.stopping():
-                wake = self.turn(time.monotonic())
-                wake = _earliest(wake, self._send_describes(time.monotonic()))
-                self._sleep_and_receive(wake)
+                self._sleep_and_receive(self.step())
         except BaseException as exc:  # noqa: BLE001 - reported to the application threads
             log.exception("%s failed", self.name)
             self.on_crash(exc)
@@ -119,7 +129,7 @@ class RequestThread(threading.Thread):
         if wake is None:
             timeout_ms = self.idle_poll_ms
         else:
-            timeout_ms = max(0, min(self.idle_poll_ms, int((wake - time.monotonic()) * 1000) + 1))
+            timeout_ms = max(0, min(self.idle_poll_ms, int((wake - self.clock()) * 1000) + 1))
         events = dict(self.poller.poll(timeout_ms))
         if events.pop(self.waker.fd_r, None):
             self.waker.drain()
@@ -127,12 +137,13 @@ class RequestThread(threading.Thread):
             self._receive(events)
 
     # ------------------------------------------------------------------ connections
-    def conn(self, address: str) -> rpc.Connection:
+    def conn(self, address: str) -> Transport:
         conn = self.conns.get(address)
         if conn is None:
-            conn = self.conns[address] = rpc.Connection(address, timeout_s=self.request_timeout_s,
-                                                        key_file=self.key_file)
-            self.poller.register(conn.sock, zmq.POLLIN)
+            conn = self.conns[address] = self.env.connect(address, self.request_timeout_s,
+                                                          self.key_file)
+            if getattr(conn, "sock", None) is not None:   # a real socket: polled by `run`
+                self.poller.register(conn.sock, zmq.POLLIN)
         return conn
 
     def send(self, address: str, op: str, fields: dict | None = None, frames=()) -> int:
@@ -153,15 +164,20 @@ class RequestThread(threading.Thread):
                     continue
                 except Timeout:
                     break
-                if address not in self.meta.coordinators.addresses or not self._on_describe(header):
-                    replies.append((address, header, frames))
-        if replies:
-            self.on_replies(replies)
+                replies.append((address, header, frames))
+        self.deliver(replies)
+
+    def deliver(self, replies: list[tuple[str, dict, list]]) -> None:
+        """Replies received: the shell's own describe replies, the rest to `on_replies`."""
+        coordinators = self.meta.coordinators.addresses
+        rest = [r for r in replies if r[0] not in coordinators or not self._on_describe(r[1])]
+        if rest:
+            self.on_replies(rest)
 
     # ------------------------------------------------------------------ stream descriptors
     def want_describe(self, names) -> None:
         """Ask the coordinator about these streams again (throttled by the cache)."""
-        now = time.monotonic()
+        now = self.clock()
         with self.meta.lock:
             for name in names:
                 self.meta.cache.want(name, now)
@@ -185,7 +201,7 @@ class RequestThread(threading.Thread):
 
     def _on_describe(self, header: dict) -> bool:
         with self.meta.lock:
-            found = self.meta.cache.on_reply(header, time.monotonic())
+            found = self.meta.cache.on_reply(header, self.clock())
         if found is None:
             return False
         name, result = found

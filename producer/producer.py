@@ -26,7 +26,7 @@ from kera.producer import batch as batching
 from kera.producer.accumulator import Accumulator, StreamState
 from kera.producer.delivery import DeliveryFuture, on_delivery_callback
 from kera.producer.pipeline import Failure, Pipeline
-from kera.request_thread import Waker
+from kera.client_env import ClientEnv
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class Producer:
                  producer_id: int | None = None,
                  retries_max: int = DEFAULT_RETRIES_MAX,
                  compression: str | None = None,
-                 key_file: str | None = None):
+                 key_file: str | None = None, env: ClientEnv | None = None):
         if max_record_bytes + chunkcodec.HEADER_SIZE > chunkcodec.MAX_CHUNK_BYTES:
             raise ValueError(f"max_record_bytes={max_record_bytes} exceeds the chunk limit")
         if in_flight_per_broker < 1 or buffer_bytes < chunk_size_bytes:
@@ -130,11 +130,13 @@ class Producer:
         self._batch_records = 0
         # The request thread sleeps in a zmq poll; a byte on this pipe wakes it (`_idle` says
         # whether it is asleep, so a busy thread is not woken once per chunk).
-        self._waker = Waker()
+        # Clock, connections, wake-ups, thread (kera.client_env): real unless simulated.
+        self._env = env or ClientEnv()
+        self._waker = self._env.waker()
         self._idle = False
         from kera.producer.sender import Sender
         self._sender = Sender(self)
-        self._sender.start()
+        self._sender.start_engine()
 
     # ------------------------------------------------------------------ send
     def send(self, stream: str, value: bytes | None, key: bytes | None = None,

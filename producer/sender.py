@@ -8,7 +8,6 @@ and takes the producer's lock around each Pipeline call.
 from __future__ import annotations
 
 import logging
-import time
 
 from kera.errors import KeraError, Timeout, UnknownStream
 from kera.producer import delivery
@@ -24,7 +23,8 @@ class Sender(RequestThread):
     def __init__(self, producer):
         super().__init__(f"kera-producer-{producer.producer_id:016x}", producer._meta,
                          producer._waker, request_timeout_s=producer.request_timeout_s,
-                         key_file=producer.key_file, idle_poll_ms=IDLE_POLL_MS)
+                         key_file=producer.key_file, idle_poll_ms=IDLE_POLL_MS,
+                         env=producer._env)
         self.p = producer
         self.refreshing: dict[str, int] = {}   # stream name -> the id its chunks were built for
 
@@ -75,7 +75,7 @@ class Sender(RequestThread):
                 failed.append(o)
             else:
                 sent.append((o, req_id))
-        now = time.monotonic()
+        now = self.clock()
         refresh = set()
         with p._lock:
             for o, req_id in sent:
@@ -88,7 +88,7 @@ class Sender(RequestThread):
 
     def on_replies(self, replies: list) -> None:
         p, pipe = self.p, self.p._pipe
-        now = time.monotonic()
+        now = self.clock()
         refresh = set()
         with p._lock:
             for address, header, _ in replies:
