@@ -114,13 +114,15 @@ class Producer:
         self.request_timeout_s = request_timeout_s
         # CURVE key (kera.keys; None: $KERA_KEY_FILE, else plaintext), for every connection.
         self.key_file = key_file
+        # Clock, connections, wake-ups, thread (kera.client_env): real unless simulated.
+        self._env = env or ClientEnv()
         self._meta = Metadata(bootstrap, timeout_s=request_timeout_s, key_file=key_file)
         self._pipe = Pipeline(request_size_bytes=request_size_bytes,
                               in_flight_per_broker=in_flight_per_broker,
                               retries_max=retries_max, request_timeout_s=request_timeout_s)
         self._acc = Accumulator(self._pipe, self.producer_id, chunk_size_bytes=chunk_size_bytes,
                                 max_record_bytes=max_record_bytes, linger_s=linger_ms / 1000,
-                                compression=compression)
+                                compression=compression, clock=self._env.clock)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # completions: flush and full-buffer waits
         self._streams: dict[str, StreamState] = {}
@@ -130,8 +132,6 @@ class Producer:
         self._batch_records = 0
         # The request thread sleeps in a zmq poll; a byte on this pipe wakes it (`_idle` says
         # whether it is asleep, so a busy thread is not woken once per chunk).
-        # Clock, connections, wake-ups, thread (kera.client_env): real unless simulated.
-        self._env = env or ClientEnv()
         self._waker = self._env.waker()
         self._idle = False
         from kera.producer.sender import Sender

@@ -10,23 +10,26 @@ follow every record through retries, re-identification and reads.
 
 from __future__ import annotations
 
+import collections
+import functools
 import math
 import random
 
-from kera import chunk, config
 from kera.consumer.cursor import ChunkItem, ErrorItem, FetchCursor
+from kera.client_env import ClientEnv
 from kera.consumer.fetching import FetchState
 from kera.errors import BadRequest, KeraError, UnknownStream
 from kera.schema import StreamInfo
 from kera.coordinators import CoordinatorList
 from kera.stream_cache import StreamCache
-from kera.producer.pipeline import ACKED, Pipeline
+from kera.producer import Producer
 
 from tests.sim.checker import Checker, InvariantBroken, record_value
 from tests.sim.network import Network
 from tests.sim.shell import SimHost, SimServer
 
 COORDINATOR_REQUEST_TIMEOUT_S = 1.0
+PRODUCER_RETRIES_MAX = 30   # a fault round must not fail chunks a healed cluster would take
 
 
 class ClientMetadata:
@@ -72,6 +75,40 @@ class ClientMetadata:
         return True
 
 
+class SimTransport:
+    """kera.client_env.Transport on the simulated network: replies reach the node's
+    on_client_reply."""
+
+    def __init__(self, node: "Client", address: str):
+        self.node, self.address = node, address
+
+    def send(self, op: str, fields: dict | None = None, frames=(), timeout_s: float | None = None) -> int:
+        return self.node.send_request(self.address, op, fields, frames)
+
+    def close(self) -> None:
+        pass
+
+
+class SimWaker:
+    """An application thread's wake-up: the request thread's next turn, as an event."""
+
+    def __init__(self, node: "Client"):
+        self.node = node
+
+    def wake(self) -> None:
+        self.node.wake_at(self.node.sched.now)
+
+    def close(self) -> None:
+        pass
+
+
+def sim_env(node: "Client") -> ClientEnv:
+    """The environment a real client gets inside simulated process `node`."""
+    return ClientEnv(clock=lambda: node.sched.now,
+                     connect=lambda address, timeout_s, key_file: SimTransport(node, address),
+                     waker=lambda: SimWaker(node), start=node.adopt)
+
+
 class Client(SimServer):
     """A client process: replies come to on_client_reply; `loop` runs after every event."""
 
@@ -84,6 +121,11 @@ class Client(SimServer):
         self.coordinator = coordinator
         self._wake_at = math.inf
         self.meta = ClientMetadata(self, self.coordinator, self.on_metadata)
+        self.engine = None   # a real client's request thread (kera.request_thread), if any
+
+    def adopt(self, engine) -> None:
+        """kera.client_env's `start`: this process runs the request thread's turns."""
+        self.engine = engine
 
     def boot(self) -> None:
         pass
@@ -117,6 +159,9 @@ class Client(SimServer):
 # ====================================================================== producer
 
 class SimProducer(Client):
+    """The real kera.producer.Producer, its request thread driven by this process
+    (kera.client_env): the application sends numbered records to chosen streamlets."""
+
     def __init__(self, net, address, rng, checker, coordinator, *, client: int, producer_id: int,
                  streams: list[str], request_timeout_s: float, interval_s: float,
                  records_max: int, outstanding_max: int = 64):
@@ -131,84 +176,64 @@ class SimProducer(Client):
         self.producing = False
         self.records = 0
         self.next_n: dict[tuple[int, int], int] = {}
+        # (stream id, streamlet) -> records sent and not settled yet
+        self.outstanding: collections.Counter = collections.Counter()
 
     def start(self) -> None:
         self.boot()
-        self.pipe = Pipeline(request_size_bytes=config.DEFAULT_REQUEST_SIZE_BYTES,
-                             in_flight_per_broker=config.DEFAULT_IN_FLIGHT_PER_BROKER,
-                             retries_max=30, request_timeout_s=self.request_timeout_s)
-        self.outstanding: dict[int, tuple] = {}   # serial -> (pending chunk, sid, sl, first, end)
+        self.producer = Producer(self.coordinator, request_timeout_s=self.request_timeout_s,
+                                 retries_max=PRODUCER_RETRIES_MAX, producer_id=self.producer_id,
+                                 env=sim_env(self))
+        self.cache = self.producer._meta.cache
         self.producing = True
-        for name in self.streams:
-            self.meta.refresh(name)
+        self.engine.want_describe(self.streams)
+        self.wake_at(self.sched.now)
         self.schedule(self.rng.expovariate(1 / self.interval_s), self._app)
 
     # ------------------------------------------------------------------ the application
     def _app(self) -> None:
         if not self.producing:
             return
-        known = [self.meta.by_name[n] for n in self.streams if n in self.meta.by_name]
-        if known and len(self.outstanding) < self.outstanding_max and self.records < self.records_max:
+        known = [self.cache.by_name[n] for n in self.streams if n in self.cache.by_name]
+        pending = sum(self.outstanding.values())
+        if known and pending < self.outstanding_max and self.records < self.records_max:
             info = self.rng.choice(known)
             self._send_batch(info, self.rng.randrange(info.streamlets), self.rng.randint(1, 24))
-        for name in self.streams:
-            if name not in self.meta.by_name:
-                self.meta.refresh(name)
+        unknown = [n for n in self.streams if n not in self.cache.by_name]
+        if unknown:
+            self.engine.want_describe(unknown)
+            self.wake_at(self.sched.now)
         self.schedule(self.rng.expovariate(1 / self.interval_s), self._app)
-        self.loop()
 
     def _send_batch(self, info: StreamInfo, sl: int, count: int) -> None:
-        """Producer.send_batch for one streamlet: one chunk, sealed under the lane's identity."""
+        """Records numbered per (stream, streamlet), sent in order to streamlet `sl`."""
         key = (info.id, sl)
         first = self.next_n.get(key, 0)
-        values = [record_value(self.client, info.id, sl, first + i, self.rng.randrange(0, 48))
-                  for i in range(count)]
-        lane = self.pipe.own_lane(info.name, info.id, sl, self.producer_id, info.active_groups)
-        data = chunk.encode(lane.producer_id, lane.next_sequence, info.id, sl, values,
-                            timestamps=int(self.sched.now * 1e6))
-        c = self.pipe.add(lane, data, lane.next_sequence, count)
-        self.outstanding[c.serial] = (c, info.id, sl, first, first + count)
+        ts_us = int(self.sched.now * 1e6)
+        for n in range(first, first + count):
+            value = record_value(self.client, info.id, sl, n, self.rng.randrange(0, 48))
+            self.outstanding[key] += 1
+            self.producer.send(info.name, value, timestamp=ts_us, streamlet=sl,
+                               on_delivery=functools.partial(self._settled, info.id, sl, n))
         self.next_n[key] = first + count
         self.records += count
 
+    def _settled(self, sid: int, sl: int, n: int, error, metadata) -> None:
+        self.outstanding[(sid, sl)] -= 1
+        self.checker.producer_outcome(self.client, sid, sl, n, n + 1, error is None)
+
     # ------------------------------------------------------------------ the request thread
     def loop(self) -> None:
-        """One turn of kera.producer.sender.Sender._loop."""
-        pipe = self.pipe
-        now = self.sched.now
-        refresh = pipe.expire(now)
-        out = pipe.build(now, self.meta.address_of)
-        refresh |= pipe.want_refresh
-        pipe.want_refresh = set()
-        for o in out:
-            req_id = self.send_request(o.broker, "produce", None, o.frames)
-            pipe.sent(o, req_id, now)
-        self._refresh(refresh)
-        self._settle()
-        self.wake_at(pipe.next_deadline(now))
-
-    def _refresh(self, streams: set) -> None:
-        for name, _ in sorted(streams):
-            self.meta.refresh(name)
+        if self.engine is not None:
+            self.wake_at(self.engine.step())
 
     def on_client_reply(self, src: str, header: dict, frames: list) -> None:
-        if src == self.coordinator:
-            self.meta.on_reply(header)
-        else:
-            self._refresh(self.pipe.on_reply(src, header, self.sched.now))
+        self.engine.deliver([(src, header, frames)])
         self.loop()
 
-    def _settle(self) -> None:
-        """Tell the checker about chunks that left the pipeline: acknowledged or failed."""
-        incomplete = self.pipe.incomplete
-        done = [s for s in self.outstanding if s not in incomplete]
-        for serial in done:
-            c, sid, sl, first, end = self.outstanding.pop(serial)
-            self.checker.producer_outcome(self.client, sid, sl, first, end, c.state == ACKED)
-
     def idle(self, lost: set) -> bool:
-        """Nothing left to send, but chunks for streamlets whose broker is gone for good."""
-        return all((sid, sl) in lost for _, sid, sl, _, _ in self.outstanding.values())
+        """Nothing left to send, but records for streamlets whose broker is gone for good."""
+        return all(key in lost for key, n in self.outstanding.items() if n > 0)
 
 
 # ====================================================================== consumer

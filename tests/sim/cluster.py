@@ -667,7 +667,7 @@ class Cluster:
             return "streams not created"
         for p in self.producers:
             if not p.idle(lost):
-                return f"{p.name} has {len(p.outstanding)} chunks unanswered"
+                return f"{p.name} has {sum(p.outstanding.values())} records unanswered"
         for c in self.consumers:
             if c.state is None:
                 return f"{c.name} has not found its stream"
