@@ -62,3 +62,87 @@ def test_replicas_of_a_virtual_segment_are_on_different_hosts(multihost):
     assert {n for _, nodes in placed for n in nodes} == backup_hosts
     work.drain()
     fk.check_exactly_once(work.read, work.acked, work.uncertain, "consumer across hosts")
+
+
+# ---------------------------------------------------------------------- fault rounds
+ROUNDS = ("kill", "pause", "partition") * 2
+
+
+def status(cluster) -> dict:
+    return call(cluster.bootstrap, "recovery_status")
+
+
+def healthy(cluster) -> None:
+    """Every daemon registered and alive, no streamlet left recovering."""
+    cluster.wait_registered(timeout_s=fk.WAIT_S)
+    wait_for(lambda: status(cluster)["recovering"] == [], "every streamlet recovered")
+
+
+def owning_broker(cluster, rng) -> int:
+    """A broker owning streamlets (failovers concentrate them: a restarted one owns none)."""
+    placement = call(cluster.bootstrap, "describe_stream", {"name": STREAM})["stream"]["placement"]
+    return rng.choice(sorted(set(placement)))
+
+
+def failed_over(cluster, i: int, epochs: dict) -> None:
+    wait_for(lambda: [i, epochs[i]] in status(cluster)["failed"],
+             f"broker {i} to be declared dead and failed over")
+
+
+def kill_broker(hosts, cluster, rng) -> str:
+    i = owning_broker(cluster, rng)
+    epochs = dict(map(tuple, status(cluster)["epochs"]))
+    cluster.kill_broker(i)
+    if rng.random() < 0.5:
+        failed_over(cluster, i, epochs)
+    cluster.restart_broker(i)
+    return f"kill -9 broker {i} on {hosts.name(layout.host_of(cluster.brokers[i]))}, restarted"
+
+
+def pause_backup(hosts, cluster, rng) -> str:
+    i = rng.randrange(len(cluster.backups))
+    with layout.paused(cluster.backups[i]):
+        wait_for(lambda: not call(cluster.bootstrap, "cluster")["backups"][i]["alive"],
+                 f"paused backup {i} to be declared dead")
+        time.sleep(rng.uniform(0.0, PAUSE_S))   # brokers re-replicate what it held meanwhile
+    return f"backup {i} paused until declared dead, then resumed"
+
+
+def partition_broker(hosts, cluster, rng) -> str:
+    i = owning_broker(cluster, rng)
+    host = layout.host_of(cluster.brokers[i])
+    epochs = dict(map(tuple, status(cluster)["epochs"]))
+    hosts.partition(host)
+    try:
+        failed_over(cluster, i, epochs)
+        time.sleep(rng.uniform(0.0, PARTITION_S))   # it keeps running, cut off, meanwhile
+    finally:
+        hosts.heal(host)
+    return f"broker {i}'s host {hosts.name(host)} partitioned until failed over, then healed"
+
+
+def test_fault_rounds_across_hosts_keep_every_acknowledged_record_exactly_once(multihost):
+    rng = fk.seeded("multihost fault rounds")
+    hosts, cluster = start(multihost)
+    work = fk.Workload(cluster.bootstrap, STREAM, producers=2).start()
+    kinds = list(ROUNDS)
+    rng.shuffle(kinds)
+    fault = {"kill": kill_broker, "pause": pause_backup, "partition": partition_broker}
+    for n, kind in enumerate(kinds):
+        time.sleep(rng.uniform(0.3, 1.5))   # a random moment of the workload
+        started = time.monotonic()
+        how = fault[kind](hosts, cluster, rng)
+        healthy(cluster)
+        print(f"round {n}: {how}; healthy after {time.monotonic() - started:.1f} s; "
+              f"sent {work.sent}, acknowledged {work.acked}")
+    time.sleep(0.5)
+    work.stop_producing()
+    assert not work.errors, work.errors
+    assert min(work.acked) > 0
+    work.drain()
+    assert not work.errors, work.errors
+    fk.check_exactly_once(work.read, work.acked, work.uncertain, "consumer through the faults")
+    everything = fk.read_everything(cluster.bootstrap, STREAM, sum(work.acked))
+    fk.check_exactly_once(everything, work.acked, work.uncertain, "fresh consumer")
+    st = status(cluster)
+    assert st["failed"] and st["recovering"] == []   # failovers happened, all recovered
