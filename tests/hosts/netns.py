@@ -177,14 +177,15 @@ class TestHosts:
 
     def _take(self, tag: str, subnet: str) -> bool:
         owner = OWNERS_DIR / f"{tag}.pid"
-        try:
-            fd = os.open(owner, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            text = owner.read_text().strip()
+        fd = _create_owner(owner)
+        if fd is None:
+            text = owner.read_text(errors="replace").strip() if owner.exists() else ""
             if text.isdigit() and _pid_alive(int(text)):
                 return False
-            owner.unlink(missing_ok=True)   # a crashed run's: take it over
-            return self._take(tag, subnet)
+            owner.unlink(missing_ok=True)   # a crashed run's: take it over, once
+            fd = _create_owner(owner)
+            if fd is None:
+                return False                # another run took it meanwhile
         with os.fdopen(fd, "w") as f:
             f.write(str(os.getpid()))
         _remove_run(tag)                    # what a crashed run with this tag left
@@ -211,6 +212,14 @@ class TestHosts:
         ip("link", "set", self._veth(i), "up")
         wait_until(lambda: "LOWER_UP" in ip("-n", self.name(i), "-o", "link", "show", "eth0"),
                    f"host {i}'s link to come back up", GONE_TIMEOUT_S)
+
+
+def _create_owner(path: Path) -> int | None:
+    """A new owner file opened for writing; None if it exists."""
+    try:
+        return os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return None
 
 
 def _remove_run(tag: str) -> None:
