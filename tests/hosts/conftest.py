@@ -44,10 +44,10 @@ def test_hosts():
 
 @pytest.fixture
 def multihost(test_hosts, fresh_cluster):
-    """Factory `make(**LocalCluster kwargs) -> (hosts, cluster)`: cluster.HOSTS test hosts and
-    a started cluster laid out on them (cluster.layout). The cluster stops (its daemon logs
+    """Factory `make(**LocalCluster kwargs) -> (hosts, cluster)`: host_layout.HOSTS test hosts and
+    a started cluster laid out on them (host_layout.layout). The cluster stops (its daemon logs
     printed if the test failed) before the hosts are removed."""
-    import cluster as layout
+    import host_layout as layout
 
     def make(**kw):
         hosts = test_hosts(layout.HOSTS)

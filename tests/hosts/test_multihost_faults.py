@@ -1,4 +1,4 @@
-"""A cluster across six test hosts (network namespaces; layout in cluster.py), clients on the
+"""A cluster across six test hosts (network namespaces; layout in host_layout.py), clients on the
 root namespace's host: every virtual segment's replicas land on different hosts, and fault
 rounds under continuous produce/consume with R=3 (kill -9 a broker, pause a backup, partition a
 broker's, a backup's or the coordinator's host and heal it) lose and duplicate no acknowledged
@@ -11,7 +11,7 @@ import time
 import faultkit as fk
 from faultkit import call, wait_for
 
-import cluster as layout
+import host_layout as layout
 
 STREAM = "hosts"
 HEARTBEAT_MS = 100
