@@ -44,15 +44,15 @@ def test_hosts():
 
 @pytest.fixture
 def multihost(test_hosts, fresh_cluster):
-    """Factory `make(**LocalCluster kwargs) -> (hosts, cluster)`: host_layout.HOSTS test hosts and
-    a started cluster laid out on them (host_layout.layout). The cluster stops (its daemon logs
-    printed if the test failed) before the hosts are removed."""
+    """Factory `make(layout_of=host_layout.layout, **LocalCluster kwargs) -> (hosts, cluster)`:
+    host_layout.HOSTS test hosts and a started cluster laid out on them by `layout_of`. The
+    cluster stops (its daemon logs printed if the test failed) before the hosts are removed."""
     import host_layout as layout
 
-    def make(**kw):
+    def make(layout_of=layout.layout, **kw):
         hosts = test_hosts(layout.HOSTS)
         kw.setdefault("brokers", len(layout.BROKER_HOSTS))
         kw.setdefault("backups", len(layout.BACKUP_HOSTS))
-        return hosts, fresh_cluster(where=layout.placement(hosts), **kw)
+        return hosts, fresh_cluster(where=layout.placement(hosts, layout_of), **kw)
 
     return make

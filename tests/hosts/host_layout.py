@@ -38,10 +38,17 @@ def layout(name: str) -> int:
     return hosts[int(index) % len(hosts)]
 
 
-def placement(hosts: TestHosts):
-    """LocalCluster's `where` for `layout` on `hosts`."""
+def paired_backups(name: str) -> int:
+    """`layout`, but backups two to a host in id order (backups 0 and 1 on host 4, ...): ids
+    next to each other share a host, so a choice blind to hosts would pair them."""
+    kind, _, index = name.partition("-")
+    return BACKUP_HOSTS[int(index) // 2 % len(BACKUP_HOSTS)] if kind == "backup" else layout(name)
+
+
+def placement(hosts: TestHosts, layout_of=layout):
+    """LocalCluster's `where` for `layout_of` (daemon name -> host number) on `hosts`."""
     def where(name: str) -> Where:
-        i = layout(name)
+        i = layout_of(name)
         return Where(hosts.address(i), hosts.name(i), hosts.prefix(i))
     return where
 

@@ -18,13 +18,14 @@ HEARTBEAT_MS = 100
 MISSED_MAX = 30          # a daemon is declared dead after 3 s of silence
 VSEG_BYTES = 128 * 1024  # small virtual segments: many placement decisions
 DEAD_WINDOW_S = HEARTBEAT_MS * MISSED_MAX / 1000
+PLACED_MIN = 16         # virtual segments placed before placement is checked
 PAUSE_S = 5.0            # a paused backup outlives the dead window: it is declared dead
 PARTITION_S = 6.0        # a partitioned broker host too: its streamlets fail over
 
 
-def start(multihost):
+def start(multihost, **kw):
     hosts, cluster = multihost(
-        heartbeat_interval_ms=HEARTBEAT_MS, virtual_logs=2, log_level="INFO",
+        **kw, heartbeat_interval_ms=HEARTBEAT_MS, virtual_logs=2, log_level="INFO",
         extra_broker_args=["--virtual-segment-bytes", str(VSEG_BYTES)],
         extra_coordinator_args=["--heartbeat-missed-max", str(MISSED_MAX)])
     with cluster.admin() as admin:
@@ -46,13 +47,14 @@ def replica_hosts(cluster) -> list[tuple[tuple, list[str]]]:
 
 
 def test_replicas_of_a_virtual_segment_are_on_different_hosts(multihost):
-    hosts, cluster = start(multihost)
+    hosts, cluster = start(multihost, backups=2 * len(layout.BACKUP_HOSTS),
+                           layout_of=layout.paired_backups)
     members = call(cluster.bootstrap, "cluster")
     # Each daemon advertises its own host's address and names its host as its node.
     assert {(m["address"].split(":")[0], m["node"]) for m in members["brokers"] + members["backups"]} \
         == {(hosts.address(i), hosts.name(i)) for i in layout.BROKER_HOSTS + layout.BACKUP_HOSTS}
     work = fk.Workload(cluster.bootstrap, STREAM, producers=2).start()
-    wait_for(lambda: len(replica_hosts(cluster)) >= 8, "several virtual segments replicated")
+    wait_for(lambda: len(replica_hosts(cluster)) >= PLACED_MIN, "virtual segments to be replicated")
     work.stop_producing()
     assert not work.errors, work.errors
     placed = replica_hosts(cluster)
