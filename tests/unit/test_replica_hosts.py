@@ -7,9 +7,9 @@ from kera.broker.core import Broker, BrokerConfig
 from kera.errors import StorageError
 
 ME = 7
-# Six backups on three hosts, two per host: a choice by load alone would often pair the two
-# backups of one host.
-NODE_OF = {1: "h4", 2: "h4", 3: "h5", 4: "h5", 5: "h6", 6: "h6"}
+# Six backups on three hosts, two per host, laid out so that the choice by load and rotation
+# alone (without the preference for new hosts) pairs backups of one host: 1 and 3 first.
+NODE_OF = {1: "h4", 3: "h4", 4: "h5", 5: "h5", 2: "h6", 6: "h6"}
 SEGMENTS = 12
 
 
@@ -51,14 +51,16 @@ def test_each_virtual_segment_has_its_replicas_on_different_hosts():
 
 
 def test_a_failed_replica_moves_to_a_host_the_segment_is_not_on():
-    b = broker()
+    # Backup 4 shares backup 1's host, and is the one load and rotation alone would pick next.
+    nodes = {1: "h4", 2: "h5", 3: "h6", 4: "h4"}
+    b = broker(nodes)
     b.produce("a", [chunk.encode(1, 0, 1, 0, [b"r"])], 0.0)
     first, second = b.sync(0.0)
     b.write_done(first, {"length": first.end_bytes}, None, 0.0)
     b.write_done(second, None, StorageError("disk full"), 0.0)
     [again] = [w for w in b.sync(0.0) if w.backup_id != first.backup_id]
     assert again.backup_id != second.backup_id
-    assert NODE_OF[again.backup_id] != NODE_OF[first.backup_id]
+    assert nodes[again.backup_id] != nodes[first.backup_id], f"both copies on {nodes[first.backup_id]}"
 
 
 def test_two_hosts_for_two_copies_still_pair_across_hosts():
