@@ -34,3 +34,8 @@ clean:
 .PHONY: test-spark-standalone
 test-spark-standalone: setup
 	$(PYTHON) -m pytest tests/spark/test_standalone.py -q -p no:randomly
+
+# A cluster across six test hosts made of network namespaces (needs root and iproute2; ~2 minutes).
+.PHONY: test-hosts
+test-hosts: setup
+	$(PYTHON) -m pytest tests/hosts -q -p no:randomly

@@ -77,6 +77,22 @@ def free_port(host: str = HOST, exclude: set[int] | frozenset = frozenset()) -> 
     raise ClusterError("no free port found")
 
 
+@dataclass(frozen=True)
+class Where:
+    """Where a daemon runs: the address it binds and advertises, the `--node` it names for
+    placement (None: `local-<name>`), and a command prefix that enters its host (for example
+    `("ip", "netns", "exec", "kera-ab12-h2")`; the prefix must exec the command, not fork it,
+    so the process started is the daemon and signals reach it)."""
+    host: str = HOST
+    node: str | None = None
+    prefix: tuple[str, ...] = ()
+
+
+def on_loopback(name: str) -> Where:
+    """The default placement: every daemon on this machine's loopback."""
+    return Where()
+
+
 @dataclass
 class Daemon:
     """One daemon process and what is needed to start it again identically."""
@@ -85,6 +101,8 @@ class Daemon:
     port: int
     args: list[str]
     log_path: Path
+    host: str = HOST
+    prefix: tuple[str, ...] = ()
     proc: subprocess.Popen | None = None
     starts: int = 0
     killed: bool = False      # stopped on purpose: its exit is not a failure
@@ -100,7 +118,7 @@ class Daemon:
 
     @property
     def address(self) -> str:
-        return f"{HOST}:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -117,7 +135,7 @@ class Daemon:
             logf.write(f"==== start {self.starts}: {' '.join(self.args)}\n".encode())
             logf.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kera", *self.args], stdin=subprocess.DEVNULL,
+                [*self.prefix, sys.executable, "-m", "kera", *self.args], stdin=subprocess.DEVNULL,
                 stdout=logf, stderr=subprocess.STDOUT, env=env,
                 # Own session: a Ctrl-C meant for `kera local` reaches the daemons only through
                 # its orderly stop().
@@ -148,6 +166,11 @@ class Daemon:
                 return f.read().decode(errors="replace")
         except OSError:
             return "(no log)"
+
+
+def _advertise(where: Where, port: int) -> list[str]:
+    """`--advertise` for a daemon off loopback (on loopback the bound address is the one)."""
+    return [] if where.host == HOST else ["--advertise", f"{where.host}:{port}"]
 
 
 class LocalKeys:
@@ -184,10 +207,12 @@ class LocalCluster:
                  extra_broker_args=(), extra_backup_args=(), extra_coordinator_args=(),
                  heartbeat_interval_ms: int | None = None,
                  start_timeout_s: float = START_TIMEOUT_S, start: bool = True,
-                 secure: bool = False, coordinators: int = 1):
-        """`secure`: CURVE on every daemon, keys in DATA_DIR/keys (see `keys`).
-        `coordinators` > 1 (with `--metadata etcd://...` in extra_coordinator_args): one leads
-        and the others stand by (kera.coordinator.leadership); `bootstrap` lists them all."""
+                 secure: bool = False, coordinators: int = 1, where=on_loopback):
+        """`secure`: CURVE on every daemon, keys in DATA_DIR/keys (see `keys`). `where(name)`
+        places each daemon (`coordinator`, `coordinator-I`, `broker-I`, `backup-I`) on a host
+        (see `Where`). `coordinators` > 1 (with `--metadata etcd://...` in
+        extra_coordinator_args): one leads and the others stand by
+        (kera.coordinator.leadership); `bootstrap` lists them all."""
         self.data_dir = Path(data_dir).absolute()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.keys = LocalKeys(self.data_dir / "keys", brokers, backups) if secure else None
@@ -209,36 +234,38 @@ class LocalCluster:
         for i in range(coordinators):
             cport = pick(port if i == 0 else 0)
             suffix = "" if i == 0 else f"-{i}"
-            coord_args = ["coordinator", "--host", HOST, "--port", str(cport),
+            cwhere = where(f"coordinator{suffix}")
+            coord_args = ["coordinator", "--host", cwhere.host, "--port", str(cport),
                           "--dir", str(self.data_dir / f"coordinator{suffix}"), *level]
             if heartbeat_interval_ms is not None:
                 coord_args += ["--heartbeat-interval-ms", str(heartbeat_interval_ms)]
             coord_args += self._key_args("coordinator")
             self.coordinators.append(Daemon("coordinator", i, cport,
                                             coord_args + list(extra_coordinator_args),
-                                            self.log_dir / f"coordinator{suffix}.log"))
+                                            self.log_dir / f"coordinator{suffix}.log",
+                                            cwhere.host, cwhere.prefix))
         self.coordinator = self.coordinators[0]
         self.bootstrap = ",".join(c.address for c in self.coordinators)
         self.brokers: list[Daemon] = []
         for i in range(brokers):
-            p = pick()
-            args = ["broker", "--coordinator", self.bootstrap, "--host", HOST, "--port", str(p),
-                    "--node", f"local-broker-{i}", "--id", str(i),
-                    "--dir", str(self.data_dir / f"broker-{i}"), *level]
+            p, w = pick(), where(f"broker-{i}")
+            args = ["broker", "--coordinator", self.bootstrap, "--host", w.host, "--port", str(p),
+                    "--node", w.node or f"local-broker-{i}", "--id", str(i),
+                    "--dir", str(self.data_dir / f"broker-{i}"), *level, *_advertise(w, p)]
 
             if virtual_logs is not None:
                 args += ["--virtual-logs", str(virtual_logs)]
             args += self._key_args(f"broker-{i}")
             self.brokers.append(Daemon("broker", i, p, args + list(extra_broker_args),
-                                       self.log_dir / f"broker-{i}.log"))
+                                       self.log_dir / f"broker-{i}.log", w.host, w.prefix))
         self.backups: list[Daemon] = []
         for i in range(backups):
-            p = pick()
-            args = ["backup", "--coordinator", self.bootstrap, "--host", HOST, "--port", str(p),
-                    "--dir", str(self.data_dir / f"backup-{i}"), "--node", f"local-backup-{i}",
-                    "--id", str(i), *level, *self._key_args(f"backup-{i}")]
+            p, w = pick(), where(f"backup-{i}")
+            args = ["backup", "--coordinator", self.bootstrap, "--host", w.host, "--port", str(p),
+                    "--dir", str(self.data_dir / f"backup-{i}"), "--node", w.node or f"local-backup-{i}",
+                    "--id", str(i), *level, *self._key_args(f"backup-{i}"), *_advertise(w, p)]
             self.backups.append(Daemon("backup", i, p, args + list(extra_backup_args),
-                                       self.log_dir / f"backup-{i}.log"))
+                                       self.log_dir / f"backup-{i}.log", w.host, w.prefix))
         if start:
             self.start()
 
