@@ -141,6 +141,8 @@ class CoordinatorServer:
         return {"stats": dict(self.snapshot)}
 
     def _tick(self) -> None:
+        if self.leadership is not None and not self._still_leading():
+            return   # resumed from a pause past its lease: nothing may be decided any more
         for member in self.core.tick(self.clock.monotonic()):
             log.warning("%s %d at %s missed %.1f s of heartbeats: declared dead", member.kind,
                         member.id, member.address, self.core.dead_after_s)
