@@ -502,6 +502,15 @@ class Consumer:
         self._wake()
         future.result(self.request_timeout_s if timeout_s is None else timeout_s)
 
+    def group_held_until(self) -> float | None:
+        """With a group: the time.monotonic() until which the parts assigned now are surely
+        this consumer's alone (its self-fence deadline, kera.consumer.membership); work that
+        must stop once another member may own them checks it. None: not a member now."""
+        if self._membership is None:
+            return None
+        with self._state_lock:
+            return self._membership.held_until()
+
     def committed(self, parts=None) -> list[Position]:
         """The group's committed positions (of `parts`, default every part it has)."""
         if self.group is None:
