@@ -214,3 +214,12 @@ class Fenced(KeraError):
 
 
 _BY_CODE[Fenced.code] = Fenced
+
+
+class PublishUncertain(KeraError):
+    """An outbox row's record failed without proof that it was not stored (a timeout, or
+    retries exhausted while a broker was down). The harvester ends its term instead of
+    resetting the row, and the next term looks the row up in the stream before publishing it
+    again (kera.outbox). Nothing to do unless it repeats: then check `kera stream describe`."""
+    code = "publish_uncertain"
+    retriable = True

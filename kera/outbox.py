@@ -9,8 +9,10 @@ The group's self-fence (kera.consumer.membership) makes a leader that cannot hea
 down before its session could expire and another be elected, and the leader publishes only
 while that deadline is ahead (Consumer.group_held_until), so two harvesters never publish at
 once. The leader marks unmarked rows oldest first, publishes each with the row's key, value and
-headers, at most one per key in flight and `in_flight_max` overall, purges a row once its record
-is acknowledged and resets it on failure (kera.outbox_core, kera.outbox_term).
+headers, at most one per key in flight and `in_flight_max` overall, and purges a row once its record
+is acknowledged. A failed record ends the term (a timeout does not prove it was not stored):
+the next term looks its row up and resets it if it is not in the stream. A record the cluster
+refuses for what it is (too large) parks its row for an operator (kera.outbox_core).
 
 No row is published twice per row id, even after a leader dies between publishing a row and
 purging it. Each record carries its row id in a header (`kera-outbox-id`), and each term saves

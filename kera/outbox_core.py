@@ -7,9 +7,11 @@ every earlier row of its key was acknowledged, so per-key order holds whatever t
 retries do. At most `in_flight_max` rows are in flight overall and at most `marked_max` are
 held (queued or in flight), which bounds the memory and the rows a crash leaves marked.
 
-A failed row is reset (its mark cleared, so a later mark picks it up again), and so are the
-queued rows of its key: they must not be published before it, and a later mark returns them
-behind it, in id order.
+A row whose record fails is not simply reset: a failure after a timeout does not prove the
+record was not stored. Only a record refused for what it is (too large, malformed: `refused`)
+is known unpublished; its row is parked (marked with PARKED_LEADER_ID, never marked again until
+an operator fixes it and clears the mark) and its key's later rows go on. Any other failure ends
+the term, and the next term's takeover looks the row up in the stream (kera.outbox_term).
 
 Checkpoints: every `checkpoint_interval_s` the term stops marking until nothing is in flight
 or queued, then saves the stream's end positions (the shell does the I/O). Every record this
@@ -23,6 +25,10 @@ import heapq
 from collections import deque
 from typing import NamedTuple
 
+from kera.errors import BadRequest, RecordTooLarge
+
+# The mark of a row refused for what it is (too large, malformed): left for an operator.
+PARKED_LEADER_ID = "00000000-0000-0000-0000-000000000000"
 # The record header carrying the outbox row id: a successor reads it to tell which marked rows
 # were already published.
 ROW_ID_HEADER = "kera-outbox-id"
@@ -46,6 +52,12 @@ def row_id_of(headers) -> int | None:
         if name == ROW_ID_HEADER:
             return int(value)
     return None
+
+
+def refused(err: BaseException) -> bool:
+    """Whether `err` proves the record was refused for what it is (so never stored, and
+    sending it again cannot succeed): the row is parked rather than retried."""
+    return isinstance(err, (RecordTooLarge, BadRequest, TypeError))
 
 
 def settle_suspects(suspects: set[int], published: set[int]) -> tuple[set[int], set[int]]:
@@ -105,19 +117,11 @@ class Flight:
         return out
 
     def acked(self, row_id: int) -> None:
-        """The row's record is stored: purge it; its key's next row may go."""
+        """The row's record is stored (or the row parked): its key's next row may go."""
         key = self.in_flight.pop(row_id)
         self.busy_keys.discard(key)
         self.held -= 1
         self._release(key)
-
-    def failed(self, row_id: int) -> list[int]:
-        """The row's record failed: the ids to reset, the row and its key's queued rows."""
-        key = self.in_flight.pop(row_id)
-        self.busy_keys.discard(key)
-        queued = self.queues.pop(key, deque())
-        self.held -= 1 + len(queued)
-        return [row_id, *(row.id for row in queued)]
 
     def _release(self, key: str) -> None:
         queue = self.queues.get(key)

@@ -13,7 +13,8 @@
                                  saved_at timestamptz NOT NULL DEFAULT now());
 
 A service inserts rows (key, value and optionally headers) in its own transactions; the
-harvester marks (sets leader_id), purges (deletes) and resets (clears leader_id) them.
+harvester marks (sets leader_id), purges (deletes) and resets (clears leader_id) them, and parks
+a row whose record the cluster refuses (leader_id = PARKED_LEADER_ID, all zeros) for an operator.
 `<table>_leaders` holds each term's checkpoint: the stream's end positions before anything it
 published that is still in the table (kera.outbox_core).
 """
@@ -24,7 +25,7 @@ import json
 
 from psycopg import sql
 
-from kera.outbox_core import Row
+from kera.outbox_core import PARKED_LEADER_ID, Row
 from kera.position import Position
 
 SCHEMA = """
@@ -94,11 +95,12 @@ class OutboxTable:
         if ids:
             self._run("DELETE FROM {table} WHERE id = ANY(%s)", (ids,))
 
-    def reset(self, leader_id: str, ids: list[int]) -> None:
-        """Clear this term's marks on `ids` (a later term's marks are left alone)."""
+    def park(self, leader_id: str, ids: list[int]) -> None:
+        """Set aside rows whose records were refused (PARKED_LEADER_ID): never marked again
+        until an operator clears the mark."""
         if ids:
-            self._run("UPDATE {table} SET leader_id = NULL WHERE id = ANY(%s) AND leader_id = %s",
-                      (ids, leader_id))
+            self._run("UPDATE {table} SET leader_id = %s WHERE id = ANY(%s) AND leader_id = %s",
+                      (PARKED_LEADER_ID, ids, leader_id))
 
     def save_checkpoint(self, leader_id: str, positions: list[Position]) -> None:
         self._run("INSERT INTO {leaders} (leader_id, positions) VALUES (%s, %s) "
@@ -106,10 +108,10 @@ class OutboxTable:
                   "saved_at = now()", (leader_id, positions_to_json(positions)))
 
     def suspects(self, leader_id: str) -> dict[str, set[int]]:
-        """Rows marked by other terms: {their leader id: row ids}."""
+        """Rows marked by other terms (parked ones aside): {their leader id: row ids}."""
         out: dict[str, set[int]] = {}
-        rows = self._run("SELECT leader_id::text, id FROM {table} "
-                         "WHERE leader_id IS NOT NULL AND leader_id <> %s", (leader_id,))
+        rows = self._run("SELECT leader_id::text, id FROM {table} WHERE leader_id IS NOT NULL "
+                         "AND leader_id <> %s AND leader_id <> %s", (leader_id, PARKED_LEADER_ID))
         for leader, row_id in rows.fetchall():
             out.setdefault(leader, set()).add(row_id)
         return out
@@ -125,6 +127,6 @@ class OutboxTable:
         with self.conn.transaction():
             self.purge(sorted(purge))
             if reset:
-                self._run("UPDATE {table} SET leader_id = NULL WHERE id = ANY(%s)",
-                          (sorted(reset),))
+                self._run("UPDATE {table} SET leader_id = NULL WHERE id = ANY(%s) "
+                          "AND leader_id <> %s", (sorted(reset), PARKED_LEADER_ID))
             self._run("DELETE FROM {leaders} WHERE leader_id <> %s", (leader_id,))

@@ -21,8 +21,8 @@ from typing import Protocol
 
 import psycopg
 
-from kera.errors import KeraError
-from kera.outbox_core import Flight, Row, record_headers, settle_suspects
+from kera.errors import KeraError, PublishUncertain
+from kera.outbox_core import Flight, Row, record_headers, refused, settle_suspects
 from kera.outbox_db import OutboxTable
 from kera.outbox_tail import end_positions, published_row_ids
 
@@ -105,9 +105,14 @@ class Term:
     def _send(self, row: Row) -> None:
         def done(err, _metadata, row_id=row.id):
             self.results.put((row_id, err))
-        self.producer.send(self.s.stream, row.value, key=row.key.encode(), on_delivery=done,
-                           headers=[*record_headers(row), (LEADER_HEADER,
-                                                           self.leader_id.encode())])
+        headers = [*record_headers(row), (LEADER_HEADER, self.leader_id.encode())]
+        try:
+            self.producer.send(self.s.stream, row.value, key=row.key.encode(), headers=headers,
+                               on_delivery=done)
+        except Exception as err:   # noqa: BLE001 - refused records are parked, others raised
+            if not refused(err):
+                raise
+            done(err, None)
 
     def _drain_results(self) -> list:
         out = []
@@ -125,19 +130,25 @@ class Term:
         return [first, *self._drain_results()]
 
     def _settle(self, results: list) -> None:
-        """Purge the acknowledged rows, reset the failed ones (and their keys' queued rows)."""
-        acked, reset = [], []
+        """Purge the rows whose records are stored and park the refused ones; a failure that
+        leaves a row's fate unknown ends the term (raised after the others are settled)."""
+        acked, parked, uncertain = [], [], []
         for row_id, err in results:
-            if err is None:
-                self.flight.acked(row_id)
-                acked.append(row_id)
-            else:
-                log.warning("leader %s: row %d not published (%s): reset, retried later",
-                            self.leader_id, row_id, err)
-                reset += self.flight.failed(row_id)
+            if err is not None and not refused(err):
+                uncertain.append((row_id, err))
+                continue
+            self.flight.acked(row_id)
+            (acked if err is None else parked).append(row_id)
+            if err is not None:
+                log.error("leader %s: row %d refused (%s): parked; fix it and set its leader_id "
+                          "to NULL to publish it, or delete it", self.leader_id, row_id, err)
         self.table.purge(acked)
-        self.table.reset(self.leader_id, reset)
+        self.table.park(self.leader_id, parked)
         self.published += len(acked)
+        if uncertain:
+            row_id, err = uncertain[0]
+            raise PublishUncertain(f"row {row_id} (and {len(uncertain) - 1} more) not "
+                                   f"acknowledged: {err}; a new term looks them up in the stream")
 
     def _report(self) -> None:
         at, count = self.reported

@@ -18,7 +18,8 @@ import pytest
 from kera.consumer import Consumer
 from kera.local import PARENT_PID_ENV
 from kera.outbox import APPLICATION_NAME
-from kera.outbox_core import ROW_ID_HEADER, record_headers
+from kera.config import DEFAULT_MAX_RECORD_BYTES
+from kera.outbox_core import PARKED_LEADER_ID, ROW_ID_HEADER, record_headers
 from kera.outbox_db import OutboxTable, create_schema
 from kera.outbox_tail import end_positions
 from kera.outbox_term import LEADER_HEADER
@@ -264,6 +265,24 @@ def test_a_new_leader_purges_rows_an_earlier_term_published_and_resets_the_rest(
     check_published(read_stream(cluster.bootstrap, stream), {"k": ids})
     assert "10 rows left marked by earlier terms, 5 were published (purged) and 5 reset" \
         in harvesters.log(0).read_text()
+
+
+def test_a_row_too_large_to_publish_is_parked_and_its_key_goes_on(
+        postgres, cluster, outbox, harvesters):
+    table, stream = outbox
+    too_large = b"x" * (DEFAULT_MAX_RECORD_BYTES + 1)
+    with postgres.connect(autocommit=True) as conn:
+        ids = [conn.execute(f'INSERT INTO "{table}" (key, value) VALUES (%s, %s) RETURNING id',
+                            ("k", value)).fetchone()[0] for value in (b"1", too_large, b"3")]
+        harvesters.start()
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0] > 1:
+            assert time.monotonic() < deadline, "rows 1 and 3 not published"
+            time.sleep(POLL_S)
+        left = conn.execute(f'SELECT id, leader_id::text FROM "{table}"').fetchall()
+    assert left == [(ids[1], PARKED_LEADER_ID)]
+    check_published(read_stream(cluster.bootstrap, stream), {"k": [ids[0], ids[2]]})
+    assert f"row {ids[1]} refused" in harvesters.log(0).read_text()
 
 
 def test_outbox_service_example(postgres, cluster):

@@ -2,7 +2,9 @@
 
 import pytest
 
-from kera.outbox_core import (ROW_ID_HEADER, Flight, Row, record_headers, row_id_of,
+from kera.errors import BadRequest, KeraError, NotOwner, RecordTooLarge, Timeout
+
+from kera.outbox_core import (ROW_ID_HEADER, Flight, Row, record_headers, refused, row_id_of,
                               settle_suspects)
 
 
@@ -43,14 +45,10 @@ def test_in_flight_bounded_overall():
     assert [r.id for r in f.next_sends()] == [3]
 
 
-def test_failure_resets_the_row_and_its_keys_queued_rows_only():
-    f = flight()
-    f.add(rows((1, "a"), (2, "b"), (3, "a"), (4, "a")))
-    f.next_sends()
-    assert f.failed(1) == [1, 3, 4]
-    assert f.next_sends() == []       # nothing of key a left to send before row 1
-    f.acked(2)
-    assert f.idle
+def test_only_refusals_of_the_record_itself_are_known_unpublished():
+    assert refused(RecordTooLarge("too big")) and refused(BadRequest("bad"))
+    assert not refused(Timeout("no answer")) and not refused(NotOwner("moved"))
+    assert not refused(KeraError("retries exhausted"))
 
 
 def test_mark_room_bounded_by_rows_held():
