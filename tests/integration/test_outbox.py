@@ -243,6 +243,29 @@ def test_killed_database_connections_harvesting_resumes(postgres, cluster, outbo
     check_published(read_stream(cluster.bootstrap, stream), writer.ids)
 
 
+def test_kill_9_of_a_broker_none_lost_none_twice(postgres, fresh_cluster, tmp_path):
+    """A broker dies mid-harvest: its streamlet fails over to the other broker (rebuilt from
+    the backups); records in doubt end the term and the next looks them up."""
+    cluster = fresh_cluster(brokers=2, backups=2, log_level="WARNING")
+    table = stream = "ob_broker_kill"
+    with postgres.connect() as conn:
+        create_schema(conn, table)
+    with cluster.admin() as admin:
+        admin.create_stream(stream, streamlets=2, replication=2)
+    harvesters = Harvesters(tmp_path, postgres.dsn, cluster.bootstrap, table)
+    try:
+        harvesters.wait_leader([harvesters.start()])
+        writer = Writer(postgres, table, rows=3000, pause_s=0.002)
+        writer.start()
+        wait_published_some(cluster.bootstrap, stream)
+        cluster.kill_broker(0)
+        writer.join()
+        wait_drained(postgres, table)
+        check_published(read_stream(cluster.bootstrap, stream), writer.ids)
+    finally:
+        harvesters.stop()
+
+
 def test_a_new_leader_purges_rows_an_earlier_term_published_and_resets_the_rest(
         postgres, cluster, outbox, harvesters):
     """A term that died after publishing rows 1..5 but before purging them, with rows 6..10
