@@ -1,6 +1,6 @@
-"""One leadership term of the outbox harvester: take over, then mark / publish / purge / reset
-until leadership or the database connection is lost (kera.outbox runs terms; kera.outbox_core
-decides).
+"""One leadership term of the outbox harvester: take over, then mark / publish / purge until
+leadership, the database connection or a record's fate is lost (kera.outbox runs terms;
+kera.outbox_core decides).
 
 Takeover: save this term's checkpoint (the stream's end: everything it will publish lies past
 it), then settle the rows earlier terms left marked. Each may have been published and not
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 
@@ -25,6 +25,9 @@ from kera.errors import KeraError, PublishUncertain
 from kera.outbox_core import Flight, Row, record_headers, refused, settle_suspects
 from kera.outbox_db import OutboxTable
 from kera.outbox_tail import end_positions, published_row_ids
+
+if TYPE_CHECKING:
+    from kera.outbox import Settings
 
 log = logging.getLogger("kera.outbox")
 
@@ -43,7 +46,7 @@ class Leadership(Protocol):
 
 
 class Term:
-    def __init__(self, settings, table: OutboxTable, producer, leader_id: str,
+    def __init__(self, settings: "Settings", table: OutboxTable, producer, leader_id: str,
                  leadership: Leadership):
         self.s, self.table, self.producer = settings, table, producer
         self.leader_id, self.leadership = leader_id, leadership
@@ -96,10 +99,11 @@ class Term:
         room = self.flight.mark_room(now)
         if room:
             self.flight.add(self.table.mark(self.leader_id, room))
+        if not self.leadership.held():   # checked again: marking may have taken a while
+            return False
         sends = self.flight.next_sends()
-        if sends and self.leadership.held():   # checked again: marking may have taken a while
-            for row in sends:
-                self._send(row)
+        for row in sends:
+            self._send(row)
         return bool(sends)
 
     def _send(self, row: Row) -> None:
@@ -109,7 +113,7 @@ class Term:
         try:
             self.producer.send(self.s.stream, row.value, key=row.key.encode(), headers=headers,
                                on_delivery=done)
-        except Exception as err:   # noqa: BLE001 - refused records are parked, others raised
+        except (KeraError, TypeError) as err:   # refused records are parked, others raised
             if not refused(err):
                 raise
             done(err, None)
@@ -166,8 +170,8 @@ class Term:
         try:
             while self.flight.in_flight and time.monotonic() < deadline:
                 self._settle(self._wait_results(deadline - time.monotonic()))
-        except psycopg.Error as err:   # the database is gone: the next term settles them
-            log.warning("leader %s: database lost while stepping down: %s", self.leader_id, err)
+        except (psycopg.Error, KeraError) as err:   # the next term's takeover settles them
+            log.warning("leader %s: while stepping down: %s", self.leader_id, err)
         finally:
             try:
                 self.producer.close(PRODUCER_CLOSE_TIMEOUT_S)
