@@ -184,12 +184,27 @@ def test_rows_written_while_harvesting_are_all_published_in_key_order(
     table, stream = outbox
     harvesters.start()
     harvesters.start()
-    harvesters.wait_leader()
+    leader = harvesters.wait_leader()
     writer = Writer(postgres, table, rows=1500)
     writer.start()
     writer.join()
     wait_drained(postgres, table)
     check_published(read_stream(cluster.bootstrap, stream), writer.ids)
+    harvesters.stop()   # SIGTERM: the leader steps down and says what it published
+    assert "stepped down (published 1500 rows; 0 left marked)" in \
+        harvesters.log(leader).read_text()
+    assert "took over" not in harvesters.log(1 - leader).read_text()
+
+
+def test_cli_init_creates_the_outbox_table_and_may_run_again(postgres):
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-m", "kera", "outbox", "init", "--dsn",
+                               postgres.dsn, "--table", "ob_cli_init"],
+                              capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert done.returncode == 0, done.stderr
+    with postgres.connect() as conn:
+        conn.execute("INSERT INTO ob_cli_init (key, value) VALUES ('k', 'v')")
+        assert conn.execute("SELECT count(*) FROM ob_cli_init_leaders").fetchone() == (0,)
 
 
 def test_kill_9_of_the_leader_another_takes_over_none_lost_none_twice(
