@@ -114,6 +114,15 @@ class Election:
         self.consumer.close()
 
 
+def connect(dsn: str) -> psycopg.Connection:
+    """An autocommit connection whose every wait is bounded (outbox_defaults)."""
+    conn = psycopg.connect(dsn, autocommit=True, application_name=APPLICATION_NAME,
+                           connect_timeout=defaults.DB_CONNECT_TIMEOUT_S,
+                           tcp_user_timeout=defaults.DB_TCP_USER_TIMEOUT_MS, keepalives=1)
+    conn.execute(f"SET statement_timeout = {int(defaults.DB_STATEMENT_TIMEOUT_MS)}")
+    return conn
+
+
 class Harvester:
     def __init__(self, dsn: str, bootstrap: str, stream: str, *, table: str = defaults.TABLE,
                  group: str | None = None, **options):
@@ -145,8 +154,7 @@ class Harvester:
         """One leadership term; an error ends it, and the next begins after a pause."""
         self.terms += 1
         try:
-            with psycopg.connect(self.s.dsn, autocommit=True, application_name=APPLICATION_NAME,
-                                 connect_timeout=defaults.DB_CONNECT_TIMEOUT_S) as conn:
+            with connect(self.s.dsn) as conn:
                 term = Term(self.s, OutboxTable(conn, self.s.table), self._producer(),
                             str(uuid.uuid4()), election)
                 term.run()

@@ -13,3 +13,8 @@ SESSION_TIMEOUT_MS = 10_000
 # successor reads about this much of the stream to find what it published but did not purge.
 CHECKPOINT_INTERVAL_S = 5.0
 DB_CONNECT_TIMEOUT_S = 5           # libpq takes whole seconds
+# A database that stops answering (a partition without a reset) ends the term after this: the
+# kernel drops a connection whose sent data stays unacknowledged this long (libpq
+# tcp_user_timeout), and the server cancels a statement running this long.
+DB_TCP_USER_TIMEOUT_MS = 10_000
+DB_STATEMENT_TIMEOUT_MS = 30_000

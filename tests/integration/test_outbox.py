@@ -190,10 +190,11 @@ def test_rows_written_while_harvesting_are_all_published_in_key_order(
     writer.join()
     wait_drained(postgres, table)
     check_published(read_stream(cluster.bootstrap, stream), writer.ids)
-    harvesters.stop()   # SIGTERM: the leader steps down and says what it published
+    assert "took over" not in harvesters.log(1 - leader).read_text()   # a follower waits
+    harvesters.procs[leader].terminate()   # SIGTERM: it steps down, saying what it published
+    harvesters.procs[leader].wait(STOP_TIMEOUT_S)
     assert "stepped down (published 1500 rows; 0 left marked)" in \
         harvesters.log(leader).read_text()
-    assert "took over" not in harvesters.log(1 - leader).read_text()
 
 
 def test_cli_init_creates_the_outbox_table_and_may_run_again(postgres):
