@@ -119,7 +119,11 @@ def connect(dsn: str) -> psycopg.Connection:
     conn = psycopg.connect(dsn, autocommit=True, application_name=APPLICATION_NAME,
                            connect_timeout=defaults.DB_CONNECT_TIMEOUT_S,
                            tcp_user_timeout=defaults.DB_TCP_USER_TIMEOUT_MS, keepalives=1)
-    conn.execute(f"SET statement_timeout = {int(defaults.DB_STATEMENT_TIMEOUT_MS)}")
+    try:
+        conn.execute(f"SET statement_timeout = {int(defaults.DB_STATEMENT_TIMEOUT_MS)}")
+    except psycopg.Error:
+        conn.close()
+        raise
     return conn
 
 

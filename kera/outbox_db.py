@@ -75,6 +75,11 @@ def positions_from_json(text) -> list[Position]:
     return [Position(*entry) for entry in entries]
 
 
+def _headers(keys: list[str], values: list) -> tuple:
+    """A row's header arrays as (str, bytes) pairs (a NULL value: empty bytes)."""
+    return tuple((k, bytes(v or b"")) for k, v in zip(keys, values))
+
+
 class OutboxTable:
     """The harvester's statements on one outbox table, over one autocommit connection."""
 
@@ -87,7 +92,7 @@ class OutboxTable:
     def mark(self, leader_id: str, limit: int) -> list[Row]:
         """Mark up to `limit` unmarked rows, oldest first, for this term; returns them."""
         cursor = self._run(MARK, (leader_id, limit))
-        return [Row(i, key, value, tuple(zip(hkeys, map(bytes, hvalues))))
+        return [Row(i, key, value, _headers(hkeys, hvalues))
                 for i, key, value, hkeys, hvalues in cursor.fetchall()]
 
     def purge(self, ids: list[int]) -> None:
