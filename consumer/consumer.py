@@ -505,11 +505,12 @@ class Consumer:
     def group_held_until(self) -> float | None:
         """With a group: the time.monotonic() until which the parts assigned now are surely
         this consumer's alone (its self-fence deadline, kera.consumer.membership); work that
-        must stop once another member may own them checks it. None: not a member now."""
+        must stop once another member may own them checks it. None: not a member now.
+        Read without the state lock: on_revoked runs under it and may wait for work that
+        calls this (each field read is written atomically by the request thread)."""
         if self._membership is None:
             return None
-        with self._state_lock:
-            return self._membership.held_until()
+        return self._membership.held_until()
 
     def committed(self, parts=None) -> list[Position]:
         """The group's committed positions (of `parts`, default every part it has)."""

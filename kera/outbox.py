@@ -8,9 +8,11 @@ group `group` that owns streamlet 0 of the one-streamlet control stream `<group>
 The group's self-fence (kera.consumer.membership) makes a leader that cannot heartbeat step
 down before its session could expire and another be elected, and the leader publishes only
 while that deadline is ahead (Consumer.group_held_until), so two harvesters never publish at
-once. The leader marks unmarked rows oldest first, publishes each with the row's key, value and
-headers, at most one per key in flight and `in_flight_max` overall, and purges a row once its record
-is acknowledged. A failed record ends the term (a timeout does not prove it was not stored):
+once. A revoked leader (the group moves leadership when members join) holds back its
+acknowledgement until its records in flight have landed (Election._revoked). The leader marks
+unmarked rows oldest first, publishes each with the row's key, value and headers, at most one
+per key in flight and `in_flight_max` overall, and purges a row once its record is
+acknowledged. A failed record ends the term (a timeout does not prove it was not stored):
 the next term looks its row up and resets it if it is not in the stream. A record the cluster
 refuses for what it is (too large) parks its row for an operator (kera.outbox_core).
 
@@ -23,8 +25,13 @@ We chose this over a deterministic producer identity per row (a replay de-duplic
 broker) because that would make every row its own producer: one chunk, one request and one
 broker duplicate-table entry per row, a flood the broker's producer table bounds by forgetting
 (kera.broker.producers), while the header costs a few bytes and the lookup reads only the few
-seconds of records since the last checkpoint. The residual window: a record the old leader's
-producer still had in flight when it stepped down can land after the successor's lookup.
+seconds of records since the last checkpoint.
+
+The residual window: a leader frozen whole (a stopped VM, SIGSTOP) while its producer holds
+records sends them when it resumes, possibly after its successor has looked; it sends nothing
+new (its deadline has passed), so at most `in_flight_max` rows may be published twice. A
+network partition from the broker can delay a request already sent in the same way. Closing it
+would need the broker to fence a producer identity, which kera does not offer yet.
 
 Order: rows of one key are published in id order (bigserial order). Rows of one key written by
 concurrent transactions are ordered by id, which is not always their commit order: write a
@@ -46,7 +53,7 @@ from kera.consumer import Consumer
 from kera import outbox_defaults as defaults
 from kera.errors import KeraError, StreamExists
 from kera.outbox_db import OutboxTable
-from kera.outbox_term import Term
+from kera.outbox_term import REVOKE_WAIT_FRACTION, Term
 from kera.producer import Producer
 
 log = logging.getLogger("kera.outbox")
@@ -89,6 +96,10 @@ class Election:
     def __init__(self, s: Settings):
         self.part = (s.control_stream, 0)
         self.elected = threading.Event()
+        # Set while no term runs: a revocation waits for it (bounded) before it is acknowledged.
+        self.term_over = threading.Event()
+        self.term_over.set()
+        self.revoke_wait_s = REVOKE_WAIT_FRACTION * s.session_timeout_ms / 1000
         self.consumer = Consumer(s.bootstrap, s.control_stream, group=s.group, start="latest",
                                  on_assigned=self._assigned, on_revoked=self._revoked,
                                  session_timeout_ms=s.session_timeout_ms,
@@ -100,14 +111,22 @@ class Election:
             self.elected.set()
 
     def _revoked(self, parts) -> None:
+        """Called on the consumer's request thread before the revocation is acknowledged (or
+        once self-fenced): the term stops, and its records in flight land, before the group
+        can elect another leader."""
         if self.part in parts:
             self.elected.clear()
             log.info("stepping down: leadership revoked or self-fenced")
+            if not self.term_over.wait(self.revoke_wait_s):
+                log.warning("the term did not end within %.1f s of the revocation",
+                            self.revoke_wait_s)
 
     def held(self) -> bool:
         """Leading, and surely alone: the group cannot have elected another yet."""
+        if not self.elected.is_set():
+            return False
         until = self.consumer.group_held_until()
-        return self.elected.is_set() and until is not None and time.monotonic() < until
+        return until is not None and time.monotonic() < until
 
     def close(self) -> None:
         self.elected.clear()
@@ -157,15 +176,19 @@ class Harvester:
     def _term(self, election: Election) -> None:
         """One leadership term; an error ends it, and the next begins after a pause."""
         self.terms += 1
+        election.term_over.clear()
         try:
             with connect(self.s.dsn) as conn:
                 term = Term(self.s, OutboxTable(conn, self.s.table), self._producer(),
                             str(uuid.uuid4()), election)
                 term.run()
         except (psycopg.Error, KeraError) as err:
+            election.term_over.set()
             log.warning("leader term ended: %s; starting again in %.0f s", err,
                         TERM_RETRY_BACKOFF_S)
             self.s.stop.wait(TERM_RETRY_BACKOFF_S)
+        finally:
+            election.term_over.set()
 
     def _producer(self) -> Producer:
         return Producer(self.s.bootstrap, linger_ms=PRODUCER_LINGER_MS, key_file=self.s.key_file)

