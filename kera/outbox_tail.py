@@ -30,7 +30,10 @@ def published_row_ids(bootstrap: str, stream: str, since: list[Position], wanted
     """Which of `wanted` row ids were published after the positions `since` (to the end)."""
     found: set[int] = set()
     deadline = time.monotonic() + timeout_s
-    with Consumer(bootstrap, stream, start=since, key_file=key_file) as consumer:
+    # A checkpoint into a history the streamlet lost (an R=1 broker restarted empty): read
+    # what it has from its start; rows whose records are gone cannot be found and are reset.
+    with Consumer(bootstrap, stream, start=since, key_file=key_file,
+                  on_lost_position="earliest") as consumer:
         while time.monotonic() < deadline:
             record = consumer.poll(TAIL_POLL_S)
             if record is None:
