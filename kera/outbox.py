@@ -61,6 +61,12 @@ log = logging.getLogger("kera.outbox")
 APPLICATION_NAME = "kera-outbox"   # the database sessions' application_name
 # After a term ends on an error (database or cluster unreachable), the wait before the next.
 TERM_RETRY_BACKOFF_S = 1.0
+# Terms in a row that fail before harvesting anything, after which a leader leaves the group:
+# the database or the cluster may be out of reach from this harvester only.
+TERM_FAILURES_MAX = 3
+# ... and how long it stays out: a harvester that cannot harvest, rejoining, may be elected
+# again (a join can move the leadership), so it does so seldom.
+REJOIN_PAUSE_S = 10.0
 # A follower re-checks whether it was elected (or asked to stop) this often.
 FOLLOWER_WAIT_S = 0.5
 PRODUCER_LINGER_MS = 1             # rows go one per key at a time: do not hold them back
@@ -165,18 +171,32 @@ class Harvester:
     def run(self) -> None:
         """Take part in the election and harvest while leading, until stop()."""
         self._ensure_control_stream()
-        election = Election(self.s)
-        try:
-            while not self.s.stop.is_set():
-                if election.elected.wait(FOLLOWER_WAIT_S) and election.held():
-                    self._term(election)
-        finally:
-            election.close()
+        while not self.s.stop.is_set():
+            election = Election(self.s)
+            try:
+                self._lead_while_able(election)
+            finally:
+                election.close()   # leaves the group: another member is elected at once
+            self.s.stop.wait(REJOIN_PAUSE_S)
 
-    def _term(self, election: Election) -> None:
-        """One leadership term; an error ends it, and the next begins after a pause."""
+    def _lead_while_able(self, election: Election) -> None:
+        """Harvest whenever elected; return after TERM_FAILURES_MAX terms in a row failed
+        before harvesting, so a harvester that can reach the database and the cluster leads
+        instead."""
+        failures = 0
+        while not self.s.stop.is_set() and failures < TERM_FAILURES_MAX:
+            if election.elected.wait(FOLLOWER_WAIT_S) and election.held():
+                failures = 0 if self._term(election) else failures + 1
+        if failures >= TERM_FAILURES_MAX:
+            log.warning("%d leader terms failed in a row: leaving the group so that another "
+                        "harvester leads; rejoining in %.0f s", failures, REJOIN_PAUSE_S)
+
+    def _term(self, election: Election) -> bool:
+        """One leadership term; whether it got as far as harvesting (after an error, the next
+        begins after a pause)."""
         self.terms += 1
         election.term_over.clear()
+        term = None
         try:
             with connect(self.s.dsn) as conn:
                 term = Term(self.s, OutboxTable(conn, self.s.table), self._producer(),
@@ -189,6 +209,7 @@ class Harvester:
             self.s.stop.wait(TERM_RETRY_BACKOFF_S)
         finally:
             election.term_over.set()
+        return term is not None and term.took_over
 
     def _producer(self) -> Producer:
         return Producer(self.s.bootstrap, linger_ms=PRODUCER_LINGER_MS, key_file=self.s.key_file)

@@ -58,6 +58,7 @@ class Term:
         self.flight = Flight(settings.in_flight_max, settings.marked_max,
                              settings.checkpoint_interval_s, time.monotonic())
         self.published = 0
+        self.took_over = False   # got as far as harvesting
         self.reported = (time.monotonic(), 0)
 
     # ------------------------------------------------------------------ takeover
@@ -86,6 +87,7 @@ class Term:
         database and cluster errors."""
         try:
             self.take_over()
+            self.took_over = True
             while self.leadership.held() and not self.s.stop.is_set():
                 self._settle(self._drain_results())
                 if not self._step():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kera.consumer import Consumer
-from kera.local import PARENT_PID_ENV
+from kera.local import PARENT_PID_ENV, free_port
 from kera.outbox import APPLICATION_NAME
 from kera.config import DEFAULT_MAX_RECORD_BYTES
 from kera.outbox_core import PARKED_LEADER_ID, ROW_ID_HEADER, record_headers
@@ -33,6 +33,7 @@ LEADER_TIMEOUT_S = 20.0          # harvesters started -> one says it leads
 POLL_S = 0.05
 STOP_TIMEOUT_S = 10.0
 KEYS = 16
+KILL_TRIES_MAX = 20
 IN_FLIGHT_MAX = 64               # per harvester: bounds what a frozen leader still sends
 
 
@@ -264,9 +265,11 @@ def test_killed_database_connections_harvesting_resumes(postgres, cluster, outbo
     writer = Writer(postgres, table, rows=3000, pause_s=0.002)
     writer.start()
     killed = 0
-    for _ in range(3):
+    for _ in range(KILL_TRIES_MAX):   # between terms there is no session to kill: try again
         wait_published_some(cluster.bootstrap, stream, at_least=200 * (killed + 1))
         killed += postgres.terminate(APPLICATION_NAME)
+        if killed >= 3:
+            break
     writer.join()
     wait_drained(postgres, table)
     assert killed >= 3
@@ -295,6 +298,29 @@ def test_kill_9_of_a_broker_none_lost_none_twice(postgres, fresh_cluster, tmp_pa
         check_published(read_stream(cluster.bootstrap, stream), writer.ids)
     finally:
         harvesters.stop()
+
+
+def test_a_leader_that_cannot_reach_the_database_lets_another_lead(
+        postgres, cluster, outbox, harvesters):
+    table, stream = outbox
+    good_dsn = harvesters.dsn
+    harvesters.dsn = f"host=127.0.0.1 port={free_port()} user=postgres dbname=postgres"
+    cut_off = harvesters.start()                 # elected alone, then fails its terms
+    wait_logged(harvesters.log(cut_off), "3 leader terms failed in a row: leaving the group")
+    harvesters.dsn = good_dsn
+    harvesters.start()
+    writer = Writer(postgres, table, rows=300)
+    writer.start()
+    writer.join()
+    wait_drained(postgres, table)
+    check_published(read_stream(cluster.bootstrap, stream), writer.ids)
+
+
+def wait_logged(path: Path, text: str, timeout_s: float = LEADER_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in path.read_text():
+        assert time.monotonic() < deadline, f"{path} never said {text!r}"
+        time.sleep(POLL_S)
 
 
 def test_a_new_leader_purges_rows_an_earlier_term_published_and_resets_the_rest(
