@@ -387,3 +387,15 @@ def wait_published_some(bootstrap: str, stream: str, at_least: int = 200,
     raise AssertionError(f"fewer than {at_least} records published in {timeout_s} s")
 
 
+
+
+@pytest.mark.parametrize("command", [["outbox"], ["outbox", "init"], ["outbox", "run"]])
+def test_outbox_help(command, capsys):
+    from kera import cli
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: kera outbox")
+    if command[-1] == "run":
+        assert "elect one leader" in out and "--session-timeout-ms" in out
