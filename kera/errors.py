@@ -223,3 +223,10 @@ class PublishUncertain(KeraError):
     again (kera.outbox). Nothing to do unless it repeats: then check `kera stream describe`."""
     code = "publish_uncertain"
     retriable = True
+
+
+class LeadershipLost(KeraError):
+    """An outbox harvester's leadership lapsed while it was taking over (the lookup in the
+    stream outlasted its lease): it settles nothing, and harvests again once re-elected."""
+    code = "leadership_lost"
+    retriable = True

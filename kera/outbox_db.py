@@ -132,12 +132,15 @@ class OutboxTable:
                          "WHERE leader_id = ANY(%s::uuid[])", (list(leader_ids),))
         return {leader: positions_from_json(p) for leader, p in rows.fetchall()}
 
-    def settle(self, leader_id: str, purge: set[int], reset: set[int]) -> None:
-        """In one transaction: purge earlier terms' published rows, reset the rest, and drop
-        every other term's checkpoint (no row of theirs is left)."""
+    def settle(self, leader_id: str, earlier: list[str], purge: set[int],
+               reset: set[int]) -> None:
+        """In one transaction: purge earlier terms' published rows, reset the rest (those still
+        marked by the `earlier` terms: never a later term's marks), and drop the checkpoints
+        saved before this term's (no row of theirs is left)."""
         with self.conn.transaction():
             self.purge(sorted(purge))
             if reset:
                 self._run("UPDATE {table} SET leader_id = NULL WHERE id = ANY(%s) "
-                          "AND leader_id <> %s", (sorted(reset), PARKED_LEADER_ID))
-            self._run("DELETE FROM {leaders} WHERE leader_id <> %s", (leader_id,))
+                          "AND leader_id = ANY(%s::uuid[])", (sorted(reset), earlier))
+            self._run("DELETE FROM {leaders} WHERE saved_at < "
+                      "(SELECT saved_at FROM {leaders} WHERE leader_id = %s)", (leader_id,))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 
-from kera.errors import KeraError, PublishUncertain
+from kera.errors import KeraError, LeadershipLost, PublishUncertain
 from kera.outbox_core import Flight, Row, record_headers, refused, settle_suspects
 from kera.outbox_db import OutboxTable
 from kera.outbox_tail import end_positions, published_row_ids
@@ -73,7 +73,9 @@ class Term:
                                                 checkpoints[leader], ids, self.s.key_file)
         every = set().union(*suspects.values()) if suspects else set()
         purge, reset = settle_suspects(every, published)
-        self.table.settle(self.leader_id, purge, reset)
+        if not self.leadership.held():   # the lookup took long enough for another to lead
+            raise LeadershipLost("leadership lapsed during the takeover; nothing was settled")
+        self.table.settle(self.leader_id, sorted(suspects), purge, reset)
         log.info("leader %s: took over; of %d rows left marked by earlier terms, %d were "
                  "published (purged) and %d reset", self.leader_id, len(every), len(purge),
                  len(reset))
