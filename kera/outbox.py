@@ -51,7 +51,8 @@ import psycopg
 from kera.admin import Admin
 from kera.consumer import Consumer
 from kera import outbox_defaults as defaults
-from kera.errors import KeraError, StreamExists
+from kera.coordinator.groups import SESSION_TIMEOUT_MS_MAX, SESSION_TIMEOUT_MS_MIN
+from kera.errors import BadRequest, KeraError, StreamExists
 from kera.outbox_db import OutboxTable
 from kera.outbox_term import REVOKE_WAIT_FRACTION, Term
 from kera.producer import Producer
@@ -161,7 +162,11 @@ class Harvester:
         self.s = Settings(dsn, bootstrap, stream, table, group or f"kera-outbox.{table}",
                           **options)
         if not 1 <= self.s.in_flight_max <= self.s.marked_max:
-            raise ValueError("need 1 <= in_flight_max <= marked_max")
+            raise BadRequest(f"in_flight_max={self.s.in_flight_max} and marked_max="
+                             f"{self.s.marked_max}: need 1 <= in_flight_max <= marked_max")
+        if not SESSION_TIMEOUT_MS_MIN <= self.s.session_timeout_ms <= SESSION_TIMEOUT_MS_MAX:
+            raise BadRequest(f"session_timeout_ms={self.s.session_timeout_ms}: the coordinator "
+                             f"takes {SESSION_TIMEOUT_MS_MIN}..{SESSION_TIMEOUT_MS_MAX}")
         self.terms = 0
 
     def stop(self) -> None:
