@@ -502,6 +502,16 @@ class Consumer:
         self._wake()
         future.result(self.request_timeout_s if timeout_s is None else timeout_s)
 
+    def group_held_until(self) -> float | None:
+        """With a group: the time.monotonic() until which the parts assigned now are surely
+        this consumer's alone (its self-fence deadline, kera.consumer.membership); work that
+        must stop once another member may own them checks it. None: not a member now.
+        Read without the state lock: on_revoked runs under it and may wait for work that
+        calls this (each field read is written atomically by the request thread)."""
+        if self._membership is None:
+            return None
+        return self._membership.held_until()
+
     def committed(self, parts=None) -> list[Position]:
         """The group's committed positions (of `parts`, default every part it has)."""
         if self.group is None:

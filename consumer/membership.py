@@ -172,6 +172,11 @@ class Membership:
         return "group_heartbeat", {"group": self.group, "member_id": self.member_id,
                                    "member_epoch": epoch}
 
+    def held_until(self) -> float | None:
+        """Until when (the `now` clock) this member's parts are surely its alone: past it the
+        coordinator may have granted them to another member. None: not a member now."""
+        return self._fence_at() if self.member_id else None
+
     # ------------------------------------------------------------------ internals
     def ids(self) -> dict:
         return {"group": self.group, "member_id": self.member_id,

@@ -225,3 +225,19 @@ class NotLeader(KeraError):
 
 
 _BY_CODE[NotLeader.code] = NotLeader
+
+
+class PublishUncertain(KeraError):
+    """An outbox row's record failed without proof that it was not stored (a timeout, or
+    retries exhausted while a broker was down). The harvester ends its term instead of
+    resetting the row, and the next term looks the row up in the stream before publishing it
+    again (kera.outbox). Nothing to do unless it repeats: then check `kera stream describe`."""
+    code = "publish_uncertain"
+    retriable = True
+
+
+class LeadershipLost(KeraError):
+    """An outbox harvester's leadership lapsed while it was taking over (the lookup in the
+    stream outlasted its lease): it settles nothing, and harvests again once re-elected."""
+    code = "leadership_lost"
+    retriable = True

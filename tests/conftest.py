@@ -190,3 +190,18 @@ def etcd_cluster(tmp_path_factory):
     yield make
     for cluster in made:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A started tests.postgres_cluster.PostgresServer (private port and data dir), stopped and
+    removed at module end. Installs Debian's postgresql when no initdb is found; skips (saying
+    why) only when that fails."""
+    from tests.postgres_cluster import PostgresServer, postgres_bin_dir
+
+    bin_dir, why = postgres_bin_dir()
+    if bin_dir is None:
+        pytest.skip(f"no PostgreSQL to test against: {why}")
+    server = PostgresServer(bin_dir).start()
+    yield server
+    server.stop()

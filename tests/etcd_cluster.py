@@ -21,9 +21,9 @@ import urllib.request
 from pathlib import Path
 
 from kera.local import free_port
+from tests.debian import install_if_missing
 
 HOST = "127.0.0.1"
-APT_TIMEOUT_S = 600          # apt-get install of one package, downloads included
 HEALTHY_TIMEOUT_S = 30.0     # members started -> every one answers /health with a leader
 POLL_INTERVAL_S = 0.1
 HTTP_TIMEOUT_S = 1.0         # one /health probe
@@ -37,29 +37,7 @@ COMPACTION_RETENTION_REVISIONS = 10_000
 
 def etcd_binary() -> tuple[str | None, str]:
     """(path of `etcd`, "") or (None, why it cannot be had)."""
-    found = shutil.which("etcd")
-    if found:
-        return found, ""
-    why = ""
-    # Install; if that fails, the package lists may be stale or missing: update them, once.
-    for command in (["install", "-y", "etcd-server"], ["update"],
-                    ["install", "-y", "etcd-server"]):
-        why = _apt(command)
-        found = shutil.which("etcd")
-        if found:
-            return found, ""
-    return None, f"apt-get install etcd-server failed: {why}"
-
-
-def _apt(command: list[str]) -> str:
-    """Run apt-get `command`; "" or why it failed."""
-    try:
-        done = subprocess.run(["apt-get", *command], capture_output=True, text=True,
-                              timeout=APT_TIMEOUT_S,
-                              env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    return "" if done.returncode == 0 else done.stderr.strip()[-500:]
+    return install_if_missing("etcd-server", lambda: shutil.which("etcd"))
 
 
 class EtcdCluster:

@@ -96,3 +96,14 @@ def test_the_runner_does_not_wake_for_a_task_whose_request_is_in_flight():
     # The beat is due (1.0) but in flight: the next wake is the fence or the timeout, not now.
     assert runner.next_wake(1.0) == min(1.0 + 5.0, m.check_wake(1.0))
     assert runner.next_wake(1.0) > 1.0
+
+
+def test_held_until_is_the_self_fence_deadline_of_the_last_answered_heartbeat():
+    m, _ = joined(now=0.0)
+    span = SELF_FENCE_FRACTION * SESSION_MS / 1000
+    assert m.held_until() == span                  # the join heartbeat was sent at 0
+    m.next_request(1.0)                            # the next heartbeat, sent at 1.0 ...
+    m.on_reply(reply([("s", 0), ("s", 1)]), 1.2)   # ... and answered
+    assert m.held_until() == 1.0 + span            # counted from its sending, not its answer
+    m.next_request(1.0 + span)                     # nothing answered since: fenced
+    assert m.held_until() is None
