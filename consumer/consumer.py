@@ -95,7 +95,7 @@ class Consumer:
         self.on_assigned, self.on_revoked, self.group = on_assigned, on_revoked, group
         self._default_start = start if isinstance(start, str) else "earliest"
         self.key_file = key_file   # CURVE key (kera.keys): None is $KERA_KEY_FILE or plaintext
-        self._meta = Metadata(bootstrap, timeout_s=request_timeout_s, key_file=key_file)
+        self._open_metadata(bootstrap, env)
         try:
             self._infos = {name: self._meta.stream(name) for name in self.streams}
             parts = [] if group is not None else [
@@ -115,7 +115,6 @@ class Consumer:
         self._state_lock = threading.RLock()
         self._init_cache()
         self._set_cursors(starts)
-        self._env = env or ClientEnv()   # clock, connections, wake-ups, thread (kera.client_env)
         self._waker = self._env.waker()
         from kera.consumer.fetcher import Fetcher
         self._fetcher = Fetcher(self)
@@ -124,6 +123,12 @@ class Consumer:
         if group is not None:
             self._join(group, group_instance_id, session_timeout_ms, auto_commit_interval_ms,
                        pattern)
+
+    def _open_metadata(self, bootstrap: str, env: ClientEnv | None) -> None:
+        self._env = env or ClientEnv()   # clock, connections, wake-ups, thread (kera.client_env)
+        self._meta = Metadata(bootstrap, timeout_s=self.request_timeout_s, key_file=self.key_file)
+        if self._env.prime is not None:
+            self._env.prime(self._meta)
 
     def _init_cache(self) -> None:
         """The caller's side: the cache the request thread fills and what is being walked."""

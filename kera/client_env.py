@@ -44,3 +44,7 @@ class ClientEnv:
     connect: Callable[[str, float, str | None], Transport] = _connect
     waker: Callable[[], object] = _waker
     start: Callable[[object], None] = _start
+    # Called with the client's kera.metadata.Metadata before its first lookup (None: nothing):
+    # a simulated process hands over the descriptors it learnt asynchronously, since the
+    # client's blocking first lookup cannot wait inside a simulation's event.
+    prime: Callable[[object], None] | None = None

@@ -117,6 +117,8 @@ class Producer:
         # Clock, connections, wake-ups, thread (kera.client_env): real unless simulated.
         self._env = env or ClientEnv()
         self._meta = Metadata(bootstrap, timeout_s=request_timeout_s, key_file=key_file)
+        if self._env.prime is not None:
+            self._env.prime(self._meta)
         self._pipe = Pipeline(request_size_bytes=request_size_bytes,
                               in_flight_per_broker=in_flight_per_broker,
                               retries_max=retries_max, request_timeout_s=request_timeout_s)

@@ -1,23 +1,24 @@
 """Clients on the simulated network: producers, consumers and the admin that creates streams.
 
-Producers drive kera.producer.pipeline.Pipeline and consumers kera.consumer.fetching.FetchState
-the way their request threads do (kera/producer/sender.py, kera/consumer/fetcher.py): expire,
-build, send, apply replies, sleep until the next deadline. Metadata comes from the coordinator
-through the clients' own kera.stream_cache.StreamCache, asked again when the bookkeeping says
-so. Producers append records numbered per (producer, stream, streamlet), so the checker can
-follow every record through retries, re-identification and reads.
+Producers and consumers are the real kera.producer.Producer and kera.consumer.Consumer: their
+request threads (kera.request_thread: producer/sender.py, consumer/fetcher.py) and stream
+caches (kera.stream_cache) are driven by the simulated process through kera.client_env (the
+simulated clock, transports on this network, a wake-up that schedules an event, and `start`
+adopting the request thread, whose `step` and `deliver` the process calls). Producers append
+records numbered per (producer, stream, streamlet), so the checker can follow every record
+through retries, re-identification and reads.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import math
 import random
 
-from kera.consumer.cursor import ChunkItem, ErrorItem, FetchCursor
 from kera.client_env import ClientEnv
-from kera.consumer.fetching import FetchState
+from kera.consumer import Consumer
 from kera.errors import BadRequest, KeraError, UnknownStream
 from kera.schema import StreamInfo
 from kera.coordinators import CoordinatorList
@@ -239,6 +240,10 @@ class SimProducer(Client):
 # ====================================================================== consumer
 
 class SimConsumer(Client):
+    """The real kera.consumer.Consumer reading every streamlet of one stream from the earliest,
+    its request thread driven by this process (kera.client_env); started once this process
+    learnt the stream's descriptor (the Consumer's own first lookup would block)."""
+
     def __init__(self, net, address, rng, checker, coordinator, *, name: str, stream: str,
                  request_timeout_s: float, idle_wait_s: float, fetch_max_bytes: int):
         super().__init__(net, address, name, rng, checker, coordinator)
@@ -246,8 +251,13 @@ class SimConsumer(Client):
         self.request_timeout_s = request_timeout_s
         self.idle_wait_s = idle_wait_s
         self.fetch_max_bytes = fetch_max_bytes
-        self.state: FetchState | None = None
+        self.consumer: Consumer | None = None
         self.errors: list = []
+
+    @property
+    def state(self):
+        """The consumer's fetch bookkeeping (kera.consumer.fetching.FetchState), once started."""
+        return None if self.consumer is None else self.consumer._fetch
 
     @property
     def stream_id(self) -> int:
@@ -255,49 +265,49 @@ class SimConsumer(Client):
 
     def start(self) -> None:
         self.boot()
-        self.state = None
+        self.consumer = None
         self.meta.refresh(self.stream)
         self.every(COORDINATOR_REQUEST_TIMEOUT_S, self._startup)
 
     def _startup(self) -> None:
-        if self.state is None:
+        if self.consumer is None:
             self.meta.refresh(self.stream)
 
     def on_metadata(self, info: StreamInfo) -> None:
-        if self.state is None:
-            self.state = FetchState({self.stream: info.id},
-                                    {(self.stream, sl): FetchCursor(sl) for sl in range(info.streamlets)},
-                                    fetch_max_bytes=self.fetch_max_bytes,
-                                    request_timeout_s=self.request_timeout_s,
-                                    idle_wait_s=self.idle_wait_s)
+        if self.consumer is None:
+            now = self.sched.now
+            env = dataclasses.replace(sim_env(self), prime=lambda m: m.cache.store(info, now))
+            self.consumer = Consumer(self.coordinator, self.stream, start="earliest",
+                                     fetch_max_bytes=self.fetch_max_bytes,
+                                     request_timeout_s=self.request_timeout_s,
+                                     fetch_wait_ms=self.idle_wait_s * 1000, env=env)
         self.loop()
 
     def loop(self) -> None:
-        """One turn of kera.consumer.fetcher.Fetcher._loop (the cache never fills here)."""
-        state = self.state
-        if state is None or state.fatal:
+        """The request thread's turn, then the application reads what it brought."""
+        if self.engine is None or self.state.fatal:
             return
-        now = self.sched.now
-        state.expire(now)
-        if state.want_refresh:
-            state.want_refresh = set()
-            self.meta.refresh(self.stream)
-        for broker, reads, streamlets in state.build(now, self.meta.address_of):
-            req_id = self.send_request(broker, "fetch", {"reads": reads})
-            state.sent(broker, req_id, streamlets, now)
-        self.wake_at(state.next_wake(now))
+        self.wake_at(self.engine.step())
 
     def on_client_reply(self, src: str, header: dict, frames: list) -> None:
-        if src == self.coordinator:
-            self.meta.on_reply(header)
-        elif self.state is not None:
-            for item in self.state.on_reply(src, header, frames, self.sched.now):
-                if isinstance(item, ChunkItem):
-                    values = item.chunk.values()[item.skip:]
-                    self.checker.consumed(self.name, self.state.stream_ids[self.stream], item.streamlet, values)
-                elif isinstance(item, ErrorItem):
-                    self.errors.append(item.error)
+        # Request ids are unique per process: a reply is the startup lookup's or the engine's.
+        if not (src == self.coordinator and self.meta.on_reply(header)) and self.engine is not None:
+            self.engine.deliver([(src, header, frames)])
+            self._read()
         self.loop()
+
+    def _read(self) -> None:
+        sid = self.stream_id
+        while True:
+            try:
+                batches = self.consumer.poll_batch(timeout_s=0.0)
+            except KeraError as err:
+                self.errors.append(err)
+                return
+            if not batches:
+                return
+            for b in batches:
+                self.checker.consumed(self.name, sid, b.streamlet, b.chunk.values()[b.skip:])
 
 
 # ====================================================================== admin

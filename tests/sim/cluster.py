@@ -516,10 +516,19 @@ class Cluster:
         """Note every `register` reply that gives the duplicate the id it asked for: the
         coordinator's table may flip back (the live broker registers again) between checks."""
         peer = dup.server.peer(dup.daemon.coordinator.address)
+        live = self.brokers[dup.broker_id].address
 
         def on_reply(header, frames, real=peer.on_reply):
             if header.get("ok") is True and header.get("daemon_id") == dup.broker_id:
-                self._duplicate_admitted.append(self.sched.now)
+                # The id is free once the coordinator heard nothing from its holder for the dead
+                # window (a partition or lost messages made it look stopped): not a violation.
+                heard = self.net.delivered_at.get((live, self.coordinator.address), 0.0)
+                if self.sched.now - heard < DEAD_AFTER_S:
+                    self._duplicate_admitted.append(self.sched.now)
+                else:
+                    self._note(f"{dup.address} took broker id {dup.broker_id}: its holder was "
+                               f"silent for {self.sched.now - heard:.2f} s")
+                    self._duplicate_until[dup.broker_id] = self.sched.now   # watched no more
             real(header, frames)
 
         peer.on_reply = on_reply
@@ -527,6 +536,8 @@ class Cluster:
     def _check_duplicate(self, dup: SimBroker) -> None:
         """The coordinator must never give a live broker's id to a second process (issue 10
         item 1: incarnation tokens; the duplicate is refused with a clear error)."""
+        if not self._duplicate_watched(dup.broker_id):
+            return   # its registration expired, or the id was free when it took it
         if self._duplicate_admitted:
             raise InvariantBroken(
                 f"a second process at {dup.address} registered as broker {dup.broker_id} at "
@@ -578,8 +589,11 @@ class Cluster:
                 if epoch not in seen:
                     seen.add(epoch)
                     # A failover a duplicate-id daemon caused excuses nothing: the live broker
-                    # must keep everything, its R=1 streamlets included.
-                    if len(seen) > 1 and not self._duplicate_watched(broker_id):
+                    # must keep everything, its R=1 streamlets included. One its own crash
+                    # caused does, even if first seen while a duplicate is watched.
+                    crashed = any(f.real and f.kind == "broker_crash" and f.target == f"broker{broker_id}"
+                                  for f in self.failures)
+                    if len(seen) > 1 and (crashed or not self._duplicate_watched(broker_id)):
                         self._lose_r1_streamlets()
         self._check_retention_bound()
         self.sched.after(0.1, self._observe)

@@ -62,6 +62,7 @@ class Network:
         self.trace = trace           # a list to append "t src>dst op" lines to, or None
         self.drop_if = None          # drop_if(src, dst, parts) -> True: lose that message (tests)
         self.digest = 0              # CRC32 over every delivery: equal runs give equal digests
+        self.delivered_at: dict[tuple[str, str], float] = {}   # (src, dst) -> last delivery
 
     def healthy(self) -> None:
         self.loss = 0.0
@@ -106,6 +107,7 @@ class Network:
             self.lost += 1
             return
         self.digest = zlib.crc32(parts[0], zlib.crc32(_TIME.pack(self.sched.now), self.digest))
+        self.delivered_at[(src, node.address)] = self.sched.now
         if self.trace is not None:
             self.trace.append(f"{self.sched.now:.6f} {src} > {node.address} {_describe(parts)}")
         node.receive(src, src_inc, parts)

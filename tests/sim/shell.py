@@ -293,7 +293,15 @@ class SimServer(Node, kera_server.Server):
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:
+        """The daemon stops itself (a refused identity, a failed disk, a bug): like the real
+        process, it exits once the event in hand is done (and the healing phase restarts it)."""
         self._stopping = True
+        if self.up:
+            self.sched.after(0.0, self._exit, self.incarnation)
+
+    def _exit(self, incarnation: int) -> None:
+        if self.up and self.incarnation == incarnation and self._stopping:
+            self.crash()
 
     def run(self) -> None:
         raise RuntimeError("a simulated server is driven by the scheduler")
