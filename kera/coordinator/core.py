@@ -79,6 +79,14 @@ REPLICAS_PAGE_MAX = 20_000
 # A week outlasts any outage an operator mends by hand; `deregister` forgets one at once.
 MEMBER_EXPIRY_S = 7 * 24 * 3600.0
 MEMBER_EXPIRY_CHECK_S = 60.0    # between expiry passes (a pass may scan the replica map)
+# The coordinator may be the one cut off: when every one of at least ISOLATION_MEMBERS_MIN live
+# daemons falls silent at once, declaring them dead would fail every streamlet over to no one
+# (found on test hosts: a partitioned coordinator declared the whole cluster dead). It holds
+# such declarations for at most ISOLATION_HOLD_DEAD_WINDOWS dead windows of silence, then
+# declares them (a real failure of everything). Holding costs nothing a declaration would
+# give: with no live daemon left there is nowhere to fail over to.
+ISOLATION_MEMBERS_MIN = 3
+ISOLATION_HOLD_DEAD_WINDOWS = 5
 # Consumption marks one broker heartbeat reply carries (one per streamlet of its
 # retain-until-consumed streams, ~4 bytes each: ~1 MiB, under the 4 MiB header limit). Streams
 # past it get no mark, which only keeps their data longer.
@@ -134,6 +142,7 @@ class Coordinator:
         self.rotation = 0  # where the next stream's placement starts, mod the live brokers
         self.started_s = now
         self._expiry_checked_s = now
+        self.isolation_suspected = False   # most daemons silent at once (`tick`)
         # Source of tokens and of the cluster id: `new_token` unless one is injected (the
         # server passes its kera.daemon_env.DaemonEnv's; tests a fixed one).
         self._token_source = token_source
@@ -480,12 +489,13 @@ class Coordinator:
 
     def tick(self, now: float) -> list[Member]:
         """Declare dead every daemon silent for longer than the allowance; returns them."""
-        dead = []
-        for table in self.members.values():
-            for member in table.values():
-                if member.alive and now - member.last_heartbeat_s > self.dead_after_s:
-                    member.alive = False
-                    dead.append(member)
+        live = [m for table in self.members.values() for m in table.values() if m.alive]
+        dead = [m for m in live if now - m.last_heartbeat_s > self.dead_after_s]
+        if self._maybe_isolated(live, dead, now):
+            dead = [m for m in dead if now - m.last_heartbeat_s >
+                    self.dead_after_s * ISOLATION_HOLD_DEAD_WINDOWS]
+        for member in dead:
+            member.alive = False
         if dead:
             self._bump()
         # Dead brokers' streamlets move to live ones (a bump of their own when they do).
@@ -496,6 +506,18 @@ class Coordinator:
             self.expire_members(now)
         self.groups.expire(now)
         return dead
+
+    def _maybe_isolated(self, live: list[Member], silent: list[Member], now: float) -> bool:
+        """Every daemon silent at once: suspect this coordinator's own network (tick)."""
+        suspect = len(live) >= ISOLATION_MEMBERS_MIN and len(silent) == len(live)
+        if suspect and not self.isolation_suspected:
+            log.warning("all %d live daemons fell silent together: this coordinator may be the "
+                        "one cut off; holding their death for up to %.1f s", len(live),
+                        self.dead_after_s * ISOLATION_HOLD_DEAD_WINDOWS)
+        elif not suspect and self.isolation_suspected:
+            log.info("daemons are heard again: declaring deaths as usual")
+        self.isolation_suspected = suspect
+        return suspect
 
     # ------------------------------------------------------------------ forgetting members
     def expire_members(self, now: float) -> list[Member]:

@@ -64,6 +64,24 @@ def test_reregister_keeps_identity_and_new_address():
     assert c.handle("register", {"kind": "broker", "address": "h:2", "node": "n"}, 1.0)["daemon_id"] == 8
 
 
+def test_a_coordinator_hearing_no_daemon_at_all_suspects_itself_before_declaring_them_dead():
+    from kera.coordinator.core import ISOLATION_HOLD_DEAD_WINDOWS
+    c = make()
+    join(c, "broker", 2)
+    join(c, "backup", 2)
+    assert c.tick(DEAD_AFTER_S + 0.01) == [] and c.isolation_suspected, "all four silent: held"
+    for b in (0, 1):   # heard again (the partition healed): nothing was declared
+        c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": b, "metadata_version": 0}, 3.0)
+    dead = c.tick(3.0)
+    assert sorted((m.kind, m.id) for m in dead) == [("backup", 0), ("backup", 1)]
+    assert not c.isolation_suspected, "two of four silent is an ordinary failure"
+    c2 = make()
+    join(c2, "broker", 3)
+    hold_s = DEAD_AFTER_S * ISOLATION_HOLD_DEAD_WINDOWS
+    assert c2.tick(hold_s) == [], "still held within the bound"
+    assert len(c2.tick(hold_s + 0.01)) == 3, "a silence past the bound is declared after all"
+
+
 def test_dead_after_missed_heartbeats_and_alive_again():
     c = make()
     join(c, "broker", 2)
