@@ -26,11 +26,20 @@ RETRY_PAUSE_S = 0.1
 # one loop turn plus an etcd commit (milliseconds), so this only cuts off the dead.
 MOVE_ON_AFTER_S = 2.0
 
+# The coordinator that answered last, per bootstrap list, for this process: a new client asks
+# it first instead of walking the list from a dead first entry again (a plain dict: a stale or
+# racing entry only costs one move-on).
+_last_leader: dict[tuple[str, ...], str] = {}
+
 
 class CoordinatorClient:
     def __init__(self, bootstrap: str, *, timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
                  key_file: str | None = None, coordinators: CoordinatorList | None = None):
         self.coordinators = coordinators if coordinators is not None else CoordinatorList(bootstrap)
+        self._key = tuple(self.coordinators.addresses)
+        last = _last_leader.get(self._key)
+        if last is not None:
+            self.coordinators.prefer(last)
         self.timeout_s = timeout_s
         self.key_file = key_file
         self._conns: dict[str, rpc.Connection] = {}
@@ -48,10 +57,12 @@ class CoordinatorClient:
         while True:
             address = self.coordinators.current
             left = deadline - time.monotonic()
-            if len(self.coordinators) > 1:
-                left = min(left, MOVE_ON_AFTER_S)
+            if len(self.coordinators) > 1:   # leave time to ask the others within the budget
+                left = min(left, MOVE_ON_AFTER_S, budget / len(self.coordinators))
             try:
-                return self._conn(address).call(op, fields, frames, timeout_s=max(left, 0.001))
+                reply = self._conn(address).call(op, fields, frames, timeout_s=max(left, 0.001))
+                _last_leader[self._key] = address
+                return reply
             except KeraError as err:
                 if isinstance(err, Timeout):
                     self._drop(address)   # late replies must not answer the next call

@@ -40,6 +40,11 @@ class CoordinatorList:
     def __len__(self) -> int:
         return len(self.addresses)
 
+    def prefer(self, address: str) -> None:
+        """Ask `address` first (the leader as last seen), if it is in the list."""
+        if address in self.addresses:
+            self._i = self.addresses.index(address)
+
     def failed(self, address: str, error: KeraError) -> bool:
         """`address` answered `error` (or none): move on if that means another coordinator
         should be asked. Returns whether the caller should retry (on the new current)."""

@@ -41,9 +41,13 @@ def etcd_binary() -> tuple[str | None, str]:
 
 
 class EtcdCluster:
-    def __init__(self, data_dir: str | os.PathLike, members: int = 1, binary: str = "etcd"):
+    def __init__(self, data_dir: str | os.PathLike, members: int = 1, binary: str = "etcd",
+                 hosts: list[tuple[str, list[str]]] | None = None):
+        """`hosts`: member i runs on hosts[i] = (its address, a command prefix such as
+        `ip netns exec NAME`; tests/hosts), else all on 127.0.0.1."""
         self.dir = Path(data_dir)
         self.binary = binary
+        self.hosts = hosts or [(HOST, [])] * members
         taken: set[int] = set()
         self.ports: list[tuple[int, int]] = []   # (client, peer) per member
         for _ in range(members):
@@ -60,8 +64,8 @@ class EtcdCluster:
 
     def url_from(self, first: int) -> str:
         """The members' etcd:// URL listing member `first` first (a client asks it first)."""
-        order = self.ports[first:] + self.ports[:first]
-        return "etcd://" + ",".join(f"{HOST}:{c}" for c, _ in order)
+        order = list(range(first, len(self.ports))) + list(range(first))
+        return "etcd://" + ",".join(f"{self.hosts[i][0]}:{self.ports[i][0]}" for i in order)
 
     def leader(self) -> int:
         """The index of the member the raft leader is (asked of a running member)."""
@@ -88,16 +92,16 @@ class EtcdCluster:
         return next(i for i, p in enumerate(self.procs) if p is not None and p.poll() is None)
 
     def client_url(self, i: int) -> str:
-        return f"http://{HOST}:{self.ports[i][0]}"
+        return f"http://{self.hosts[i][0]}:{self.ports[i][0]}"
 
     def _args(self, i: int) -> list[str]:
         client, peer = self.ports[i]
-        initial = ",".join(f"m{j}=http://{HOST}:{p}" for j, (_, p) in enumerate(self.ports))
+        initial = ",".join(f"m{j}=http://{self.hosts[j][0]}:{p}" for j, (_, p) in enumerate(self.ports))
         return [self.binary, "--name", f"m{i}", "--data-dir", str(self.dir / f"m{i}"),
                 "--listen-client-urls", self.client_url(i),
                 "--advertise-client-urls", self.client_url(i),
-                "--listen-peer-urls", f"http://{HOST}:{peer}",
-                "--initial-advertise-peer-urls", f"http://{HOST}:{peer}",
+                "--listen-peer-urls", f"http://{self.hosts[i][0]}:{peer}",
+                "--initial-advertise-peer-urls", f"http://{self.hosts[i][0]}:{peer}",
                 "--initial-cluster", initial, "--initial-cluster-state", "new",
                 "--initial-cluster-token", f"kera-test-{os.getpid()}",
                 "--heartbeat-interval", str(HEARTBEAT_INTERVAL_MS),
@@ -114,7 +118,7 @@ class EtcdCluster:
 
     def start_member(self, i: int) -> None:
         with open(self.dir / f"m{i}.log", "ab") as logf:
-            self.procs[i] = subprocess.Popen(self._args(i), stdin=subprocess.DEVNULL,
+            self.procs[i] = subprocess.Popen([*self.hosts[i][1], *self._args(i)], stdin=subprocess.DEVNULL,
                                              stdout=logf, stderr=subprocess.STDOUT,
                                              start_new_session=True)
 

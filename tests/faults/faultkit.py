@@ -15,7 +15,8 @@ import time
 
 import numpy as np
 
-from kera import Consumer, Producer, rpc
+from kera import Consumer, Producer
+from kera.coordinator_client import CoordinatorClient
 from kera.errors import KeraError
 
 ID = struct.Struct("<IQ")      # producer index, sequence
@@ -47,8 +48,12 @@ def wait_for(predicate, what: str, timeout_s: float = WAIT_S, poll_s: float = 0.
 
 
 def call(address: str, op: str, fields: dict | None = None, timeout_s: float = 2.0) -> dict:
-    header, _ = rpc.call(address, op, fields, timeout_s=timeout_s)
-    return header
+    """`op` of the coordinator at `address` (a bootstrap list: of its leader)."""
+    client = CoordinatorClient(address, timeout_s=timeout_s)
+    try:
+        return client.call(op, fields)[0]
+    finally:
+        client.close()
 
 
 def values(producer: int, start: int, n: int) -> np.ndarray:
