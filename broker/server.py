@@ -219,9 +219,16 @@ class BrokerDaemon:
         if op in self._in_flight:
             return
         self._in_flight.add(op)
+        sent_token = self.identity.token
 
         def done(header, frames, error):
             self._in_flight.discard(op)
+            if error is not None and sent_token != self.identity.token:
+                # Sent before this process registered again (a heartbeat overlapping a
+                # register): a refusal of the previous incarnation's token says nothing now.
+                log.info("coordinator %s refused a %s sent before re-registering (%s): ignored",
+                         self.coordinator.address, op, error.code)
+                return
             if error is not None:
                 self._coordinator_error(op, error)
                 return

@@ -7,6 +7,20 @@ from kera.errors import KeraError
 from kera.position import Position, Record
 
 __all__ = ["Admin", "Producer", "Consumer", "KeraError", "Position", "Record"]
+
+
+def _beside_a_checkout() -> None:
+    """Imported from a source checkout without installing (a Spark worker started in the
+    repository folder finds this folder first): find the subpackages that live beside it
+    (broker/, producer/, ...) there, as the installed package maps them (pyproject package-dir)."""
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isfile(os.path.join(root, "pyproject.toml")) and \
+            os.path.isdir(os.path.join(root, "producer")) and root not in __path__:
+        __path__.append(root)
+
+
+_beside_a_checkout()
 __version__ = "0.1.0"
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from kera import keys as keyfiles
 from kera.coordinator_client import CoordinatorClient
+from kera.rpc import call as rpc_call
 from kera.errors import KeraError
 
 log = logging.getLogger(__name__)
@@ -409,6 +410,18 @@ class LocalCluster:
     def _tails(self) -> str:
         return "\n".join(f"--- {d.name} ({d.log_path}):\n{d.log_tail(1500)}"
                          for d in self.daemons if d.proc is not None)
+
+    def leader_index(self) -> int | None:
+        """Which running coordinator answers as the leader (several on etcd), if one does."""
+        for i, c in enumerate(self.coordinators):
+            if not c.running():
+                continue
+            try:
+                rpc_call(c.address, "cluster", timeout_s=1.0, key_file=self.key_file)
+                return i
+            except KeraError:   # not_leader, or not answering
+                continue
+        return None
 
     # ------------------------------------------------------------------ conveniences
     def admin(self, timeout_s: float = 10.0):

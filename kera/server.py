@@ -243,6 +243,9 @@ class Server:
         self._timers: list = []
         self._timer_seq = itertools.count()
         self._stopping = False
+        # How long closing waits for replies still queued (a daemon that fail-stops on purpose
+        # raises it so its last error replies reach their callers; 0: drop them).
+        self.close_linger_ms = 0
         # The unexpected exception that stopped the daemon (a bug); its process exits non-zero.
         self.failure: BaseException | None = None
         self.poller = zmq.Poller()
@@ -489,7 +492,8 @@ class Server:
     def close(self) -> None:
         for address in list(self.peers):
             self.drop_peer(address)
-        self.router.close(linger=0 if self.failure is None else FAILURE_REPLY_LINGER_MS)
+        linger_ms = self.close_linger_ms if self.failure is None else FAILURE_REPLY_LINGER_MS
+        self.router.close(linger=linger_ms)
         if self.zap is not None:
             self.poller.unregister(self.zap.zap_socket)
             self.zap.stop()

@@ -30,7 +30,7 @@ from kera.coordinator.group_lag import GroupLagExporter
 from kera.metrics import Counters, serve_metrics
 from kera.daemon_env import DaemonEnv, real_if_none
 from kera.daemon_flags import add_common_arguments, setup_logging
-from kera.server import DEFERRED, Request
+from kera.server import DEFERRED, FAILURE_REPLY_LINGER_MS, Request
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +184,8 @@ class CoordinatorServer:
         log.critical("%s: stopping", why)
         self.counters.add("persist_errors")
         if hasattr(self, "server"):
+            # The turn's error replies (storage_error, fenced) must reach their callers.
+            self.server.close_linger_ms = FAILURE_REPLY_LINGER_MS
             self.server.stop()
 
     def _refresh_snapshot(self) -> None:

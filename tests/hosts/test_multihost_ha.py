@@ -13,8 +13,6 @@ import faultkit as fk
 from faultkit import call, wait_for
 
 import host_layout as layout
-from kera import rpc
-from kera.errors import KeraError, NotLeader
 
 STREAM = "ha-hosts"
 HEARTBEAT_MS = 100
@@ -33,22 +31,10 @@ def ha_layout(name: str) -> int:
     return layout.layout(name)
 
 
-def leader_of(cluster) -> int | None:
-    for i, c in enumerate(cluster.coordinators):
-        if not c.running():
-            continue
-        try:
-            rpc.call(c.address, "cluster", timeout_s=1.0)
-            return i
-        except (NotLeader, KeraError):
-            continue
-    return None
-
-
 def new_leader(cluster, not_this: int) -> tuple[int, float]:
     started = time.monotonic()
     found = []
-    wait_for(lambda: (found.append(leader_of(cluster)) or found[-1]) not in (None, not_this),
+    wait_for(lambda: (found.append(cluster.leader_index()) or found[-1]) not in (None, not_this),
              "another coordinator to lead")
     return found[-1], time.monotonic() - started
 
@@ -85,7 +71,7 @@ def rounds(hosts, cluster) -> None:
         admin.create_stream(STREAM, streamlets=4, active_groups=2, replication=3)
     work = fk.Workload(cluster.bootstrap, STREAM, producers=2).start()
     wait_for(lambda: sum(work.acked) > 1000, "records acknowledged")
-    leader = leader_of(cluster)
+    leader = cluster.leader_index()
 
     cluster.kill_coordinator(leader)
     leader2, took_s = new_leader(cluster, leader)

@@ -40,27 +40,12 @@ def ha_cluster(fresh_cluster, etcd, **kw):
         "--leader-lease-s", str(LEASE_S)], **kw)
 
 
-def leader_of(cluster) -> int | None:
-    """The index of the coordinator that answers as leader, if one does."""
-    for i, c in enumerate(cluster.coordinators):
-        if not c.running():
-            continue
-        try:
-            rpc.call(c.address, "cluster", timeout_s=1.0)
-            return i
-        except NotLeader:
-            continue
-        except KeraError:
-            continue
-    return None
-
-
 def wait_leader(cluster, not_this: int | None = None) -> tuple[int, float]:
     started = time.monotonic()
     found: list[int] = []
 
     def led() -> bool:
-        i = leader_of(cluster)
+        i = cluster.leader_index()
         if i is not None and i != not_this:
             found.append(i)
             return True
