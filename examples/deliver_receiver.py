@@ -5,7 +5,7 @@
 
 It keeps what it receives in a SQLite file through kera's SqliteTarget, so a POSTed batch and
 its last-applied positions are stored in one transaction, and it skips records at or below its
-last-applied position (a retried batch may arrive twice). `failing` makes it answer 503, to
+last-applied position (a retried batch may arrive twice). `fail(True)` makes it answer 503, to
 test a target that is down for a while.
 """
 
@@ -36,14 +36,23 @@ class Receiver(ThreadingHTTPServer):
         with self.lock:
             return applied_to_json(self.store.last_applied())
 
-    def apply_json(self, body: bytes) -> None:
+    def fail(self, failing: bool) -> None:
+        """Start or stop answering 503; no batch is being applied once this returns."""
         with self.lock:
+            self.failing = failing
+
+    def apply_json(self, body: bytes) -> bool:
+        """Store a POSTed batch; False (nothing stored) while failing."""
+        with self.lock:
+            if self.failing:
+                return False
             cursor = TargetCursor("receiver")
             cursor.resumed(self.store.last_applied())
             fresh = cursor.fresh(records_from_json(body))
             if fresh:
                 self.store.apply(fresh)
             self.posts += 1
+            return True
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -63,10 +72,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        if self.server.failing:
-            return self._answer(503)
-        self.server.apply_json(body)
-        self._answer(204)
+        self._answer(204 if self.server.apply_json(body) else 503)
 
     def log_message(self, *args) -> None:
         pass   # one line per batch is noise; failures reach the deliverer's log

@@ -1,0 +1,180 @@
+"""kera deliver against a real cluster, a real PostgreSQL, a SQLite file and a local HTTP
+receiver (examples/deliver_receiver.py): under continuous production, with the deliverer
+(`python -m kera deliver`) killed with SIGKILL and restarted and the HTTP target failing for a
+while, every target ends with every record exactly once, in order per streamlet, and the
+failing target does not hold up the others."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kera.deliver_targets import DEFAULT_TABLE_PREFIX
+from kera.local import PARENT_PID_ENV, free_port
+from kera.producer import Producer
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDS = 6_000
+KEYS = 8
+SEND_STEP = 60                   # records per step of the producer (about 2,000 records/s)
+SEND_PAUSE_S = 0.03
+PROGRESS_TIMEOUT_S = 30.0        # a wanted count of applied records is reached within it
+DRAIN_TIMEOUT_S = 60.0           # production ended -> every target has every record
+POLL_S = 0.1
+STOP_TIMEOUT_S = 10.0
+FAILING_LEAD_RECORDS = 1_000     # others' progress while the HTTP target fails, at least
+
+
+def _load_receiver():
+    spec = importlib.util.spec_from_file_location(
+        "deliver_receiver", REPO / "examples" / "deliver_receiver.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Receiver
+
+
+@pytest.fixture(scope="module")
+def cluster(local_cluster):
+    return local_cluster(brokers=1)
+
+
+@pytest.fixture
+def receiver(tmp_path):
+    server = _load_receiver()(free_port(), str(tmp_path / "http.db"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+class DelivererProcess:
+    """`python -m kera deliver` as a child process, logging to one file."""
+
+    def __init__(self, tmp_path: Path, args: list[str]):
+        self.args, self.log = args, tmp_path / "deliver.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+        with open(self.log, "ab") as logf:
+            self.proc = subprocess.Popen([sys.executable, "-m", "kera", "deliver", *self.args],
+                                         stdout=logf, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, cwd=REPO)
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(STOP_TIMEOUT_S)
+
+
+def _sqlite_rows(path) -> list[tuple]:
+    with sqlite3.connect(path, timeout=5.0) as conn:
+        return conn.execute(f"SELECT streamlet, grp, off, v FROM {DEFAULT_TABLE_PREFIX}_records "
+                            f"ORDER BY streamlet, grp, off").fetchall()
+
+
+def _pg_rows(postgres) -> list[tuple]:
+    with postgres.connect() as conn:
+        return [(sl, g, o, bytes(v)) for sl, g, o, v in conn.execute(
+            f"SELECT streamlet, grp, off, v FROM {DEFAULT_TABLE_PREFIX}_records "
+            f"ORDER BY streamlet, grp, off").fetchall()]
+
+
+def _counts(readers) -> dict[str, int]:
+    out = {}
+    for name, read in readers.items():
+        try:
+            out[name] = len(read())
+        except Exception:   # the table is created by the deliverer's first session
+            out[name] = 0
+    return out
+
+
+def _wait(predicate, timeout_s: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; deliverer log:\n"
+                                 f"{log.read_text()[-4000:]}")
+        time.sleep(POLL_S)
+
+
+def _produce(bootstrap: str, stream: str, done: threading.Event) -> None:
+    with Producer(bootstrap, linger_ms=5) as producer:
+        for start in range(0, RECORDS, SEND_STEP):
+            for i in range(start, min(RECORDS, start + SEND_STEP)):
+                producer.send(stream, str(i).encode(), key=str(i % KEYS).encode())
+            time.sleep(SEND_PAUSE_S)
+        producer.flush()
+    done.set()
+
+
+def _check_exactly_once_in_order(name: str, rows: list[tuple]) -> None:
+    values = [int(v) for _, _, _, v in rows]
+    assert sorted(values) == list(range(RECORDS)), f"{name}: records missing or twice"
+    for sl in {r[0] for r in rows}:
+        mine = [int(v) for s, _, _, v in rows if s == sl]
+        assert mine == sorted(mine), f"{name}: streamlet {sl} out of order"
+
+
+def test_three_targets_get_every_record_once_in_order_through_kill9_and_a_failing_target(
+        cluster, postgres, receiver, tmp_path):
+    stream = "deliver_kill"
+    cluster.admin().create_stream(stream, streamlets=2)
+    sqlite_path = tmp_path / "target.db"
+    http_url = f"http://127.0.0.1:{receiver.server_address[1]}/"
+    deliverer = DelivererProcess(tmp_path, [
+        "--bootstrap", cluster.bootstrap, "--stream", stream, "--target", f"sqlite:{sqlite_path}",
+        "--target", postgres.dsn, "--target", http_url, "--progress-interval-s", "1",
+        "--batch-records-max", "200"])
+    readers = {"sqlite": lambda: _sqlite_rows(sqlite_path), "postgresql": lambda: _pg_rows(postgres),
+               "http": lambda: _sqlite_rows(tmp_path / "http.db")}
+    produced = threading.Event()
+    producer = threading.Thread(target=_produce, args=(cluster.bootstrap, stream, produced),
+                                daemon=True)
+    try:
+        deliverer.start()
+        producer.start()
+        _wait(lambda: min(_counts(readers).values()) >= 500, PROGRESS_TIMEOUT_S,
+              "500 records on every target", deliverer.log)
+        deliverer.kill9()
+        deliverer.start()
+
+        receiver.fail(True)
+        held = _counts(readers)["http"]
+        others_before = _counts(readers)
+        _wait(lambda: all(_counts(readers)[n] >= others_before[n] + FAILING_LEAD_RECORDS
+                          for n in ("sqlite", "postgresql")), PROGRESS_TIMEOUT_S,
+              "the other targets to go on while the HTTP target fails", deliverer.log)
+        assert _counts(readers)["http"] == held   # nothing reached the failing receiver
+        receiver.fail(False)
+
+        deliverer.kill9()
+        deliverer.start()
+        assert produced.wait(DRAIN_TIMEOUT_S), "the producer did not finish"
+        _wait(lambda: all(c == RECORDS for c in _counts(readers).values()), DRAIN_TIMEOUT_S,
+              f"{RECORDS} records on every target", deliverer.log)
+        for name, read in readers.items():
+            _check_exactly_once_in_order(name, read())
+        log = deliverer.log.read_text()
+        assert f"target {http_url} failed" in log and "caught up" in log
+    finally:
+        deliverer.stop()
