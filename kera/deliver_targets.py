@@ -20,6 +20,8 @@ DEFAULT_TABLE_PREFIX = "kera_deliver"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,40}$")
 # PostgreSQL connect timeout: a dead database fails an attempt instead of hanging it.
 PG_CONNECT_TIMEOUT_S = 5
+# PostgreSQL sessions of a deliverer say so in pg_stat_activity (operators and tests find them).
+PG_APPLICATION_NAME = "kera-deliver"
 
 
 class Target:
@@ -153,7 +155,8 @@ class PostgresTarget(SqlTarget):
 
     def _connect(self):
         import psycopg
-        return psycopg.connect(self.dsn, connect_timeout=PG_CONNECT_TIMEOUT_S)
+        return psycopg.connect(self.dsn, connect_timeout=PG_CONNECT_TIMEOUT_S,
+                               application_name=PG_APPLICATION_NAME)
 
 
 def _redacted(dsn: str) -> str:

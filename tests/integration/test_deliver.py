@@ -1,7 +1,7 @@
 """kera deliver against a real cluster, a real PostgreSQL, a SQLite file and a local HTTP
 receiver (examples/deliver_receiver.py): under continuous production, with the deliverer
 (`python -m kera deliver`) killed with SIGKILL and restarted and the HTTP target failing for a
-while, every target ends with every record exactly once, in order per streamlet, and the
+while and its PostgreSQL connection terminated, every target ends with every record exactly once, in order per streamlet, and the
 failing target does not hold up the others."""
 
 from __future__ import annotations
@@ -18,20 +18,21 @@ from pathlib import Path
 
 import pytest
 
-from kera.deliver_targets import DEFAULT_TABLE_PREFIX
+from kera.deliver_targets import DEFAULT_TABLE_PREFIX, PG_APPLICATION_NAME
 from kera.local import PARENT_PID_ENV, free_port
 from kera.producer import Producer
 
 REPO = Path(__file__).resolve().parents[2]
-RECORDS = 6_000
+RECORDS = 8_000
 KEYS = 8
-SEND_STEP = 60                   # records per step of the producer (about 2,000 records/s)
+SEND_STEP = 50                   # records per step of the producer (about 1,500 records/s)
+assert RECORDS // 2 % SEND_STEP == 0   # the producer pauses at a step boundary
 SEND_PAUSE_S = 0.03
 PROGRESS_TIMEOUT_S = 30.0        # a wanted count of applied records is reached within it
 DRAIN_TIMEOUT_S = 60.0           # production ended -> every target has every record
 POLL_S = 0.1
 STOP_TIMEOUT_S = 10.0
-FAILING_LEAD_RECORDS = 1_000     # others' progress while the HTTP target fails, at least
+FAILING_LEAD_RECORDS = 500       # others' progress while the HTTP target fails, at least
 
 
 def _load_receiver():
@@ -117,9 +118,14 @@ def _wait(predicate, timeout_s: float, what: str, log: Path) -> None:
         time.sleep(POLL_S)
 
 
-def _produce(bootstrap: str, stream: str, done: threading.Event) -> None:
+def _produce(bootstrap: str, stream: str, halfway: threading.Event,
+             done: threading.Event) -> None:
+    """RECORDS records at about 1,500/s; after the first half, waits for `halfway`."""
     with Producer(bootstrap, linger_ms=5) as producer:
         for start in range(0, RECORDS, SEND_STEP):
+            if start == RECORDS // 2:
+                producer.flush()
+                assert halfway.wait(DRAIN_TIMEOUT_S)
             for i in range(start, min(RECORDS, start + SEND_STEP)):
                 producer.send(stream, str(i).encode(), key=str(i % KEYS).encode())
             time.sleep(SEND_PAUSE_S)
@@ -147,8 +153,9 @@ def test_three_targets_get_every_record_once_in_order_through_kill9_and_a_failin
         "--batch-records-max", "200"])
     readers = {"sqlite": lambda: _sqlite_rows(sqlite_path), "postgresql": lambda: _pg_rows(postgres),
                "http": lambda: _sqlite_rows(tmp_path / "http.db")}
-    produced = threading.Event()
-    producer = threading.Thread(target=_produce, args=(cluster.bootstrap, stream, produced),
+    halfway, produced = threading.Event(), threading.Event()
+    producer = threading.Thread(target=_produce,
+                                args=(cluster.bootstrap, stream, halfway, produced),
                                 daemon=True)
     try:
         deliverer.start()
@@ -169,6 +176,12 @@ def test_three_targets_get_every_record_once_in_order_through_kill9_and_a_failin
 
         deliverer.kill9()
         deliverer.start()
+        # The first half applied, PostgreSQL's connection dies under the deliverer: the second
+        # half's first batch to it fails and is retried.
+        _wait(lambda: _counts(readers)["postgresql"] == RECORDS // 2, PROGRESS_TIMEOUT_S,
+              "the first half on PostgreSQL after the restart", deliverer.log)
+        assert postgres.terminate(PG_APPLICATION_NAME) >= 1
+        halfway.set()
         assert produced.wait(DRAIN_TIMEOUT_S), "the producer did not finish"
         _wait(lambda: all(c == RECORDS for c in _counts(readers).values()), DRAIN_TIMEOUT_S,
               f"{RECORDS} records on every target", deliverer.log)
@@ -176,5 +189,6 @@ def test_three_targets_get_every_record_once_in_order_through_kill9_and_a_failin
             _check_exactly_once_in_order(name, read())
         log = deliverer.log.read_text()
         assert f"target {http_url} failed" in log and "caught up" in log
+        assert f"target {postgres.dsn} failed" in log
     finally:
         deliverer.stop()
