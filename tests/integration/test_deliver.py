@@ -109,12 +109,12 @@ def _counts(readers) -> dict[str, int]:
     return out
 
 
-def _wait(predicate, timeout_s: float, what: str, log: Path) -> None:
+def _wait(predicate, timeout_s: float, what: str, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; deliverer log:\n"
-                                 f"{log.read_text()[-4000:]}")
+            tail = "" if log is None else f"; deliverer log:\n{log.read_text()[-4000:]}"
+            raise AssertionError(f"timed out waiting for {what}{tail}")
         time.sleep(POLL_S)
 
 
@@ -192,3 +192,25 @@ def test_three_targets_get_every_record_once_in_order_through_kill9_and_a_failin
         assert f"target {postgres.dsn} failed" in log
     finally:
         deliverer.stop()
+
+
+def test_a_dead_target_is_given_up_while_the_others_get_everything(cluster, tmp_path):
+    from kera.deliver import Deliverer
+    from kera.deliver_http import HttpTarget
+    from kera.deliver_targets import SqliteTarget
+    stream = "deliver_dead"
+    cluster.admin().create_stream(stream, streamlets=2)
+    with Producer(cluster.bootstrap) as producer:
+        for i in range(1_000):
+            producer.send(stream, str(i).encode(), key=str(i % KEYS).encode())
+        producer.flush()
+    sqlite_path = tmp_path / "alive.db"
+    dead = HttpTarget(f"http://127.0.0.1:{free_port()}/", timeout_s=1.0)   # nobody listens
+    with Deliverer(cluster.bootstrap, stream, [SqliteTarget(str(sqlite_path)), dead],
+                   retries_max=3) as deliverer:
+        _wait(lambda: _counts({"alive": lambda: _sqlite_rows(sqlite_path)})["alive"] == 1_000,
+              PROGRESS_TIMEOUT_S, "every record on the live target")
+        _wait(lambda: deliverer.status()[dead.name]["gave_up"], PROGRESS_TIMEOUT_S,
+              "the dead target to be given up")
+    assert sorted(int(v) for *_, v in _sqlite_rows(sqlite_path)) == list(range(1_000))
+    assert deliverer.status()[dead.name]["applied"] == 0
