@@ -214,3 +214,12 @@ def test_a_dead_target_is_given_up_while_the_others_get_everything(cluster, tmp_
               "the dead target to be given up")
     assert sorted(int(v) for *_, v in _sqlite_rows(sqlite_path)) == list(range(1_000))
     assert deliverer.status()[dead.name]["applied"] == 0
+
+
+def test_the_example_read_model_counts_each_deposit_once(cluster):
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "deliver_service.py"),
+                           "--bootstrap", cluster.bootstrap, "--stream", "deliver_example",
+                           "--deposits", "500"], capture_output=True, text=True,
+                          timeout=DRAIN_TIMEOUT_S + STOP_TIMEOUT_S, cwd=REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "balances match the 500 deposits" in done.stdout
