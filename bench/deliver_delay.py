@@ -1,6 +1,7 @@
 """Delivery delay of kera.deliver: from a record's send to its target's apply returning.
 
-    python -m bench.deliver_delay [--rate 2000] [--seconds 20] [--linger-ms 1] [--postgres]
+    python -m bench.deliver_delay [--rate 2000] [--seconds 20] [--linger-ms 1] [--fetch-wait-ms 5]
+                                  [--postgres]
 
 Starts a local cluster (one broker), a stream of 4 streamlets and one Deliverer in this process
 pushing it to an in-memory target (the deliverer's own cost), a SQLite file target (delay to a
@@ -18,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from kera import config
 from kera.deliver import Deliverer
 from kera.deliver_targets import PostgresTarget, SqliteTarget, Target
 from kera.local import LocalCluster
@@ -79,7 +81,7 @@ def percentile(values: list[int], q: float) -> float:
 def run(bootstrap: str, targets: list[TimedTarget], args) -> None:
     for t in targets:
         t.counted_after_us = time.time_ns() // 1000 + int(WARMUP_S * 1e6)
-    with Deliverer(bootstrap, STREAM, targets):
+    with Deliverer(bootstrap, STREAM, targets, fetch_wait_ms=args.fetch_wait_ms):
         sent = produce(bootstrap, args.rate, args.seconds, args.linger_ms)
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while any(t.count < sent for t in targets) and time.monotonic() < deadline:
@@ -95,9 +97,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=int, default=2_000, help="records/s")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--linger-ms", type=float, default=1.0)
+    parser.add_argument("--fetch-wait-ms", type=float, default=config.DEFAULT_FETCH_WAIT_MS)
     parser.add_argument("--postgres", action="store_true")
     args = parser.parse_args(argv)
     print(f"rate {args.rate} records/s for {args.seconds} s, linger {args.linger_ms} ms, "
+          f"fetch wait {args.fetch_wait_ms} ms, "
           f"{STREAMLETS} streamlets, one broker, loopback")
     server = None
     with tempfile.TemporaryDirectory() as tmp, \

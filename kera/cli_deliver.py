@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import signal
 
+from kera import config
 from kera import deliver_core as core
 from kera.deliver_targets import DEFAULT_TABLE_PREFIX
 
@@ -51,6 +52,9 @@ def add_parser(sub, client_options) -> None:
                         "%(default)s; backoff doubling from 0.1 s to 5 s)")
     p.add_argument("--progress-interval-s", type=float, default=core.PROGRESS_INTERVAL_S,
                    help="how often each target's progress is logged (default: %(default)s)")
+    p.add_argument("--fetch-wait-ms", type=float, default=config.DEFAULT_FETCH_WAIT_MS,
+                   help="an idle reader asks its broker again after this long: lower is less "
+                        "delay, more idle requests (default: %(default)s)")
     p.set_defaults(func=cmd_deliver, log_level="INFO")
 
 
@@ -74,7 +78,8 @@ def cmd_deliver(args) -> int:
     targets = [target_from_spec(spec, args.table_prefix) for spec in args.target]
     deliverer = Deliverer(args.bootstrap, args.stream, targets,
                           batch_records_max=args.batch_records_max, retries_max=args.retries_max,
-                          progress_interval_s=args.progress_interval_s, key_file=args.key_file)
+                          progress_interval_s=args.progress_interval_s, key_file=args.key_file,
+                          fetch_wait_ms=args.fetch_wait_ms)
     signal.signal(signal.SIGTERM, lambda *_: deliverer._stop.set())
     deliverer.start()
     try:

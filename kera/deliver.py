@@ -45,7 +45,10 @@ class Deliverer:
     def __init__(self, bootstrap: str, stream: str, targets: list, *,
                  batch_records_max: int = BATCH_RECORDS_MAX, retries_max: int = RETRIES_MAX,
                  progress_interval_s: float = PROGRESS_INTERVAL_S, key_file: str | None = None,
-                 request_timeout_s: float = config.DEFAULT_REQUEST_TIMEOUT_S):
+                 request_timeout_s: float = config.DEFAULT_REQUEST_TIMEOUT_S,
+                 fetch_wait_ms: float = config.DEFAULT_FETCH_WAIT_MS):
+        """`fetch_wait_ms`: how long each target's consumer waits before asking a broker that
+        had nothing new again: the delivery delay's floor when idle, against idle requests."""
         names = [t.name for t in targets]
         if not targets or len(set(names)) != len(names):
             from kera.errors import BadRequest
@@ -56,7 +59,7 @@ class Deliverer:
         finally:
             meta.close()
         self.bootstrap, self.stream, self.key_file = bootstrap, stream, key_file
-        self.request_timeout_s = request_timeout_s
+        self.request_timeout_s, self.fetch_wait_ms = request_timeout_s, fetch_wait_ms
         self.batch_records_max = batch_records_max
         self.progress_interval_s = progress_interval_s
         self._stop = threading.Event()
@@ -137,7 +140,8 @@ class _TargetWorker:
                  or "nothing (from the earliest records)")
         with Consumer(self.d.bootstrap, self.d.stream, start=start,
                       cache_chunks_max=CACHE_CHUNKS_MAX, key_file=self.d.key_file,
-                      request_timeout_s=self.d.request_timeout_s) as consumer:
+                      request_timeout_s=self.d.request_timeout_s,
+                      fetch_wait_ms=self.d.fetch_wait_ms) as consumer:
             progress = _Progress(self.cursor, self.d.progress_interval_s)
             while not self.d._stop.is_set():
                 batch = self.cursor.fresh(self._collect(consumer))
