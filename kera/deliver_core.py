@@ -21,7 +21,7 @@ from kera.position import Position, Record
 
 # Backoff after a failed target call: doubling from the first delay up to the cap, reset by a
 # success. The cap keeps a recovered target from waiting long; the limit bounds how long a
-# deliverer keeps retrying a broken target (about 2.5 min with these) before giving it up.
+# deliverer keeps retrying a broken target (about 3 min with these) before giving it up.
 BACKOFF_FIRST_MS = 100
 BACKOFF_CAP_MS = 5_000
 RETRIES_MAX = 40

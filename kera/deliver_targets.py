@@ -5,8 +5,8 @@ reports those positions back: they are the source of truth a deliverer resumes f
 crash (kera.deliver_core explains why a Position is the ordering index for now).
 
 The SQL targets keep two tables, written in one transaction per batch:
-    PREFIX_records (stream, streamlet, grp, off, k, v, ts_us)  primary key (stream, streamlet, grp, off)
-    PREFIX_applied (stream, streamlet, grp, off)               primary key (stream, streamlet)
+    PREFIX_records (stream, streamlet, grp, off, k, v, ts_us)   key (stream, streamlet, grp, off)
+    PREFIX_applied (stream, streamlet, grp, off)                key (stream, streamlet)
 """
 
 from __future__ import annotations

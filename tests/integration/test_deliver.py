@@ -1,8 +1,9 @@
 """kera deliver against a real cluster, a real PostgreSQL, a SQLite file and a local HTTP
 receiver (examples/deliver_receiver.py): under continuous production, with the deliverer
-(`python -m kera deliver`) killed with SIGKILL and restarted and the HTTP target failing for a
-while and its PostgreSQL connection terminated, every target ends with every record exactly once, in order per streamlet, and the
-failing target does not hold up the others."""
+(`python -m kera deliver`) killed with SIGKILL and restarted, the HTTP target failing for a
+while and the PostgreSQL target's connection terminated, every target ends with every record
+exactly once, in order per streamlet, and a failing or dead target does not hold up the
+others."""
 
 from __future__ import annotations
 
@@ -151,8 +152,8 @@ def test_three_targets_get_every_record_once_in_order_through_kill9_and_a_failin
         "--bootstrap", cluster.bootstrap, "--stream", stream, "--target", f"sqlite:{sqlite_path}",
         "--target", postgres.dsn, "--target", http_url, "--progress-interval-s", "1",
         "--batch-records-max", "200"])
-    readers = {"sqlite": lambda: _sqlite_rows(sqlite_path), "postgresql": lambda: _pg_rows(postgres),
-               "http": lambda: _sqlite_rows(tmp_path / "http.db")}
+    readers = {"sqlite": lambda: _sqlite_rows(sqlite_path),
+               "postgresql": lambda: _pg_rows(postgres), "http": lambda: _sqlite_rows(tmp_path / "http.db")}
     halfway, produced = threading.Event(), threading.Event()
     producer = threading.Thread(target=_produce,
                                 args=(cluster.bootstrap, stream, halfway, produced),
