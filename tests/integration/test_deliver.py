@@ -33,6 +33,7 @@ PROGRESS_TIMEOUT_S = 30.0        # a wanted count of applied records is reached 
 DRAIN_TIMEOUT_S = 60.0           # production ended -> every target has every record
 POLL_S = 0.1
 STOP_TIMEOUT_S = 10.0
+PADDED_BYTES = 1_000             # 2,000 of them: 2 MB, many times a target reader's cache
 FAILING_LEAD_RECORDS = 500       # others' progress while the HTTP target fails, at least
 
 
@@ -215,6 +216,53 @@ def test_a_dead_target_is_given_up_while_the_others_get_everything(cluster, tmp_
               "the dead target to be given up")
     assert sorted(int(v) for *_, v in _sqlite_rows(sqlite_path)) == list(range(1_000))
     assert deliverer.status()[dead.name]["applied"] == 0
+
+
+
+class BlockedTarget:
+    """An in-memory target whose apply blocks until released: a target that is very slow."""
+
+    name = "blocked"
+
+    def __init__(self):
+        self.release, self.records = threading.Event(), []
+
+    def last_applied(self) -> dict:
+        return {}
+
+    def apply(self, records) -> None:
+        assert self.release.wait(DRAIN_TIMEOUT_S)
+        self.records += records
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_blocked_target_holds_up_nobody_and_catches_up_when_released(cluster, tmp_path):
+    from kera.deliver import Deliverer
+    from kera.deliver_targets import SqliteTarget
+    stream = "deliver_slow"
+    cluster.admin().create_stream(stream, streamlets=2)
+    sqlite_path, blocked = tmp_path / "fast.db", BlockedTarget()
+    alive = {"fast": lambda: _sqlite_rows(sqlite_path)}
+    with Deliverer(cluster.bootstrap, stream, [SqliteTarget(str(sqlite_path)), blocked],
+                   batch_records_max=100):
+        with Producer(cluster.bootstrap) as producer:
+            for i in range(2_000):   # padded: far more than a reader's bounded cache holds
+                producer.send(stream, str(i).encode().ljust(PADDED_BYTES),
+                              key=str(i % KEYS).encode())
+            producer.flush()
+        _wait(lambda: _counts(alive)["fast"] == 2_000, PROGRESS_TIMEOUT_S,
+              "every record on the fast target while the other is blocked")
+        assert blocked.records == []
+        blocked.release.set()
+        _wait(lambda: len(blocked.records) == 2_000, PROGRESS_TIMEOUT_S,
+              "the released target to catch up")
+    values = [int(r.value) for r in blocked.records]
+    assert sorted(values) == list(range(2_000))
+    for sl in (0, 1):
+        mine = [int(r.value) for r in blocked.records if r.streamlet == sl]
+        assert mine == sorted(mine)
 
 
 def test_the_example_read_model_counts_each_deposit_once(cluster):
