@@ -272,3 +272,27 @@ def test_the_example_read_model_counts_each_deposit_once(cluster):
                           timeout=DRAIN_TIMEOUT_S + STOP_TIMEOUT_S, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "balances match the 500 deposits" in done.stdout
+
+
+def _deliver_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kera", "deliver", *args], capture_output=True,
+                          text=True, timeout=DRAIN_TIMEOUT_S, cwd=REPO,
+                          env={**os.environ, PARENT_PID_ENV: str(os.getpid())})
+
+
+def test_the_command_refuses_what_it_cannot_deliver_in_order_and_ends_when_all_gave_up(
+        cluster):
+    admin = cluster.admin()
+    admin.create_stream("deliver_parallel", active_groups=2)
+    admin.create_stream("deliver_cli")
+    refused = _deliver_cli("--bootstrap", cluster.bootstrap, "--stream", "deliver_parallel",
+                           "--target", "sqlite:/nonexistent/never.db")
+    assert refused.returncode != 0 and "active_groups=1" in refused.stderr
+    unknown = _deliver_cli("--bootstrap", cluster.bootstrap, "--stream", "deliver_cli",
+                           "--target", "ftp://x")
+    assert unknown.returncode != 0 and "unknown target 'ftp://x'" in unknown.stderr
+    dead_url = f"http://127.0.0.1:{free_port()}/"
+    gave_up = _deliver_cli("--bootstrap", cluster.bootstrap, "--stream", "deliver_cli",
+                           "--target", dead_url, "--retries-max", "2")
+    assert gave_up.returncode == 1
+    assert f"target {dead_url}: giving up after 3 failed attempts" in gave_up.stderr
