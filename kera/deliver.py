@@ -27,6 +27,7 @@ import time
 from kera import config
 from kera.deliver_core import (BATCH_RECORDS_MAX, PROGRESS_INTERVAL_S, RETRIES_MAX,
                                 TargetCursor, check_orderable, resume_positions)
+from kera.errors import BadRequest
 from kera.metadata import Metadata
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,6 @@ class Deliverer:
         had nothing new again: the delivery delay's floor when idle, against idle requests."""
         names = [t.name for t in targets]
         if not targets or len(set(names)) != len(names):
-            from kera.errors import BadRequest
             raise BadRequest(f"give one or more targets with distinct names, not {names}")
         meta = Metadata(bootstrap, timeout_s=request_timeout_s, key_file=key_file)
         try:

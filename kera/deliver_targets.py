@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from kera.errors import BadRequest
 from kera.position import Position, Record
 
 DEFAULT_TABLE_PREFIX = "kera_deliver"
@@ -20,6 +21,9 @@ DEFAULT_TABLE_PREFIX = "kera_deliver"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,40}$")
 # PostgreSQL connect timeout: a dead database fails an attempt instead of hanging it.
 PG_CONNECT_TIMEOUT_S = 5
+# A PostgreSQL statement's run at most: a hung database fails an attempt (then retried) rather
+# than holding its delivery thread forever.
+PG_STATEMENT_TIMEOUT_MS = 30_000
 # PostgreSQL sessions of a deliverer say so in pg_stat_activity (operators and tests find them).
 PG_APPLICATION_NAME = "kera-deliver"
 
@@ -44,7 +48,6 @@ class Target:
 
 def _check_prefix(prefix: str) -> str:
     if not _IDENTIFIER.match(prefix):
-        from kera.errors import BadRequest
         raise BadRequest(f"table prefix {prefix!r} is not a plain SQL name (letters, digits, _)")
     return prefix
 
@@ -156,7 +159,8 @@ class PostgresTarget(SqlTarget):
     def _connect(self):
         import psycopg
         return psycopg.connect(self.dsn, connect_timeout=PG_CONNECT_TIMEOUT_S,
-                               application_name=PG_APPLICATION_NAME)
+                               application_name=PG_APPLICATION_NAME,
+                               options=f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS}")
 
 
 def _redacted(dsn: str) -> str:
