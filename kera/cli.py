@@ -23,6 +23,7 @@ import time
 import kera
 from kera import cli_groups, cli_security, config
 from kera import cli_outbox
+from kera import cli_deliver
 from kera.daemon_flags import LOG_LEVELS
 from kera.keys import KEY_FILE_ENV
 from kera.errors import KeraError
@@ -106,6 +107,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     cli_groups.add_parser(sub, _admin_options)
     cli_security.add_parsers(sub, _admin_options)
     cli_outbox.add_parser(sub, _client_options)
+    cli_deliver.add_parser(sub, _client_options)
     # `kera bench ...` is `python -m bench ...` (kera.bench.cli), loaded only when it runs.
     _add_daemon(sub, "bench", "kera.bench.cli", "benchmark kera against Apache Kafka",
                 load=(wanted == "bench"))

@@ -241,3 +241,10 @@ class LeadershipLost(KeraError):
     stream outlasted its lease): it settles nothing, and harvests again once re-elected."""
     code = "leadership_lost"
     retriable = True
+
+
+class TargetFailed(KeraError):
+    """A delivery target (kera.deliver) refused or failed a call: the deliverer retries it with
+    backoff from the target's own last-applied positions; fix the target (its log says why)."""
+    code = "target_failed"
+    retriable = True

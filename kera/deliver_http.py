@@ -1,0 +1,90 @@
+"""The HTTP delivery target: POST JSON batches to a URL, GET its last-applied positions.
+
+The receiver's contract (a reference one is examples/deliver_receiver.py):
+    GET  URL  -> 200 {"applied": [{"stream", "streamlet", "group", "offset"}, ...]}
+    POST URL  <- {"records": [{"stream", "streamlet", "group", "offset", "key", "value",
+                               "timestamp_us"}, ...]}       key/value: base64 or null
+                 header Idempotency-Key: the batch's first and last positions
+              -> any 2xx once the records and the new last-applied positions are stored
+                 atomically. A receiver must skip records at or below its last-applied position
+                 of their streamlet: a retried batch (same Idempotency-Key) may arrive again.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+
+from kera.deliver_core import idempotency_key
+from kera.deliver_targets import Target
+from kera.errors import TargetFailed
+from kera.position import Position, Record
+
+# One request's wait for the receiver: a hung receiver fails an attempt (then retried with
+# backoff) rather than blocking its delivery thread forever.
+HTTP_TIMEOUT_S = 10.0
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)
+
+
+def records_to_json(records: list[Record]) -> bytes:
+    return json.dumps({"records": [
+        {"stream": r.stream, "streamlet": r.streamlet, "group": r.group, "offset": r.offset,
+         "key": _b64(r.key), "value": _b64(r.value), "timestamp_us": r.timestamp}
+        for r in records]}).encode()
+
+
+def records_from_json(body: bytes) -> list[Record]:
+    return [Record(_unb64(r["key"]), _unb64(r["value"]), r["timestamp_us"], r["stream"],
+                   r["streamlet"], r["group"], r["offset"])
+            for r in json.loads(body)["records"]]
+
+
+def applied_to_json(applied: dict) -> bytes:
+    return json.dumps({"applied": [
+        {"stream": p.stream, "streamlet": p.streamlet, "group": p.group, "offset": p.offset}
+        for p in applied.values()]}).encode()
+
+
+def applied_from_json(body: bytes) -> dict[tuple[str, int], Position]:
+    out = {}
+    for p in json.loads(body)["applied"]:
+        out[(p["stream"], p["streamlet"])] = Position(p["stream"], p["streamlet"], p["group"],
+                                                      p["offset"])
+    return out
+
+
+class HttpTarget(Target):
+    """A URL speaking the contract above."""
+
+    def __init__(self, url: str, timeout_s: float = HTTP_TIMEOUT_S):
+        self.name = self.url = url
+        self.timeout_s = timeout_s
+
+    def _call(self, request: urllib.request.Request) -> bytes:
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
+                return reply.read()
+        except urllib.error.HTTPError as err:
+            raise TargetFailed(f"{request.get_method()} {self.url} answered {err.code} "
+                               f"{err.reason}: check the receiver's log") from err
+        except (urllib.error.URLError, OSError) as err:
+            raise TargetFailed(f"{request.get_method()} {self.url} failed ({err}): is the "
+                               f"receiver running and reachable?") from err
+
+    def last_applied(self) -> dict[tuple[str, int], Position]:
+        return applied_from_json(self._call(urllib.request.Request(self.url, method="GET")))
+
+    def apply(self, records: list[Record]) -> None:
+        self._call(urllib.request.Request(
+            self.url, data=records_to_json(records), method="POST",
+            headers={"Content-Type": "application/json",
+                     "Idempotency-Key": idempotency_key(records)}))
