@@ -6,6 +6,8 @@ against a sane range so a value in another unit is refused instead of landing in
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from kera.errors import BadRequest
 
 # Millisecond timestamps (Kafka's unit) a record may carry: 2000-01-01 to 2200-01-01 UTC. A value
@@ -22,3 +24,23 @@ def ms_to_us(timestamp_ms) -> int:
                          f"2000 and 2200 ({TIMESTAMP_MS_MIN}..{TIMESTAMP_MS_MAX}); seconds or "
                          f"microseconds given? (timestamp= takes microseconds)")
     return ms * 1000
+
+
+def parse_time_ms(text: str) -> int:
+    """Milliseconds since the epoch from a command line's time: an integer (milliseconds) or
+    an ISO 8601 date-time ("2027-01-15T08:00:00+01:00"; without a zone it is UTC, so a command
+    means the same on every machine). Checked as ms_to_us checks."""
+    text = text.strip()
+    if text.isdigit():
+        ms = int(text)
+    else:
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise BadRequest(f"time {text!r} is neither milliseconds since the epoch nor an ISO "
+                             f"8601 date-time such as 2027-01-15T08:00:00Z") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        ms = round(when.timestamp() * 1000)
+    ms_to_us(ms)
+    return ms

@@ -5,7 +5,10 @@ is rebuilt from what it reloaded) gives the same answers."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from datetime import datetime, timezone
 
 import pytest
 
@@ -138,3 +141,44 @@ def test_offsets_for_times_lands_on_the_first_record_at_or_after(fresh_cluster):
     with cluster.admin() as admin:
         admin.wait_ready(stream, 20.0)
     check_answers(cluster.bootstrap, stream, everything)
+
+
+def kera_cli(bootstrap: str, *args) -> tuple[int, str, str]:
+    proc = subprocess.run([sys.executable, "-m", "kera", *args, "--bootstrap", bootstrap],
+                          capture_output=True, text=True, timeout=60)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_cli_consume_from_time_and_group_reset_to_datetime(local_cluster):
+    cluster = local_cluster(brokers=1, log_level="WARNING")
+    stream = "seek-cli"
+    with cluster.admin() as admin:
+        admin.create_stream(stream, streamlets=1)
+    with Producer(cluster.bootstrap) as p:
+        for i in range(10):
+            p.send(stream, b"r%d" % i, timestamp_ms=BASE_MS + 1000 * i)
+        p.flush()
+    # ISO 8601 without a zone is UTC; milliseconds work too.
+    iso = datetime.fromtimestamp((BASE_MS + 5000) / 1000, timezone.utc).replace(tzinfo=None)
+    code, out, err = kera_cli(cluster.bootstrap, "consume", stream, "--from-time",
+                              iso.isoformat(), "--timeout-s", "1")
+    assert code == 0, err
+    assert out.split() == [f"r{i}" for i in range(5, 10)]
+    code, out, err = kera_cli(cluster.bootstrap, "consume", stream, "--from-time",
+                              str(BASE_MS + 5500), "--timeout-s", "1")
+    assert (code, out.split()) == (0, [f"r{i}" for i in range(6, 10)]), err
+    code, _, err = kera_cli(cluster.bootstrap, "consume", stream, "--from-time", "yesterday")
+    assert code == 1 and "ISO 8601" in err
+    code, _, err = kera_cli(cluster.bootstrap, "consume", stream, "--from-time",
+                            str(BASE_MS // 1000))
+    assert code == 1 and "milliseconds" in err
+
+    group = "seek-cli-group"
+    code, out, err = kera_cli(cluster.bootstrap, "group", "reset-positions", group, "--stream",
+                              stream, "--to-datetime", f"{iso.isoformat()}Z")
+    assert code == 0, err
+    assert "first records at or after" in out
+    with Consumer(cluster.bootstrap, stream, group=group, auto_commit_interval_ms=None) as c:
+        got = [c.poll(timeout_s=20) for _ in range(5)]
+        assert [r.value for r in got] == [b"r%d" % i for i in range(5, 10)]
+        assert c.poll(timeout_s=0.5) is None
