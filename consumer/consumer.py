@@ -7,6 +7,7 @@
         c.poll_batch(timeout_s=1.0)   # list of Batch (columnar: to_arrow(), values, ...)
         c.positions()                 # exact resumable positions of what was consumed
         c.seek("clicks", 0, "earliest"); c.lag()   # {(stream, streamlet): records behind}
+        c.seek_to_time(timestamp_ms)  # or c.offsets_for_times({("clicks", 0): timestamp_ms})
 
 One consumer reads any number of streams with one request thread and one connection per
 broker: what it reads are *parts*, (stream, streamlet) pairs. Records of one group come in
@@ -394,8 +395,10 @@ class Consumer:
         if times is None:
             times = {(stream, sl): timestamp_ms for sl in range(self._info_of(stream).streamlets)}
         targets = _time_targets(times)
-        for name in dict.fromkeys(part[0] for part in targets):
-            self._info_of(name)
+        for name, sl in targets:
+            if sl >= self._info_of(name).streamlets:
+                raise BadRequest(f"stream '{name}' has streamlets 0..{self._infos[name].streamlets - 1}, "
+                                 f"not {sl}")
         return [p for part, (low, offsets, epoch, _) in sorted(self._time_cursors(targets).items())
                 for p in ConsumedCursor(part[1], low, offsets, epoch).positions(part[0])]
 

@@ -336,8 +336,8 @@ def time_cursor(header) -> TimeCursor:
     offsets = {bounded_int(g, "offsets group", 0, ID_MAX): bounded_int(o, "offsets offset", 0,
                                                                        POSITION_MAX)
                for g, o in raw.items()}
-    return TimeCursor(f.int("low", hi=ID_MAX), offsets, f.int("first_group", hi=ID_MAX),
-                      f.int("epoch", None))
+    epoch = None if f.h.get("epoch") is None else f.int("epoch")   # None: no data yet
+    return TimeCursor(f.int("low", hi=ID_MAX), offsets, f.int("first_group", hi=ID_MAX), epoch)
 
 
 # ---------------------------------------------------------------------- error reply

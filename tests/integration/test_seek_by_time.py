@@ -182,3 +182,30 @@ def test_cli_consume_from_time_and_group_reset_to_datetime(local_cluster):
         got = [c.poll(timeout_s=20) for _ in range(5)]
         assert [r.value for r in got] == [b"r%d" % i for i in range(5, 10)]
         assert c.poll(timeout_s=0.5) is None
+
+
+def test_empty_streamlets_and_a_group_member_seeking_by_time(local_cluster):
+    cluster = local_cluster(brokers=1, log_level="WARNING")
+    stream = "seek-member"
+    with cluster.admin() as admin:
+        admin.create_stream(stream, streamlets=2)
+    with Consumer(cluster.bootstrap, stream, streamlets=[]) as c:
+        # No data yet: every streamlet from its start (records produced later are read).
+        assert [(p.streamlet, p.group, p.offset) for p in
+                c.offsets_for_times(stream=stream, timestamp_ms=BASE_MS)] == [(0, 0, 0), (1, 0, 0)]
+        with pytest.raises(BadRequest, match="streamlets 0..1, not 2"):
+            c.offsets_for_times({(stream, 2): BASE_MS})
+    with Producer(cluster.bootstrap) as p:
+        for i in range(10):
+            p.send(stream, b"m%d" % i, timestamp_ms=BASE_MS + 1000 * i, streamlet=i % 2)
+        p.flush()
+    with Consumer(cluster.bootstrap, stream, group="seek-member-group",
+                  auto_commit_interval_ms=None) as c:
+        deadline = time.monotonic() + 20
+        while len(c.assignment()) < 2:
+            assert time.monotonic() < deadline, "no assignment"
+            c.poll(timeout_s=0.2)
+        c.seek_to_time(BASE_MS + 6000)   # what is assigned: both streamlets
+        got = sorted(c.poll(timeout_s=20).value for _ in range(4))
+        assert got == [b"m6", b"m7", b"m8", b"m9"]
+        assert c.poll(timeout_s=0.5) is None
