@@ -3,10 +3,13 @@ exact for unordered timestamps, across segments, compressed chunks, and only dur
 
 import random
 
+import pytest
+
 from kera import chunk
 from kera.broker.group import Group
 from kera.broker.streamlet import Streamlet
-from kera.broker.time_index import group_offset_at, streamlet_cursor_at
+from kera.broker.time_index import IndexBudget, group_offset_at, streamlet_cursor_at
+from kera.errors import NotReady
 
 
 def append(group, timestamps, seq=0, compression=None):
@@ -24,6 +27,10 @@ def group_of(batches, segment_size_bytes=1 << 20, durable=True, compression=None
     return g
 
 
+def at(group, t):
+    return group_offset_at(group, t, IndexBudget())
+
+
 def expected(all_ts, t):
     """Kafka's answer by brute force: the first offset whose timestamp is >= t, else the end."""
     return next((i for i, ts in enumerate(all_ts) if ts >= t), len(all_ts))
@@ -31,7 +38,7 @@ def expected(all_ts, t):
 
 def test_ordered_timestamps_at_between_and_beyond():
     g = group_of([[10, 20, 30], [40, 50], [60]])
-    assert [group_offset_at(g, t) for t in (0, 10, 11, 30, 31, 60, 61)] == [0, 0, 1, 2, 3, 5, 6]
+    assert [at(g, t) for t in (0, 10, 11, 30, 31, 60, 61)] == [0, 0, 1, 2, 3, 5, 6]
 
 
 def test_unordered_timestamps_give_the_earliest_offset_at_or_after():
@@ -42,33 +49,33 @@ def test_unordered_timestamps_give_the_earliest_offset_at_or_after():
     g = group_of(batches, segment_size_bytes=400)
     assert len(g.segments) > 3
     for t in range(-1, 1002, 7):
-        assert group_offset_at(g, t) == expected(flat, t), t
+        assert at(g, t) == expected(flat, t), t
 
 
 def test_compressed_chunks_are_indexed():
     g = group_of([[5, 6], [7, 8]], compression="zstd")
-    assert group_offset_at(g, 7) == 2
+    assert at(g, 7) == 2
 
 
 def test_only_durable_records_are_seen_and_the_index_grows_with_appends():
     g = group_of([[10, 20]], durable=False)
     g.set_durable(0)
-    assert group_offset_at(g, 15) == 0                    # nothing durable: the durable end
+    assert at(g, 15) == 0                    # nothing durable: the durable end
     g.set_durable(2)
-    assert group_offset_at(g, 15) == 1
+    assert at(g, 15) == 1
     append(g, [30, 40], seq=1)
-    assert group_offset_at(g, 35) == 2                    # appended, not durable yet
+    assert at(g, 35) == 2                    # appended, not durable yet
     g.set_durable(g.head)
-    assert group_offset_at(g, 35) == 3
+    assert at(g, 35) == 3
     assert len(g.time_index.running_max_us) == 2
 
 
 def test_a_rebuilt_group_gets_a_new_index():
     g = group_of([[10], [20], [30]], segment_size_bytes=200)
-    assert group_offset_at(g, 25) == 2
+    assert at(g, 25) == 2
     del g.segments[1:], g.seg_bases[1:]                   # what recovery's truncation does
     g.head = g.durable = 1
-    assert group_offset_at(g, 25) == 1
+    assert at(g, 25) == 1
 
 
 def test_streamlet_cursor_skips_finished_groups_wholly_before_t():
@@ -90,3 +97,16 @@ def test_streamlet_cursor_skips_finished_groups_wholly_before_t():
 def test_empty_streamlet_cursor():
     sl = Streamlet(2, 0, active_groups=2, group_segments=1, segment_size_bytes=300)
     assert streamlet_cursor_at(sl, 5) == (0, {})
+
+
+def test_indexing_work_per_request_is_bounded_and_resumes():
+    g = group_of([[10], [20], [30], [40], [50]])
+    for indexed in (2, 4):
+        with pytest.raises(NotReady, match="ask again"):
+            group_offset_at(g, 45, IndexBudget(chunks=2))
+        assert len(g.time_index.running_max_us) == indexed   # kept for the next request
+    assert group_offset_at(g, 45, IndexBudget(chunks=2)) == 4
+    assert group_offset_at(g, 45, IndexBudget(chunks=0)) == 4  # all indexed: no work left
+    big = group_of([[1] * 50, [2] * 50])
+    with pytest.raises(NotReady):
+        group_offset_at(big, 2, IndexBudget(nbytes=100))       # a chunk's bytes count too
