@@ -449,8 +449,7 @@ class Consumer:
     def watermarks(self, stream: str, streamlet: int) -> tuple[int, int]:
         """(low, high) in records of a streamlet, counted over its retained groups (records
         deleted by retention are not counted: low is 0); asks its broker (`offsets`)."""
-        if stream not in self._infos:
-            self._infos[stream] = self._meta.stream(stream)
+        self._info_of(stream)
         groups, _first, _epoch = self._offsets((stream, streamlet))
         return lagmath.watermarks(groups)
 

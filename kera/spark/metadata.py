@@ -1,5 +1,6 @@
 """Cluster metadata the connector needs, straight from the wire: stream descriptors from the
-coordinator (`describe_stream`) and a streamlet's groups from its broker (`offsets`).
+coordinator (`describe_stream`), a streamlet's groups from its broker (`offsets`) and its
+cursor at a time (`offsets_for_time`), through one retry loop (`_owner_call`).
 
 Every call has a timeout and every retry loop a deadline. A Metadata object owns sockets: it is
 created where it is used (driver-side planning, executor-side read/write) and never pickled.
