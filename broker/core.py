@@ -21,6 +21,7 @@ from kera.broker.repair import RepairRead, Repairs
 from kera.broker.retention import ReplicaDrop, Retention
 from kera.broker.streamlet import Streamlet, growth
 from kera.broker.tier import TierConfig, TierStore
+from kera.broker.time_index import streamlet_cursor_at
 from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
 from kera.chunk import HEADER_SIZE, check_columns, verify
@@ -539,6 +540,15 @@ class Broker:
     def offsets(self, sid: int, sl: int) -> list:
         streamlet = self._streamlet_for_read(sid, sl)
         return [] if streamlet is None else streamlet.describe_groups()
+
+    def cursor_at_time(self, sid: int, sl: int, timestamp_us: int) -> tuple[int, dict[int, int]]:
+        """(low, offsets): a reader's cursor at the first record whose timestamp is at or after
+        `timestamp_us` in every retained group (kera.broker.time_index)."""
+        streamlet = self._streamlet_for_read(sid, sl)
+        self.counters.add("offsets_for_time_requests")
+        if streamlet is None:
+            return 0, {}
+        return streamlet_cursor_at(streamlet, timestamp_us)
 
     def bytes_behind(self, sid: int, sl: int, low: int, offsets: dict[int, int]) -> int:
         """Durable chunk bytes past a reader's cursor (`low`, `offsets` as in a fetch read):

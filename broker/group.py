@@ -20,7 +20,7 @@ _tiebreak = itertools.count()  # orders waiters with equal offsets without compa
 class Group:
     __slots__ = ("id", "slot", "max_segments", "segment_size_bytes", "segments", "seg_bases",
                  "head", "durable", "closed", "vlog", "waiters", "stream_id", "streamlet",
-                 "created_ms", "last_ms")
+                 "created_ms", "last_ms", "time_index")
 
     def __init__(self, group_id: int, slot: int, max_segments: int, segment_size_bytes: int,
                  stream_id: int = 0, streamlet: int = 0):
@@ -42,6 +42,8 @@ class Group:
         # time-based close of idle active groups use them (kera.broker.retention).
         self.created_ms = 0
         self.last_ms = 0
+        # Seeking by time (kera.broker.time_index.GroupTimeIndex), built on the first query.
+        self.time_index = None
 
 
     # ------------------------------------------------------------------ append

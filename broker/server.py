@@ -88,6 +88,7 @@ class BrokerDaemon:
         self.server.on("produce", self._on_produce)
         self.server.on("fetch", self._on_fetch)
         self.server.on("offsets", self._on_offsets)
+        self.server.on("offsets_for_time", self._on_offsets_for_time)
         self.server.on("stats", self._on_stats)
         self.coordinator = CoordinatorPeer(self.server, coordinator)   # follows the leader
         if advertise is None:
@@ -163,6 +164,15 @@ class BrokerDaemon:
             low, offsets, _earliest, _epoch = parse_cursor(at)
             reply["behind_bytes"] = self.core.bytes_behind(sid, sl, low, offsets)
         return reply
+
+    def _on_offsets_for_time(self, req: Request):
+        q = schema.offsets_for_time(req.fields)
+        check = self._checker(req, "describe")
+        if check is not None:
+            self.core.check_stream(q.sid, check)
+        low, offsets = self.core.cursor_at_time(q.sid, q.sl, q.timestamp_us)
+        return {"low": low, "offsets": offsets, "first_group": self.core.first_group(q.sid, q.sl),
+                "epoch": self.core.history_epoch(q.sid, q.sl)}
 
     def _quota(self, req: Request, kind: str):
         """The quotas to charge `req` to, after refusing it (`throttled`) while its

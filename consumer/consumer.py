@@ -7,6 +7,7 @@
         c.poll_batch(timeout_s=1.0)   # list of Batch (columnar: to_arrow(), values, ...)
         c.positions()                 # exact resumable positions of what was consumed
         c.seek("clicks", 0, "earliest"); c.lag()   # {(stream, streamlet): records behind}
+        c.seek_to_time(timestamp_ms)  # or c.offsets_for_times({("clicks", 0): timestamp_ms})
 
 One consumer reads any number of streams with one request thread and one connection per
 broker: what it reads are *parts*, (stream, streamlet) pairs. Records of one group come in
@@ -25,7 +26,7 @@ import logging
 import threading
 import time
 
-from kera import config, rpc
+from kera import config, rpc, schema
 from kera.consumer import lag as lagmath
 from kera.consumer.batch import Batch
 from kera.consumer.cursor import (ChunkItem, ConsumedCursor, ErrorItem, FetchCursor, LowItem,
@@ -37,6 +38,7 @@ from kera.errors import BadRequest, ClientClosed, KeraError, Timeout
 from kera.metadata import Metadata
 from kera.client_env import ClientEnv
 from kera.position import Position, Record
+from kera.timestamps import ms_to_us
 
 log = logging.getLogger(__name__)
 # What a consumer does with a position into a history its streamlet no longer has (its data
@@ -207,8 +209,14 @@ class Consumer:
 
     def _offsets_reply(self, part: tuple, conns: dict | None = None,
                        at: dict | None = None) -> tuple[dict, str]:
-        """(reply, broker address) of `offsets` for a part, retried through metadata refreshes;
-        `at`: a reader's cursor, whose lag in bytes the reply then holds."""
+        """(reply, broker address) of `offsets` for a part; `at`: a reader's cursor, whose lag
+        in bytes the reply then holds."""
+        return self._part_call(part, "offsets", {} if at is None else {"at": at}, conns)
+
+    def _part_call(self, part: tuple, op: str, extra: dict,
+                   conns: dict | None = None) -> tuple[dict, str]:
+        """(reply, broker address) of `op` (fields `sid`, `sl` and `extra`) on the broker owning
+        a part, retried through metadata refreshes until the request timeout."""
         stream, sl = part
         deadline = time.monotonic() + self.request_timeout_s
         for _attempt in range(int(self.request_timeout_s / LATEST_RETRY_S) + 1):
@@ -218,18 +226,16 @@ class Consumer:
                 err = KeraError(f"streamlet {sl} of '{stream}' has no live broker", retriable=True)
             else:
                 try:
-                    fields = {"sid": self._infos[stream].id, "sl": sl}
-                    if at is not None:
-                        fields["at"] = at
+                    fields = {"sid": self._infos[stream].id, "sl": sl, **extra}
                     left_s = max(0.1, deadline - time.monotonic())
                     if conns is None:
-                        header, _ = rpc.call(address, "offsets", fields, timeout_s=left_s,
+                        header, _ = rpc.call(address, op, fields, timeout_s=left_s,
                                              key_file=self.key_file)
                     else:
                         conn = conns.get(address) or conns.setdefault(
                             address, rpc.Connection(address, timeout_s=self.request_timeout_s,
                                                     key_file=self.key_file))
-                        header, _ = conn.call("offsets", fields, timeout_s=left_s)
+                        header, _ = conn.call(op, fields, timeout_s=left_s)
                     return header, address
                 except KeraError as e:
                     if not e.retriable:
@@ -239,7 +245,7 @@ class Consumer:
                 break
             time.sleep(LATEST_RETRY_S)
             self._infos[stream] = self._meta.refresh(stream)
-        raise Timeout(f"offsets of '{stream}' streamlet {sl}: {err.message}")
+        raise Timeout(f"{op} of '{stream}' streamlet {sl}: {err.message}")
 
     def _latest(self, part: tuple, conns: dict | None = None) -> tuple[int, dict[int, int], int | None]:
         """Each group's durable end."""
@@ -378,6 +384,67 @@ class Consumer:
         self._set_cursors(starts)
         self._wake()
 
+    # ------------------------------------------------------------------ seeking by time
+    def offsets_for_times(self, times: dict | None = None, *, stream: str | None = None,
+                          timestamp_ms: int | None = None) -> list[Position]:
+        """Positions of the first record whose timestamp is at or after a time (Kafka's
+        offsets_for_times): `times` = {(stream, streamlet): timestamp_ms}, or `stream` +
+        `timestamp_ms` for every streamlet of that stream. Per group, the earliest offset whose
+        timestamp is >= the time (records of several producers are not time-ordered: a later
+        one may carry an older time, as in Kafka). A part with no such record gets its durable
+        end, not Kafka's null: reading from there gets what is produced later. The result is
+        one valid `seek()` / `start=`; any stream may be asked, read by this consumer or not."""
+        if (times is None) == (stream is None or timestamp_ms is None):
+            raise BadRequest("offsets_for_times takes {(stream, streamlet): timestamp_ms} or "
+                             "stream= and timestamp_ms=, one of the two")
+        if times is None:
+            times = {(stream, sl): timestamp_ms for sl in range(self._info_of(stream).streamlets)}
+        targets = _time_targets(times)
+        for name, sl in targets:
+            if sl >= self._info_of(name).streamlets:
+                raise BadRequest(f"stream '{name}' has streamlets 0..{self._infos[name].streamlets - 1}, "
+                                 f"not {sl}")
+        return [p for part, (low, offsets, epoch, _) in sorted(self._time_cursors(targets).items())
+                for p in ConsumedCursor(part[1], low, offsets, epoch).positions(part[0])]
+
+    def _info_of(self, stream: str):
+        """The descriptor of `stream`, read by this consumer or not (fetched once)."""
+        if stream not in self._infos:
+            self._infos[stream] = self._meta.stream(stream)
+        return self._infos[stream]
+
+    def seek_to_time(self, timestamp_ms: int, parts=None) -> None:
+        """Read each of `parts` (default: every assigned part, a group member's included) from
+        its first record whose timestamp is at or after `timestamp_ms` (see offsets_for_times)."""
+        parts = self.assignment() if parts is None else [tuple(p) for p in parts]
+        self._check_assigned(parts)
+        starts = self._time_cursors({part: timestamp_ms for part in parts})
+        self._set_cursors(starts)
+        self._wake()
+
+    def _time_cursors(self, times: dict) -> dict[tuple, tuple]:
+        """{part: (low, offsets, epoch, earliest)} at each part's time (`offsets_for_time` of
+        its broker), on one connection per broker."""
+        targets = {part: ms_to_us(ms) for part, ms in times.items()}   # refused before any call
+        conns: dict = {}
+        try:
+            return {part: self._time_cursor(part, us, conns) for part, us in targets.items()}
+        finally:
+            for conn in conns.values():
+                conn.close()
+
+    def _time_cursor(self, part: tuple, timestamp_us: int, conns: dict) -> tuple:
+        header, address = self._part_call(part, "offsets_for_time",
+                                          {"timestamp_us": timestamp_us}, conns)
+        try:
+            c = schema.time_cursor(header)
+        except BadRequest as err:
+            raise KeraError(f"malformed offsets_for_time reply from {address}: {err.message}",
+                            retriable=True) from None
+        # From the first retained group on: read from the first retained group, even if
+        # retention deletes that one before the first fetch.
+        return c.low, c.offsets, c.epoch, c.low <= c.first_group
+
     def _check_assigned(self, parts) -> None:
         with self._lock:
             missing = sorted(p for p in parts if p not in self._consumed)
@@ -387,8 +454,7 @@ class Consumer:
     def watermarks(self, stream: str, streamlet: int) -> tuple[int, int]:
         """(low, high) in records of a streamlet, counted over its retained groups (records
         deleted by retention are not counted: low is 0); asks its broker (`offsets`)."""
-        if stream not in self._infos:
-            self._infos[stream] = self._meta.stream(stream)
+        self._info_of(stream)
         groups, _first, _epoch = self._offsets((stream, streamlet))
         return lagmath.watermarks(groups)
 
@@ -699,6 +765,20 @@ def _cursors_by_part(positions: list, streams: set) -> dict[tuple, tuple]:
         by_stream.setdefault(p.stream, []).append(p)
     return {(stream, sl): c for stream, ps in by_stream.items()
             for sl, c in cursors_with_epochs(ps, stream).items()}
+
+
+def _time_targets(times) -> dict[tuple, int]:
+    """offsets_for_times' {(stream, streamlet): timestamp_ms}, checked."""
+    if not isinstance(times, dict):
+        raise BadRequest(f"offsets_for_times takes a dict {{(stream, streamlet): timestamp_ms}}, "
+                         f"not {type(times).__name__}")
+    out = {}
+    for part, ms in times.items():
+        if not (isinstance(part, tuple) and len(part) == 2 and isinstance(part[0], str)
+                and isinstance(part[1], int) and part[1] >= 0):
+            raise BadRequest(f"offsets_for_times key {part!r} is not (stream, streamlet)")
+        out[part] = ms
+    return out
 
 
 def _assigned(total: int, streamlets, member, members) -> list[int]:

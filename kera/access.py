@@ -80,6 +80,7 @@ RULES: dict[str, Rule] = {
     "produce": _acl("write", "stream"),
     "fetch": _acl("read", "stream"),
     "offsets": Rule(frozenset({"coordinator"}), "describe", "stream"),
+    "offsets_for_time": _acl("describe", "stream"),   # Kafka's ListOffsets needs Describe too
     # every daemon
     "stats": Rule(frozenset(MEMBERS), "describe", "cluster", None),
     # backup: replicas, for brokers only (and bound to their broker id: kera.backup)

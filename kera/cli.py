@@ -265,8 +265,12 @@ def _add_consume(sub) -> None:
                        help="print a stream's records to stdout",
                        description="Read a stream and write each record's value as one line.")
     p.add_argument("stream", help="stream name")
-    p.add_argument("--from", dest="start", choices=["earliest", "latest"], default="latest",
-                   help="start at the first record or after the last (default: %(default)s)")
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--from", dest="start", choices=["earliest", "latest"], default="latest",
+                       help="start at the first record or after the last (default: %(default)s)")
+    start.add_argument("--from-time", default=None, metavar="TIME",
+                       help="start at each streamlet's first record at or after TIME: "
+                            "milliseconds since the epoch or ISO 8601 (no zone: UTC)")
     p.add_argument("--max-records", type=int, default=None,
                    help="exit after this many records")
     p.add_argument("--timeout-s", type=float, default=None,
@@ -552,6 +556,7 @@ def _line_writer(args):
 
 def cmd_consume(args) -> int:
     from kera.consumer import Consumer
+    from kera.timestamps import parse_time_ms
     if args.max_records is not None and args.max_records < 0:
         raise CliError("--max-records must not be negative")
     out = sys.stdout.buffer
@@ -559,8 +564,11 @@ def cmd_consume(args) -> int:
     count = 0
     if args.max_records == 0:
         return 0
+    from_ms = None if args.from_time is None else parse_time_ms(args.from_time)
     consumer = Consumer(args.bootstrap, args.stream, start=args.start, **_options(args.option))
     try:
+        if from_ms is not None:
+            consumer.seek_to_time(from_ms)
         for record in _records(consumer, args.timeout_s):
             out.write(line(record))
             count += 1

@@ -1,5 +1,8 @@
 """`kera group list|describe|reset-positions|delete`: consumer groups from the command line.
 
+reset-positions sets an empty group's positions to the start, the end, or a time
+(`--to-datetime`, the brokers' offsets_for_time: each streamlet's first record at or after it).
+
 The coordinator keeps groups (kera.coordinator.groups); describe adds each committed part's
 lag, the durable records and chunk bytes past its committed position, asked of the part's broker.
 """
@@ -28,8 +31,12 @@ def add_parser(sub, admin_options) -> None:
     r.add_argument("group", help="group name")
     r.add_argument("--stream", action="append", required=True, dest="streams",
                    help="stream whose positions to reset (repeat for several)")
-    r.add_argument("--to", choices=RESET_TARGETS, required=True,
-                   help="earliest: re-read everything retained; latest: skip to the end")
+    to = r.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to", choices=RESET_TARGETS,
+                    help="earliest: re-read everything retained; latest: skip to the end")
+    to.add_argument("--to-datetime", metavar="TIME",
+                    help="each streamlet's first record at or after TIME: milliseconds since "
+                         "the epoch or ISO 8601 (no zone: UTC)")
     r.set_defaults(func=cmd_reset)
     rm = gsub.add_parser("delete", parents=opts, help="delete an empty group and its positions")
     rm.add_argument("group", help="group name")
@@ -107,18 +114,24 @@ def _lag(args, wire_positions) -> dict:
 
 def cmd_reset(args) -> int:
     from kera import Admin, Consumer
+    from kera.timestamps import parse_time_ms
     with Admin(args.bootstrap) as admin:
         parts = [(s, sl) for s in args.streams
                  for sl in range(admin.describe_stream(s)["streamlets"])]
-    with Consumer(args.bootstrap, args.streams, streamlets=[], start=args.to,
+    at_ms = None if args.to_datetime is None else parse_time_ms(args.to_datetime)
+    with Consumer(args.bootstrap, args.streams, streamlets=[], start=args.to or "earliest",
                   request_timeout_s=args.timeout_s) as c:
-        c.assign(parts)
-        positions = c.positions(parts)
+        if at_ms is not None:
+            positions = c.offsets_for_times({part: at_ms for part in parts})
+        else:
+            c.assign(parts)
+            positions = c.positions(parts)
     from kera.consumer.membership import positions_to_wire
     _call(args, "group_reset", group=args.group, streams=args.streams,
           positions=positions_to_wire(positions))
+    target = args.to if at_ms is None else f"the first records at or after {args.to_datetime}"
     print(f"group '{args.group}': {len(parts)} streamlets of {', '.join(args.streams)} reset "
-          f"to {args.to}")
+          f"to {target}")
     return 0
 
 

@@ -6,7 +6,8 @@ range, too many entries. Daemons, clients and the Spark connector use these, so 
 has one definition of what is valid. `wire.Fields` stays the primitive for single fields.
 
 Structures here: daemon addresses, `register` and `heartbeat` requests and their replies, the
-stream descriptor, produce and fetch results, and error replies (whole or per result).
+stream descriptor, produce and fetch results, `offsets_for_time` requests and replies, and
+error replies (whole or per result).
 """
 
 from __future__ import annotations
@@ -296,6 +297,47 @@ def fetch_result(result, frames_available: int) -> tuple[KeraError | None, int, 
     error, n_frames, groups = result
     bounded_int(n_frames, "n_frames", 0, frames_available)
     return (None if error is None else result_error(error)), n_frames, groups
+
+
+# ---------------------------------------------------------------------- offsets_for_time
+# Record timestamps are i64 microseconds; a seek target is one of them, never negative.
+TIMESTAMP_US_MAX = 2**63 - 1
+# Entries in the reply's cursor: the broker's bound on a fetch cursor (broker.core).
+TIME_CURSOR_GROUPS_MAX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsForTime:
+    sid: int
+    sl: int
+    timestamp_us: int
+
+
+def offsets_for_time(header) -> OffsetsForTime:
+    f = _fields(header)
+    return OffsetsForTime(f.int("sid", hi=STREAM_ID_MAX), f.int("sl", hi=STREAMLETS_MAX),
+                          f.int("timestamp_us", hi=TIMESTAMP_US_MAX))
+
+
+@dataclass(frozen=True, slots=True)
+class TimeCursor:
+    low: int                   # groups below are finished and wholly before the time
+    offsets: dict              # {group: first offset at or after the time}; absent groups: 0
+    first_group: int           # the first retained group
+    epoch: int | None          # the streamlet's history epoch (None: no data yet)
+
+
+def time_cursor(header) -> TimeCursor:
+    """An `offsets_for_time` reply; BadRequest naming the field that is off."""
+    f = _fields(header)
+    raw = f.dict("offsets")
+    if len(raw) > TIME_CURSOR_GROUPS_MAX:
+        raise BadRequest(f"field 'offsets' has {len(raw)} groups, over {TIME_CURSOR_GROUPS_MAX}")
+    offsets = {bounded_int(g, "offsets group", 0, ID_MAX): bounded_int(o, "offsets offset", 0,
+                                                                       POSITION_MAX)
+               for g, o in raw.items()}
+    epoch = None if f.h.get("epoch") is None else f.int("epoch")   # None: no data yet
+    return TimeCursor(f.int("low", hi=ID_MAX), offsets, f.int("first_group", hi=ID_MAX), epoch)
 
 
 # ---------------------------------------------------------------------- error reply

@@ -27,13 +27,10 @@ from kera.producer.accumulator import Accumulator, StreamState
 from kera.producer.delivery import DeliveryFuture, on_delivery_callback
 from kera.producer.pipeline import Failure, Pipeline
 from kera.client_env import ClientEnv
+from kera.timestamps import ms_to_us
 
 log = logging.getLogger(__name__)
 
-# Millisecond timestamps (Kafka's unit) a record may carry: 2000-01-01 to 2200-01-01 UTC. A value
-# outside is almost surely in another unit (seconds, or microseconds) and is refused.
-TIMESTAMP_MS_MIN = 946_684_800_000
-TIMESTAMP_MS_MAX = 7_258_118_400_000
 DEFAULT_RETRIES_MAX = 30
 
 
@@ -154,7 +151,7 @@ class Producer:
         (confluent-kafka's signature) is called once settled, on the producer's IO thread:
         keep it short, it delays the next request."""
         if timestamp_ms is not None:
-            timestamp = _ms_to_us(timestamp_ms)
+            timestamp = ms_to_us(timestamp_ms)
         st = self._streams.get(stream)
         if st is None:
             st = self._stream_state(stream)
@@ -393,13 +390,3 @@ class Producer:
                 self._pipe.failures.append(Failure(name, -1, error, dropped))
         self._meta.forget(name)
         self._cond.notify_all()
-
-
-def _ms_to_us(timestamp_ms) -> int:
-    """Microseconds from a millisecond timestamp within TIMESTAMP_MS_MIN..MAX (years 2000-2200)."""
-    ms = int(timestamp_ms)
-    if not TIMESTAMP_MS_MIN <= ms <= TIMESTAMP_MS_MAX:
-        raise BadRequest(f"timestamp_ms={ms} is not milliseconds since the epoch between years "
-                         f"2000 and 2200 ({TIMESTAMP_MS_MIN}..{TIMESTAMP_MS_MAX}); seconds or "
-                         f"microseconds given? (timestamp= takes microseconds)")
-    return ms * 1000

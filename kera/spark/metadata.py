@@ -1,5 +1,6 @@
 """Cluster metadata the connector needs, straight from the wire: stream descriptors from the
-coordinator (`describe_stream`) and a streamlet's groups from its broker (`offsets`).
+coordinator (`describe_stream`), a streamlet's groups from its broker (`offsets`) and its
+cursor at a time (`offsets_for_time`), through one retry loop (`_owner_call`).
 
 Every call has a timeout and every retry loop a deadline. A Metadata object owns sockets: it is
 created where it is used (driver-side planning, executor-side read/write) and never pickled.
@@ -14,7 +15,7 @@ from kera import rpc, schema, wire
 from kera.coordinator_client import CoordinatorClient
 from kera.stream_cache import StreamCache
 from kera.errors import KeraError, NotReady, Timeout, UnknownStream
-from kera.spark.offsets import GroupInfo, Groups, group_infos
+from kera.spark.offsets import Cursor, GroupInfo, Groups, cursor_from_time, group_infos
 
 log = logging.getLogger(__name__)
 
@@ -89,19 +90,37 @@ class Metadata:
     def groups(self, info: StreamInfo, streamlet: int) -> tuple[StreamInfo, list[GroupInfo]]:
         """Groups of one streamlet from its owner, following the stream if it moved. Returns
         the (possibly refreshed) descriptor with them."""
+        info, reply = self._owner_call(info, streamlet, "offsets", {})
+        fields = wire.Fields(reply)
+        infos = Groups(group_infos(fields.list("groups", max_len=1 << 20)))
+        infos.first_group = fields.int("first_group", 0, hi=2**32 - 1)  # retention
+        epoch = reply.get("epoch")   # the streamlet's history (kera.spark.offsets)
+        infos.epoch = None if epoch is None else fields.int("epoch", 0, hi=2**64 - 1)
+        return info, infos
+
+    def cursor_at_time(self, info: StreamInfo, streamlet: int, timestamp_us: int) -> Cursor:
+        """The cursor at the first record at or after `timestamp_us` in every group of a
+        streamlet (its broker's `offsets_for_time`, kera/broker/time_index.py)."""
+        _, reply = self._owner_call(info, streamlet, "offsets_for_time",
+                                    {"timestamp_us": timestamp_us})
+        try:
+            c = schema.time_cursor(reply)
+        except KeraError as exc:
+            raise KeraError(f"malformed offsets_for_time reply for {info.name}/{streamlet}: "
+                            f"{exc.message}") from None
+        return cursor_from_time(c.low, c.offsets, c.epoch)
+
+    def _owner_call(self, info: StreamInfo, streamlet: int, op: str,
+                    extra: dict) -> tuple[StreamInfo, dict]:
+        """(descriptor, reply) of `op` (fields sid, sl and `extra`) on the streamlet's owner,
+        retried, following the stream if it moved, until the timeout."""
         deadline = time.monotonic() + self.timeout_s
         attempt = 0
         while True:
             address = info.owner(streamlet)
             try:
-                reply, _ = self.conn(address).call("offsets", {"sid": info.id, "sl": streamlet})
-                fields = wire.Fields(reply)
-                infos = Groups(group_infos(fields.list("groups", max_len=1 << 20)))
-                infos.first_group = fields.int("first_group", 0, hi=2**32 - 1)  # retention
-                epoch = reply.get("epoch")   # the streamlet's history (kera.spark.offsets)
-                infos.epoch = None if epoch is None else fields.int("epoch", 0, hi=2**64 - 1)
-                return info, infos
-
+                reply, _ = self.conn(address).call(op, {"sid": info.id, "sl": streamlet, **extra})
+                return info, reply
             except KeraError as exc:
                 if not exc.retriable:
                     raise
@@ -109,8 +128,9 @@ class Metadata:
                     self.drop(address)
                 attempt += 1
                 if time.monotonic() + _pause(attempt) > deadline:
-                    raise Timeout(f"no group offsets for {info.name}/{streamlet} from {address} "
+                    raise Timeout(f"no {op} reply for {info.name}/{streamlet} from {address} "
                                   f"within {self.timeout_s:.0f} s: {exc}") from exc
-                log.info("offsets of %s/%d from %s failed (%s); retrying", info.name, streamlet, address, exc)
+                log.info("%s of %s/%d from %s failed (%s); retrying", op, info.name, streamlet,
+                         address, exc)
                 time.sleep(_pause(attempt))
                 info = self.describe(info.name)

@@ -227,9 +227,38 @@ def parse_boundary(spec: str, streams: list[str], default: int) -> dict[str, dic
     return out
 
 
+@dataclass(frozen=True)
+class AtTime:
+    """A starting boundary by time (options startingTimestamp / startingOffsetsByTimestamp):
+    the first record at or after `timestamp_us` in each group, resolved by the streamlet's
+    broker (`offsets_for_time`), not from the group list."""
+    timestamp_us: int
+
+
+def with_times(boundary: dict[str, dict], times: Mapping[str, Mapping]) -> dict[str, dict]:
+    """`boundary` (parse_boundary's) with {stream: {sl or "*": timestamp_us}} laid over it."""
+    out = {name: dict(per_sl) for name, per_sl in boundary.items()}
+    for name, per_sl in times.items():
+        out[name].update({sl: AtTime(us) for sl, us in per_sl.items()})
+    return out
+
+
+def spec_of(boundary: Mapping, sl: int):
+    """What a parsed boundary says for streamlet `sl`: EARLIEST, LATEST, a Cursor or AtTime."""
+    return boundary.get(sl, boundary.get("*", EARLIEST))
+
+
+def cursor_from_time(low: int, offsets: Mapping[int, int], epoch: int | None) -> Cursor:
+    """A broker's time cursor (groups below `low` finished, groups >= `low` missing from
+    `offsets` at 0) as a Cursor, which lists every group below `next` it does not finish."""
+    nxt = max(low, max(offsets, default=-1) + 1)
+    return Cursor(nxt, {g: offsets.get(g, 0) for g in range(low, nxt)}, epoch)
+
+
 def resolve(boundary: Mapping, sl: int, infos: list[GroupInfo]) -> Cursor:
-    """The cursor a parsed boundary gives streamlet `sl`, given its groups now."""
-    spec = boundary.get(sl, boundary.get("*", EARLIEST))
+    """The cursor a parsed boundary gives streamlet `sl`, given its groups now (an AtTime
+    boundary is resolved by its broker instead: kera.spark.metadata.cursor_at_time)."""
+    spec = spec_of(boundary, sl)
     if spec == EARLIEST:
         return earliest(infos)
     if spec == LATEST:

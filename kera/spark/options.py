@@ -6,10 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+import json
 import logging
 import re
 
 from kera import config
+from kera.errors import BadRequest
+from kera.timestamps import ms_to_us
 from kera.coordinator.groups import GROUP_NAME_CHARS_MAX
 
 log = logging.getLogger(__name__)
@@ -22,7 +25,7 @@ OPTION_NAMES = (
     "bootstrap", "stream", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
     "failOnDataLoss", "minPartitions", "fetchMaxBytes", "timeoutMs", "chunkSizeBytes",
     "requestSizeBytes", "inFlightPerBroker", "bufferBytes", "writeId", "subscribePattern",
-    "keyFile", "group")
+    "keyFile", "group", "startingTimestamp", "startingOffsetsByTimestamp")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,10 @@ class Options:
     pattern: str | None = None            # source: read every stream whose whole name matches
     key_file: str | None = None           # CURVE key (kera.keys) on driver and executors
     group: str | None = None              # streaming source: commit progress to this group
+    # Source: start at the first record at or after a time (µs; given in ms like Kafka's), for
+    # every streamlet, or per stream and streamlet ({stream: {sl: µs}}); over startingOffsets.
+    starting_timestamp_us: int | None = None
+    starting_by_timestamp: dict | None = None
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> "Options":
@@ -76,6 +83,7 @@ class Options:
             pattern=_pattern(opts, streams),
             key_file=opts.get("keyfile"),
             group=_group(opts),
+            **_starting_times(opts),
         ))
 
     def need_streams(self) -> tuple[str, ...]:
@@ -103,6 +111,43 @@ def _pattern(opts: Mapping[str, str], streams: tuple[str, ...]) -> str | None:
     except re.error as bad:
         raise ValueError(f"option 'subscribePattern' is not a regular expression: {bad}") from None
     return raw
+
+
+def _starting_times(opts: Mapping[str, str]) -> dict:
+    """startingTimestamp (ms) / startingOffsetsByTimestamp (JSON {"stream": {"0": ms}}), in µs."""
+    one, per = opts.get("startingtimestamp"), opts.get("startingoffsetsbytimestamp")
+    if one is not None and per is not None:
+        raise ValueError("give option 'startingTimestamp' or 'startingOffsetsByTimestamp', not both")
+    if one is not None:
+        return {"starting_timestamp_us": _ms_option("startingTimestamp", one)}
+    if per is None:
+        return {}
+    try:
+        obj = json.loads(per)
+    except json.JSONDecodeError as bad:
+        raise ValueError(f"option 'startingOffsetsByTimestamp' is not JSON: {bad}") from None
+    shape = 'like {"clicks": {"0": 1767225600000, "1": 1767225600000}}'
+    if not isinstance(obj, dict) or not all(isinstance(v, dict) for v in obj.values()):
+        raise ValueError(f"option 'startingOffsetsByTimestamp' maps stream names to "
+                         f"{{streamlet: timestamp_ms}}, {shape}")
+    out = {}
+    for stream, per_sl in obj.items():
+        if not all(isinstance(sl, str) and sl.isdigit() for sl in per_sl):
+            raise ValueError(f"option 'startingOffsetsByTimestamp': stream {stream!r} has a "
+                             f"streamlet key that is not a number, {shape}")
+        out[stream] = {int(sl): _ms_option("startingOffsetsByTimestamp", ms)
+                       for sl, ms in per_sl.items()}
+    return {"starting_by_timestamp": out}
+
+
+def _ms_option(name: str, raw) -> int:
+    """µs of a millisecond timestamp option (the range kera.timestamps accepts)."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not str(raw).strip().isdigit():
+        raise ValueError(f"option '{name}' takes milliseconds since the epoch, not {raw!r}")
+    try:
+        return ms_to_us(int(str(raw).strip()))
+    except BadRequest as bad:
+        raise ValueError(f"option '{name}': {bad.message}") from None
 
 
 def _group(opts: Mapping[str, str]) -> str | None:

@@ -83,6 +83,14 @@ class _Planner:
             info, groups[sl] = self.meta.groups(info, sl)
         return info, groups
 
+    def start(self, boundary, info: StreamInfo, sl: int, infos: list[ko.GroupInfo]) -> ko.Cursor:
+        """Where streamlet `sl` starts under a parsed starting boundary; a time is resolved by
+        the streamlet's broker."""
+        spec = ko.spec_of(boundary, sl)
+        if isinstance(spec, ko.AtTime):
+            return self.meta.cursor_at_time(info, sl, spec.timestamp_us)
+        return ko.resolve(boundary, sl, infos)
+
     def data_loss(self, problems: list[str]) -> None:
         if not problems:
             return
@@ -121,6 +129,22 @@ def resolve_streams(opts: Options) -> tuple[str, ...]:
     return matched
 
 
+def starting_boundary(opts: Options, streams: tuple[str, ...], default: int) -> dict:
+    """startingOffsets (or the mode's `default`) with startingTimestamp or
+    startingOffsetsByTimestamp laid over it: a streamlet given no time starts as
+    startingOffsets says."""
+    spec = opts.starting or ("earliest" if default == ko.EARLIEST else "latest")
+    boundary = ko.parse_boundary(spec, list(streams), default)
+    if opts.starting_timestamp_us is not None:
+        return ko.with_times(boundary, {s: {"*": opts.starting_timestamp_us} for s in streams})
+    times = opts.starting_by_timestamp or {}
+    unknown = sorted(set(times) - set(streams))
+    if unknown:
+        raise ValueError(f"option 'startingOffsetsByTimestamp' names streams {unknown} that this "
+                         f"query does not read ({', '.join(streams)})")
+    return ko.with_times(boundary, times)
+
+
 def split(parts: list[GroupRange], min_partitions: int | None) -> list[GroupRange]:
     """Cut the largest ranges until there are at least `min_partitions` (for parallelism when
     a stream has fewer groups than Spark has cores). Deterministic."""
@@ -150,7 +174,7 @@ class KeraBatchReader(DataSourceReader):
             log.warning("maxOffsetsPerTrigger applies to streaming queries only; ignored")
         if opts.group is not None:
             log.warning("option 'group' applies to streaming queries only; ignored")
-        self.starting = ko.parse_boundary(opts.starting or "earliest", list(self.streams), ko.EARLIEST)
+        self.starting = starting_boundary(opts, self.streams, ko.EARLIEST)
         self.ending = ko.parse_boundary(opts.ending or "latest", list(self.streams), ko.LATEST)
 
     def partitions(self):
@@ -160,7 +184,7 @@ class KeraBatchReader(DataSourceReader):
             for stream in self.streams:
                 info, groups = planner.snapshot(stream)
                 for sl, infos in groups.items():
-                    start = ko.resolve(self.starting[stream], sl, infos)
+                    start = planner.start(self.starting[stream], info, sl, infos)
                     cap = ko.resolve(self.ending[stream], sl, infos)
                     planner.data_loss(ko.check_loss(start, infos, f"{stream}/{sl}"))
                     end = ko.advance(start, infos, cap=cap)
@@ -183,7 +207,7 @@ class KeraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.streams = resolve_streams(opts)
         if opts.ending is not None:
             raise ValueError("endingOffsets applies to batch queries only")
-        self.starting = ko.parse_boundary(opts.starting or "latest", list(self.streams), ko.LATEST)
+        self.starting = starting_boundary(opts, self.streams, ko.LATEST)
         self._planner: _Planner | None = None
         self._target: dict | None = None  # Trigger.AvailableNow: {stream: {sl: Cursor}}
         self._last: dict | None = None    # for pyspark < 4.2, which calls latestOffset()
@@ -208,8 +232,9 @@ class KeraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         out = {}
         for stream in self.streams:
             info, groups = self.planner.snapshot(stream)
-            out[stream] = ko.StreamOffset(info.id, {sl: ko.resolve(self.starting[stream], sl, infos)
-                                                    for sl, infos in groups.items()})
+            out[stream] = ko.StreamOffset(info.id, {
+                sl: self.planner.start(self.starting[stream], info, sl, infos)
+                for sl, infos in groups.items()})
         self._last = ko.to_json(out)
         return self._last
 

@@ -428,3 +428,26 @@ def test_record_headers_reach_spark_rows(spark, cluster):
            for r in read_all(spark, cluster, "hdr").collect()}
     assert got == {b"v%d" % i: ([("trace", b"t%d" % i), ("n", b"%d" % (i % 3))] if i % 2 else [])
                    for i in range(20)}
+
+
+def test_batch_read_starting_at_a_time(spark, cluster):
+    """startingTimestamp: every streamlet from its first record at or after the time (ms);
+    startingOffsetsByTimestamp: per streamlet, the others as startingOffsets says."""
+    create(cluster, "at-time", streamlets=2, active_groups=1)
+    base_ms = 1_800_000_000_000
+    keys = [b"k%d" % i for i in range(200)]
+    produce(cluster, "at-time", [b"v%d" % i for i in range(200)], keys=keys,
+            ts=[(base_ms + i) * 1000 for i in range(200)], per_chunk=30)
+    from kera.partitioner import streamlet_for_key
+    sl_of = {b"v%d" % i: streamlet_for_key(k, 2) for i, k in enumerate(keys)}
+
+    def values(**more):
+        df = read_all(spark, cluster, "at-time", **more)
+        return sorted(bytes(r.value) for r in df.select("value").collect())
+
+    assert values(startingTimestamp=str(base_ms + 150)) == sorted(
+        b"v%d" % i for i in range(150, 200))
+    by_time = json.dumps({"at-time": {"0": base_ms + 120}})
+    assert values(startingOffsetsByTimestamp=by_time) == sorted(
+        b"v%d" % i for i in range(200) if i >= 120 or sl_of[b"v%d" % i] == 1)
+    assert values(startingTimestamp=str(base_ms + 1000)) == []
