@@ -207,6 +207,8 @@ def test_cut_off_broker_nobody_took_over_comes_back_with_its_streamlets():
     c = cluster(brokers=1, backups=2)
     c.handle("create_stream", {"name": "s", "streamlets": 2, "replication": 3}, 0.0)
     e0 = epoch(c, 0)
+    beat(c, "backup", 0, 1.5)                    # the backups are heard: only the broker is cut off
+    beat(c, "backup", 1, 1.5)
     c.tick(2.1)                                  # cut off: failed over, but no live broker
     assert len(recovering(c, "s")) == 2
     v = c.version
