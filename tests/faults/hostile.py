@@ -80,7 +80,8 @@ COORDINATOR_OPS = {
     "quota_set": ["principal", "produce_bytes_per_s", "fetch_bytes_per_s"],
     "quota_list": [],
 }
-BROKER_OPS = {"produce": ["acks"], "fetch": ["reads"], "offsets": ["sid", "sl", "at"], "stats": []}
+BROKER_OPS = {"produce": ["acks"], "fetch": ["reads"], "offsets": ["sid", "sl", "at"], "stats": [],
+              "offsets_for_time": ["sid", "sl", "timestamp_us"]}
 BACKUP_OPS = {
     "replicate": ["broker_id", "vlog", "vseg", "offset", "durability", "close", "reset"],
     "list_replicas": ["broker_id", "fence"],
@@ -173,6 +174,7 @@ class HostileMessages:
             "acl_version": rng.randrange(-1, 5), "consumed_at": rng.randrange(-1, 5),
             "retain_until_consumed": rng.random() < 0.5,
             "at": {"low": 0, "offsets": {}},
+            "timestamp_us": rng.choice([0, 1, 2**62, int(1.7e15)]),
             # ACLs and quotas: enforced only in secure clusters, so plaintext fuzz changes
             # nothing a client sees; they must be validated all the same.
             "acls": [[rng.choice(["fuzz", "*", "a/b"]), rng.choice(["allow", "deny", "maybe"]),
