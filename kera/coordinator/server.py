@@ -41,6 +41,7 @@ LEADERSHIP_CHECK_S = 0.1
 # A port just closed by a standby (or a deposed leader) is taken again by the other role;
 # zmq releases it in its I/O thread, within milliseconds.
 REBIND_WAIT_S = 5.0
+REBIND_POLL_S = 0.05   # between tries while that port is still held
 
 
 class CoordinatorServer:
@@ -337,7 +338,7 @@ def _bind_retrying(make):
         except zmq.ZMQError as exc:
             if exc.errno != errno.EADDRINUSE or time.monotonic() > deadline:
                 raise
-            time.sleep(0.05)
+            time.sleep(REBIND_POLL_S)
 
 
 def _serve(coord: CoordinatorServer, args: argparse.Namespace, stop: _StopOnSignal) -> int:
