@@ -26,6 +26,10 @@ from kera.errors import StorageError
 # One request to one member: a write commits within a few heartbeats of etcd's raft (100 ms by
 # default), so a member that has not answered in this long is treated as lost.
 ETCD_REQUEST_TIMEOUT_S = 3.0
+# Connecting to one member: a reachable host accepts within milliseconds, so a member that has
+# not in this long is down or cut off; short, so that a client whose first member is on a lost
+# host reaches the next one within a lease renewal's deadline (leadership.RENEW_DEADLINE_S).
+ETCD_CONNECT_TIMEOUT_S = 0.5
 # All attempts of one call: long enough for etcd to elect a new leader after losing one
 # (election timeout 1 s by default) and for a request to time out on a dead member first;
 # past it the coordinator stops rather than hold its replies longer.
@@ -80,8 +84,9 @@ class EtcdClient:
     def __init__(self, endpoints: list[tuple[str, int]], *, clock=time):
         assert endpoints, "at least one etcd endpoint"
         self.clock = clock
-        self.members = [etcd3gw.Etcd3Client(host=h, port=p, timeout=ETCD_REQUEST_TIMEOUT_S,
-                                            api_path="/v3/") for h, p in endpoints]
+        timeout = (ETCD_CONNECT_TIMEOUT_S, ETCD_REQUEST_TIMEOUT_S)
+        self.members = [etcd3gw.Etcd3Client(host=h, port=p, timeout=timeout, api_path="/v3/")
+                        for h, p in endpoints]
         self.current = 0    # the member that answered last: asked first
 
     def names(self) -> str:

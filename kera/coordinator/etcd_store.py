@@ -109,7 +109,7 @@ class EtcdStore:
             if not ok:
                 raise Fenced(f"the metadata under {self.prefix} was taken over by another "
                              f"coordinator ({self.fence_key} moved past revision "
-                             f"{self.fence_revision}): this coordinator stops")
+                             f"{self.fence_revision}): this coordinator steps down")
             etcd_keys.apply(self._stored, dict(batch))
             written += sum(len(k) + len(v or "") for k, v in batch)
         self.written_bytes += written

@@ -2,9 +2,9 @@
 
 `kera coordinator --metadata etcd://...` may run two or three times. Each *campaigns*: it takes
 a lease of `lease_ttl_s` and, in one transaction, creates `/kera/<name>/leader` (its advertised
-address) bound to that lease, only if the key does not exist. The winner leads: it loads the
-metadata and serves, its commits guarded by the leader key's revision (EtcdStore.use_fence), and
-a thread renews the lease every third of its TTL. The others *stand by*: they answer every
+address) bound to that lease, only if the key does not exist. The winner leads: a thread renews the
+lease every third of its TTL from then on, and it loads the metadata and serves, its commits
+guarded by the leader key's revision (EtcdStore.use_fence). The others *stand by*: they answer every
 request with `not_leader` (naming the leader), so clients and daemons move on to the next
 address of their bootstrap list (kera.coordinators), and campaign again every
 CAMPAIGN_INTERVAL_S.
@@ -13,7 +13,8 @@ When the leader dies its lease expires after at most `lease_ttl_s`; etcd deletes
 standby wins the next campaign. A leader that cannot renew (etcd unreachable from it, a
 partition) stops serving SELF_FENCE_FRACTION into the lease it last renewed, before etcd can let
 anyone else lead; should it still write, its commits are refused (`fenced`): the key it guards
-by is gone or newer. Then it stands by like the others.
+by is gone or newer. Then, and when a commit is refused so (deposed while loading or serving), it
+stands by like the others, its state discarded: it loads the metadata afresh when it wins again.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import logging
 import threading
 import time
 
-from kera.coordinator.etcd_client import EtcdClient, b64
+from kera.coordinator.etcd_client import ETCD_CONNECT_TIMEOUT_S, EtcdClient, b64
 from kera.coordinator.metadata import DEFAULT_LEADER_LEASE_TTL_S
 from kera.errors import KeraError, NotLeader, StorageError
 
@@ -40,6 +41,8 @@ RENEWALS_PER_TTL = 3
 CAMPAIGN_INTERVAL_S = 0.5
 # One renewal's etcd deadline: it must fail well inside the lease so the leader can step down.
 RENEW_DEADLINE_S = 1.0
+# A renewal under way ends within its deadline plus one request's connect timeout.
+KEEPER_STOP_TIMEOUT_S = RENEW_DEADLINE_S + ETCD_CONNECT_TIMEOUT_S + 1.0
 
 
 class Leadership:
@@ -127,7 +130,11 @@ class LeaseKeeper(threading.Thread):
                 return
 
     def stop(self) -> None:
+        """Stop renewing; returns once no renewal is under way (the next campaign uses the same
+        etcd client)."""
         self.stopped.set()
+        if self.is_alive():
+            self.join(KEEPER_STOP_TIMEOUT_S)
 
 
 def serve_standby(server, leadership: Leadership, ops) -> None:

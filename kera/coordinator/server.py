@@ -6,7 +6,7 @@ acknowledged is lost by a crash. If the metadata cannot be written the coordinat
 `storage_error` and stops (fail-stop): serving on with memory ahead of disk would acknowledge
 changes a restart forgets. The metadata lives in the data directory, or on etcd with
 `--metadata etcd://...` (kera.coordinator.etcd_store); there a coordinator whose writes another
-coordinator fenced off answers `fenced` and stops the same way.
+coordinator fenced off answers `fenced` and stands by again (kera.coordinator.leadership).
 If the core halts (its state is brand new while a daemon holds data of a cluster:
 kera.coordinator.core) the coordinator logs why at CRITICAL and stops with a non-zero exit.
 """
@@ -175,7 +175,7 @@ class CoordinatorServer:
             self._fail_stop(f"cannot persist metadata to {self.where} ({exc})")
             raise StorageError(f"coordinator cannot persist its metadata: {exc}") from None
         except Fenced as exc:
-            self._fail_stop(str(exc))
+            self._step_down(f"{exc}: standing by")
             raise
         self._saved_version = self.core.version
         self.counters.add("persists")
@@ -186,6 +186,16 @@ class CoordinatorServer:
         self.counters.add("persist_errors")
         if hasattr(self, "server"):
             # The turn's error replies (storage_error, fenced) must reach their callers.
+            self.server.close_linger_ms = FAILURE_REPLY_LINGER_MS
+            self.server.stop()
+
+    def _step_down(self, why: str) -> None:
+        """Deposed (another coordinator leads): stop serving and let the caller stand by again
+        (_run_elected), this leader's state discarded (a new leader loads it from etcd)."""
+        log.warning("%s", why)
+        self.stepped_down = True
+        if hasattr(self, "server"):
+            # The turn's `fenced` replies must reach their callers.
             self.server.close_linger_ms = FAILURE_REPLY_LINGER_MS
             self.server.stop()
 
@@ -216,25 +226,16 @@ class CoordinatorServer:
             return False
         if self.leadership.valid(self.clock.monotonic()):
             return True
-        log.warning("leadership lost (lease not renewed in time): stepping down before another "
-                    "coordinator may take over")
-        self.stepped_down = True
-        self.server.stop()
+        self._step_down("leadership lost (lease not renewed in time): stepping down before "
+                        "another coordinator may take over")
         return False
 
     def run(self) -> None:
-        keeper = None
-        if self.leadership is not None:
-            from kera.coordinator.leadership import LeaseKeeper
-            keeper = LeaseKeeper(self.leadership)
-            keeper.start()
         try:
             self.server.run()
         finally:
-            if keeper is not None:
-                keeper.stop()
-                if not self.stepped_down and self.exit_code == 0:
-                    self.leadership.resign()   # a clean stop: the next leader need not wait
+            if self.leadership is not None and not self.stepped_down and self.exit_code == 0:
+                self.leadership.resign()   # a clean stop: the next leader need not wait
             self.store.close()
 
     def stop(self) -> None:
@@ -311,16 +312,20 @@ class _StopOnSignal:
 
 
 def _start(args: argparse.Namespace, leadership=None):
-    """A CoordinatorServer, or the exit code when it cannot start (logged)."""
+    """A CoordinatorServer, the exit code when it cannot start (logged), or None when it was
+    deposed while loading (another coordinator leads: stand by again)."""
     try:
         return _bind_retrying(lambda: CoordinatorServer(
             args.dir, args.host, args.port, store=open_store(args), leadership=leadership,
             heartbeat_interval_s=args.heartbeat_interval_ms / 1000,
             heartbeat_missed_max=args.heartbeat_missed_max,
             security=daemon_security.from_args(args, "coordinator")))
+    except Fenced as exc:
+        log.warning("deposed while loading: %s: standing by", exc.message)
+        return None
     except KeraError as exc:   # a key file refused; etcd unreachable
         log.error("cannot start: %s", exc.message)
-        return 2 if not isinstance(exc, (StorageError, Fenced)) else 1
+        return 1 if isinstance(exc, StorageError) else 2
     except ValueError as exc:
         log.error("cannot start: %s", exc)
         return 1
@@ -389,10 +394,23 @@ def _run_elected(args: argparse.Namespace, stop: _StopOnSignal) -> int:
         stop.server = None
         if stop.requested or standby.failure is not None:
             return 1 if standby.failure is not None else 0
-        coord = _start(args, leadership)
-        if isinstance(coord, int):
-            return coord
-        code = _serve(coord, args, stop)
-        if code != 0 or not coord.stepped_down:
+        code = _lead(args, stop, leadership)
+        if code is not None:
             return code   # a failed write is fail-stop here too (a supervisor restarts it)
     return 0
+
+
+def _lead(args: argparse.Namespace, stop: _StopOnSignal, leadership) -> int | None:
+    """Lead after a won campaign: None once deposed (stand by again), else the exit code."""
+    from kera.coordinator.leadership import LeaseKeeper
+    # Renewing from the win on: loading the metadata may take longer than a lease.
+    keeper = LeaseKeeper(leadership)
+    keeper.start()
+    try:
+        coord = _start(args, leadership)
+        if coord is None or isinstance(coord, int):
+            return coord
+        code = _serve(coord, args, stop)
+        return None if code == 0 and coord.stepped_down else code
+    finally:
+        keeper.stop()

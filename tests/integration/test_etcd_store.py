@@ -22,7 +22,7 @@ from kera.coordinator.core import Coordinator
 from kera.coordinator.etcd_client import ETCD_CALL_DEADLINE_S, EtcdClient, b64, parse_url
 from kera.coordinator.leadership import LEADER_KEY
 from kera.coordinator.etcd_store import EtcdStore, prefix_for
-from kera.errors import Fenced, KeraError
+from kera.errors import Fenced, KeraError, NotReady
 from kera.local import free_port
 
 STREAMLETS = 2
@@ -152,26 +152,50 @@ def group_positions(cluster, group: str) -> list:
     return rpc.call(cluster.bootstrap, "group_offsets", {"group": group})[0]["positions"]
 
 
-def test_a_fenced_coordinator_stops(etcd_cluster, fresh_cluster):
+def test_a_fenced_coordinator_stands_by_and_leads_again(etcd_cluster, fresh_cluster):
     etcd = etcd_cluster(members=1)
     cluster = coordinator_cluster(fresh_cluster, etcd, "fenced")
     with cluster.admin() as admin:
         admin.create_stream("before-the-claim", streamlets=1)
     # Another coordinator took the leadership over (as after this one's lease ran out): the
     # leader key it guards its commits by moves on.
+    leader_key = b64(prefix_for("fenced") + LEADER_KEY)
     taker = EtcdClient(parse_url(etcd.url))
-    taker.txn([], [{"request_put": {"key": b64(prefix_for("fenced") + LEADER_KEY),
-                                    "value": b64("127.0.0.1:1")}}])
+    taker.txn([], [{"request_put": {"key": leader_key, "value": b64("127.0.0.1:1")}}])
     # Its next commit is refused: the one for this request, or, if a heartbeat's commit met the
-    # fence first, that one (the coordinator has stopped then and the request times out).
+    # fence first, that one (it stands by then and answers not_leader).
     with pytest.raises(KeraError) as refused:
         rpc.call(cluster.bootstrap, "create_stream", {"name": "after-the-claim", "streamlets": 1},
                  timeout_s=REFUSAL_TIMEOUT_S)
     assert refused.value.code in ("fenced", "not_leader", "timeout"), refused.value
-    assert cluster.coordinator.wait(EXIT_TIMEOUT_S) == 1, "the fenced coordinator stops"
+    until(lambda: "the leader is 127.0.0.1:1" in standby_answer(cluster), "standing by")
+    assert cluster.coordinator.running(), "a deposed coordinator stands by, it does not exit"
     assert "taken over by another coordinator" in cluster.coordinator.log_tail()
     assert "/kera/fenced/streams/after-the-claim" not in stored_keys(etcd.url, "fenced")
+    # The other leader goes (its key deleted, as when its lease ends): this one leads again,
+    # from what etcd holds.
+    taker.txn([], [{"request_delete_range": {"key": leader_key}}])
     taker.close()
+    with cluster.admin(timeout_s=SETTLE_TIMEOUT_S) as admin:
+        until(lambda: created(admin, "after-leading-again"), "the broker back with the new leader")
+        assert {s["name"] for s in admin.list_streams()} == {"before-the-claim",
+                                                             "after-leading-again"}
+
+
+def created(admin, stream: str) -> bool:
+    try:
+        admin.create_stream(stream, streamlets=1)
+    except NotReady:   # the brokers have not heartbeated to the new leader yet
+        return False
+    return True
+
+
+def standby_answer(cluster) -> str:
+    try:
+        rpc.call(cluster.bootstrap, "list_streams", {}, timeout_s=REFUSAL_TIMEOUT_S)
+    except KeraError as err:
+        return err.message
+    return "leading"
 
 
 def test_a_three_member_etcd_losing_its_leader_keeps_serving(etcd_cluster, fresh_cluster):
