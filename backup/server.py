@@ -33,7 +33,8 @@ from kera.server import DEFERRED, Request
 
 from kera.backup.broker_keys import BrokerKeys
 from kera.backup.incarnations import Incarnations, keep, parse_fence, parse_filter
-from kera.backup.registration import Registration
+from kera.coordinator_link import CoordinatorLink, LinkHooks
+from kera.coordinator_session import CoordinatorSession
 from kera.identity import Identity
 from kera.backup.store import DiskRead, FlushJob, ReplicaStore, StoreConfig
 from kera.backup.worker import expected
@@ -88,7 +89,7 @@ class BackupDaemon:
         server.after_turn.append(self.collect)
         server.every(FLUSH_POLL_INTERVAL_S, self.schedule_flushes)
         server.every(METRICS_SNAPSHOT_INTERVAL_S, self._refresh_snapshot)
-        self.registration: Registration | None = None
+        self.link: CoordinatorLink | None = None    # set by connect_coordinator
 
     @property
     def address(self) -> str:
@@ -213,9 +214,10 @@ class BackupDaemon:
     def stats(self) -> dict:
         out = self.store.stats()
         out["reads_in_flight"] = self._reads_in_flight
-        if self.registration is not None:
-            out["registered"] = self.registration.registered
-            out["backup_id"] = self.registration.id if self.registration.id is not None else -1
+        if self.link is not None:
+            session = self.link.session
+            out["registered"] = session.registered
+            out["backup_id"] = session.wanted_id if session.wanted_id is not None else -1
         return out
 
     def heartbeat_stats(self) -> dict:
@@ -227,9 +229,21 @@ class BackupDaemon:
     def heartbeat_fields(self) -> dict:
         """`held`: the broker incarnations this backup holds replicas of (see
         kera.backup.incarnations); the coordinator answers with those it may free."""
-        return {"held": self.incarnations.held()}
+        # A backup applies no stream metadata: version 0.
+        return {"metadata_version": 0, "stats": self.heartbeat_stats(),
+                "held": self.incarnations.held()}
 
-    def heartbeat_reply(self, header: dict) -> None:
+    def connect_coordinator(self, bootstrap: str, address: str, node: str,
+                            daemon_id: int | None, identity: Identity) -> None:
+        """Register with the coordinator at `bootstrap` and heartbeat (kera.coordinator_link);
+        a refusal of this backup's identity stops it."""
+        session = CoordinatorSession("backup", address, node, identity, daemon_id)
+        self.link = CoordinatorLink(self.server, bootstrap, session, LinkHooks(
+            heartbeat_fields=self.heartbeat_fields, on_registered=lambda daemon_id: None,
+            on_heartbeat=self.heartbeat_reply, on_fatal=lambda err: self.stop()))
+        self.link.start()
+
+    def heartbeat_reply(self, header: dict, sent: dict | None = None) -> None:
         if "broker_principals" in header:
             self.broker_keys.update(header["broker_principals"])
         free = header.get("free")
@@ -320,12 +334,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError, zmq.ZMQError) as err:
         log.error("cannot start the backup: %s", err)
         return 1
-    daemon.registration = Registration(daemon.server, args.coordinator, "backup",
-                                       args.advertise or daemon.address, args.node, args.id,
-                                       stats=daemon.heartbeat_stats,
-                                       fields=daemon.heartbeat_fields,
-                                       on_heartbeat=daemon.heartbeat_reply,
-                                       identity=identity, on_fatal=lambda err: daemon.stop())
+    daemon.connect_coordinator(args.coordinator, args.advertise or daemon.address, args.node,
+                               args.id, identity)
     httpd = None
     if args.metrics_port:
         httpd = serve_metrics(args.metrics_port, "kera_backup", daemon.metrics_snapshot,
@@ -340,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
         if httpd is not None:
             httpd.shutdown()
     # A bug stopped it (logged with its stack), or its identity was refused.
-    return 1 if daemon.server.failure is not None or daemon.registration.fatal else 0
+    return 1 if daemon.server.failure is not None or daemon.link.session.fatal else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import logging
 
+from typing import Callable
+
+from kera.broker.core import Broker
 from kera.broker.recovery import Recovery, Request, reset_incarnation
+from kera.coordinator_link import CoordinatorLink
 
 log = logging.getLogger(__name__)
 
@@ -19,19 +23,24 @@ REPORT_INTERVAL_S = 0.2   # between `recovered` reports (a refused one is sent a
 
 
 class RecoveryService:
-    def __init__(self, daemon):
-        self.daemon = daemon
-        self.clock = daemon.clock
-        self.recovery = Recovery(daemon.core)
+    """`core`: the broker core; `server`: its loop (peers to backups); `link`: its coordinator
+    session; `answer_due()` sends the replies due now; `refresh_backups()` asks for the live
+    backup list."""
+
+    def __init__(self, core: Broker, clock, server, link: CoordinatorLink,
+                 answer_due: Callable[[], None], refresh_backups: Callable[[], None]):
+        self.core = core
+        self.clock = clock
+        self.server = server
+        self.link = link
+        self.answer_due = answer_due
+        self.refresh_backups = refresh_backups
+        self.recovery = Recovery(core)
         self._report_at = 0.0
         # Loop time spent replaying (verifying and placing recovered chunks, installing): the
         # rest of a recovery's reading phase is waiting for the backups.
         self.replay_s = 0.0
         self.replay_cpu_s = 0.0   # the same, CPU time of the loop thread (a loaded machine)
-
-    @property
-    def core(self):
-        return self.daemon.core
 
     # ------------------------------------------------------------------ coordinator replies
     def streams_reply(self, header: dict, apply) -> None:
@@ -46,7 +55,7 @@ class RecoveryService:
             if core.epoch is not None and epoch != core.epoch:
                 # Answers already due go out first: they are about chunks this broker still
                 # holds (durable before the failover fenced its replicas).
-                self.daemon.pump()
+                self.answer_due()
                 reset_incarnation(core)
                 self.recovery = Recovery(core)
             if core.epoch != epoch:
@@ -54,7 +63,7 @@ class RecoveryService:
                 log.info("broker %s incarnation epoch %d", core.broker_id, epoch)
         apply()
         if self.recovery.apply(header.get("streams"), self.clock.monotonic()):
-            self.daemon._refresh_cluster()   # recover from a fresh list of backups
+            self.refresh_backups()   # recover from a fresh list of backups
 
     def cluster_reply(self, header: dict) -> None:
         self.recovery.set_backups(header.get("backups"), self.clock.monotonic(),
@@ -80,9 +89,9 @@ class RecoveryService:
         if due and self.core.epoch is not None and now >= self._report_at:
             self._report_at = now + REPORT_INTERVAL_S
             fields = {"broker_id": self.core.broker_id, "epoch": self.core.epoch,
-                      "token": self.daemon.identity.token, "streamlets": due}
-            self.daemon._call("recovered",
-                              fields, lambda header: recovery.reported(due, self.clock.monotonic()))
+                      "token": self.link.session.identity.token, "streamlets": due}
+            self.link.call("recovered",
+                           fields, lambda header: recovery.reported(due, self.clock.monotonic()))
 
     def _send(self, recovery: Recovery, req: Request) -> None:
         def done(header, frames, error):
@@ -91,7 +100,7 @@ class RecoveryService:
             self.replay_s += self.clock.perf_counter() - started
             self.replay_cpu_s += self.clock.thread_time() - cpu
 
-        self.daemon.server.peer(req.address).request(req.op, req.fields, [], req.timeout_s, done)
+        self.server.peer(req.address).request(req.op, req.fields, [], req.timeout_s, done)
 
     def stats(self) -> dict:
         return {**self.recovery.stats(), "recovery_replay_s": round(self.replay_s, 6),

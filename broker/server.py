@@ -1,8 +1,8 @@
 """The broker daemon: a thin loop around the sans-IO core (kera.broker.core.Broker).
 
 It answers `produce` (deferred until durable), `fetch`, `offsets` and `stats`; sends the
-core's replication writes to backups through Peers; registers with the coordinator, heartbeats,
-and applies stream metadata and the live-backup list as they change. Every wait on another
+core's replication writes to backups through Peers; keeps its coordinator session
+(kera.coordinator_link: register, heartbeat, follow the leader) and applies stream metadata and the live-backup list as they change. Every wait on another
 daemon is a Peer request with a deadline, so a dead coordinator or backup never blocks the loop.
 Its identity (cluster id, incarnation token, stream-id mark: kera.identity) is presented at every
 register; a refusal of that identity (`id_in_use`, `wrong_cluster`) stops the daemon with exit
@@ -22,7 +22,8 @@ import zmq
 
 from kera import config, schema
 from kera import security as daemon_security
-from kera.coordinator_peer import CoordinatorPeer
+from kera.coordinator_link import CoordinatorLink, LinkHooks
+from kera.coordinator_session import CoordinatorSession
 from kera.broker import history_epoch, replica_report
 from kera.broker.core import Broker, BrokerConfig, parse_cursor
 from kera.broker.memory import default_memory_limit_bytes
@@ -31,8 +32,7 @@ from kera.broker.tier import TierConfig
 from kera.broker.tier_service import TierService
 from kera.broker.virtual_log import ReplicationWrite
 from kera.acl import Acl
-from kera.errors import (BadRequest, IdInUse, KeraError, NotAuthorized, NotReady, Throttled,
-                         WrongCluster)
+from kera.errors import BadRequest, KeraError, Throttled
 from kera.identity import Identity
 from kera.metrics import serve_metrics
 from kera.daemon_env import DaemonEnv, real_if_none
@@ -41,18 +41,6 @@ from kera.server import DEFERRED, Request
 
 log = logging.getLogger(__name__)
 
-# Coordinator requests are small; this bounds how long one may stay unanswered.
-COORDINATOR_TIMEOUT_S = 2.0
-# A heartbeat is given up after this many heartbeat intervals (not COORDINATOR_TIMEOUT_S, which
-# equals the coordinator's default dead window of 20 x 100 ms): after one lost heartbeat the
-# next ones must still reach the coordinator in time (found by tests/sim).
-HEARTBEAT_TIMEOUT_INTERVALS = 3
-# Heartbeat intervals accepted from the coordinator, and the timer that checks them: 50 ms,
-# as often as kera.server's loop wakes anyway, so an idle broker sleeps between wake-ups
-# (a 10 ms timer cost about 8 % of a core, bench/idle_cpu.py).
-HEARTBEAT_MS_MIN = 5
-HEARTBEAT_MS_MAX = 60_000
-TIMER_S = 0.05
 # Refresh the live-backup list every this many heartbeats.
 CLUSTER_EVERY_HEARTBEATS = 2
 SID_MAX = 2**64 - 1
@@ -90,27 +78,29 @@ class BrokerDaemon:
         self.server.on("offsets", self._on_offsets)
         self.server.on("offsets_for_time", self._on_offsets_for_time)
         self.server.on("stats", self._on_stats)
-        self.coordinator = CoordinatorPeer(self.server, coordinator)   # follows the leader
         if advertise is None:
             advertise = self.server.address
             if host in ("0.0.0.0", "*", "::", ""):
                 advertise = f"{socket.gethostname()}:{self.server.port}"
         self.advertise = advertise
-        self.wanted_id = broker_id        # identity to (re-)register with
-        self.identity = identity or Identity()
+        self.identity = identity = identity or Identity()
         self.exit_code = 0                # 1 once the coordinator refused this identity
         self.snapshot: dict = {}          # replaced whole, read by the metrics thread
-        self._in_flight: set[str] = set()  # coordinator ops awaiting an answer
         self._pages: list = []            # (version, descriptors) of a paged broker_streams
         self._beats = 0
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self._last_beat = 0.0
-        self.server.every(TIMER_S, self._timer)
+        # Register, heartbeat, follow the leader (kera.coordinator_link).
+        session = CoordinatorSession("broker", advertise, self.node, identity, broker_id,
+                                     heartbeat_interval_s)
+        self.link = CoordinatorLink(self.server, coordinator, session, LinkHooks(
+            heartbeat_fields=self._heartbeat_fields, on_registered=self._registered,
+            on_heartbeat=self._heartbeat_reply, on_fatal=self._on_fatal,
+            on_refused=self._on_refused))
         # Data dir: reload of segment files, tiering thread, retention (kera.broker.tier_service).
         self.tiering = TierService(self.core, self.server, env)
         # Incarnation epochs and recovery of dead brokers' streamlets (kera.broker.recovery).
-        self.recovery = RecoveryService(self)
-        self._register()
+        self.recovery = RecoveryService(self.core, self.clock, self.server, self.link, self.pump,
+                                        self._refresh_cluster)
+        self.link.start()
 
     @property
     def address(self) -> str:
@@ -224,99 +214,34 @@ class BrokerDaemon:
         self.server.peer(w.address).request("replicate", w.fields, w.frames, timeout_s, done)
 
     # ------------------------------------------------------------------ coordinator
-    def _call(self, op: str, fields: dict, on_reply) -> None:
-        """One coordinator request at a time per op; `on_reply(header)` on success."""
-        if op in self._in_flight:
-            return
-        self._in_flight.add(op)
-        sent_token = self.identity.token
-
-        def done(header, frames, error):
-            self._in_flight.discard(op)
-            if error is not None and sent_token != self.identity.token:
-                # Sent before this process registered again (a heartbeat overlapping a
-                # register): a refusal of the previous incarnation's token says nothing now.
-                log.info("coordinator %s refused a %s sent before re-registering (%s): ignored",
-                         self.coordinator.address, op, error.code)
-                return
-            if error is not None:
-                self._coordinator_error(op, error)
-                return
-            try:
-                on_reply(header)
-            except KeraError as err:
-                log.warning("bad %s reply from the coordinator: %s", op, err)
-
-        timeout_s = COORDINATOR_TIMEOUT_S
-        if op == "heartbeat":
-            timeout_s = min(timeout_s, HEARTBEAT_TIMEOUT_INTERVALS * self.heartbeat_interval_s)
-        self.coordinator.request(op, fields, [], timeout_s, done)
-
-    def _coordinator_error(self, op: str, error: KeraError) -> None:
-        if isinstance(error, (IdInUse, WrongCluster, NotAuthorized)):
-            log.error("the coordinator %s refused this broker's identity (%s): %s; stopping, "
-                      "nothing deleted", self.coordinator.address, error.code, error.message)
-            self.exit_code = 1
-            self.server.stop()
-        elif op == "heartbeat" and isinstance(error, BadRequest):
+    def _on_refused(self, op: str, error: KeraError) -> None:
+        if op == "heartbeat" and isinstance(error, BadRequest):
             # Typically a metadata version the coordinator says it never issued (it was
             # restored from an older state): take its metadata as it is now.
             log.warning("the coordinator refused a heartbeat: %s; refetching metadata",
                         error.message)
             self._refresh_streams()
-        elif op == "heartbeat" and isinstance(error, NotReady):
-            log.warning("the coordinator does not know broker %s: registering again", self.core.broker_id)
-            self._register()
         else:
-            log.warning("coordinator %s %s failed: %s: %s", self.coordinator.address, op,
+            log.warning("coordinator %s %s failed: %s: %s", self.link.address, op,
                         error.code, error.message)
 
-    def _register(self) -> None:
-        fields = {"kind": "broker", "address": self.advertise, "node": self.node,
-                  **self.identity.register_fields(self.wanted_id)}
-        if self.wanted_id is not None:
-            fields["daemon_id"] = self.wanted_id
-        self._call("register", fields, self._registered)
+    def _on_fatal(self, error: KeraError) -> None:
+        self.exit_code = 1
+        self.server.stop()
 
-    def _registered(self, header: dict) -> None:
-        reply = schema.register_reply(header)   # a bad reply: logged by _call
-        if reply.heartbeat_interval_ms is not None and \
-                HEARTBEAT_MS_MIN <= reply.heartbeat_interval_ms <= HEARTBEAT_MS_MAX:
-            self.heartbeat_interval_s = reply.heartbeat_interval_ms / 1000
-        bid = reply.daemon_id
-        if self.core.broker_id is not None and self.core.broker_id != bid:
-            log.warning("registered as broker %d (was %d)", bid, self.core.broker_id)
-        try:
-            self.identity.registered(bid, reply.token, reply.cluster_id)
-        except ValueError as bad:
-            log.warning("register reply with a bad token or cluster id: %s", bad)
-            return
-        self.wanted_id = bid
+    def _registered(self, bid: int) -> None:
         self.core.set_identity(bid)
         # The coordinator forgets a broker's replica map when it registers: report it all again.
         replica_report.report_all(self.core.vlog_list)
-        log.info("registered with %s as broker %d (%s)", self.coordinator.address, bid, self.advertise)
         self._refresh_streams()
         self._refresh_cluster()
 
-    def _timer(self) -> None:
-        # The interval is the coordinator's (register reply), so a timer checks the clock.
-        now = self.clock.monotonic()
-        # A beat is up to one tick late (every 100-150 ms at the default 100 ms interval): well
-        # inside the coordinator's dead window of 20 intervals. (Allowing half a tick early
-        # changes the schedule tests/sim runs and exposes failures filed in the report.)
-        if now - self._last_beat >= self.heartbeat_interval_s:
-            self._last_beat = now
-            self._heartbeat()
-
-    def _heartbeat(self) -> None:
+    def _heartbeat_fields(self) -> dict:
         self.snapshot = {**self.core.stats(), **self.recovery.stats()}
-        if self.core.broker_id is None:
-            self._register()
-            return
         self._beats += 1
-        fields = {"kind": "broker", "daemon_id": self.core.broker_id,
-                  "token": self.identity.token, "stream_id_mark": self.identity.stream_id_mark,
+        if self._beats % CLUSTER_EVERY_HEARTBEATS == 0:
+            self._refresh_cluster()
+        fields = {"stream_id_mark": self.identity.stream_id_mark,
                   "metadata_version": self.core.metadata_version, "stats": self.snapshot}
         fields.update(self.recovery.heartbeat_fields())   # `epoch`: which incarnation beats
         if self.server.guard is not None:
@@ -325,12 +250,10 @@ class BrokerDaemon:
         report = replica_report.pending(self.core.vlog_list)
         if report:
             fields["vsegs"] = report   # where new virtual segments are replicated
-        self._call("heartbeat", fields, lambda header: self._heartbeat_reply(header, report))
-        if self._beats % CLUSTER_EVERY_HEARTBEATS == 0:
-            self._refresh_cluster()
+        return fields
 
-    def _heartbeat_reply(self, header: dict, report: list = ()) -> None:
-        replica_report.acknowledged(self.core.vlog_list, report)
+    def _heartbeat_reply(self, header: dict, sent: dict) -> None:
+        replica_report.acknowledged(self.core.vlog_list, sent.get("vsegs", ()))
         if "acls" in header and self.server.guard is not None:
             self._apply_acls(header)
         if "consumed" in header:
@@ -349,17 +272,17 @@ class BrokerDaemon:
 
     def _refresh_streams(self, after: str | None = None) -> None:
         """Ask for this broker's streams: page after page (`next`), applied once whole."""
-        if self.core.broker_id is None or "broker_streams" in self._in_flight:
+        if self.core.broker_id is None or "broker_streams" in self.link.session.in_flight:
             return
         fields = {"broker_id": self.core.broker_id}
         if after is None:
             self._pages = []          # descriptors of the listing's earlier pages
         else:
             fields["after"] = after
-        self._call("broker_streams", fields, self._streams_reply)
+        self.link.call("broker_streams", fields, self._streams_reply)
 
     def _streams_reply(self, header: dict) -> None:
-        version = schema.metadata_version(header)   # a bad reply: logged by _call
+        version = schema.metadata_version(header)   # a bad reply: logged by the link
         streams, after = header.get("streams"), header.get("next")
         if after is not None:
             if not isinstance(streams, list) or not isinstance(after, str) or \
@@ -386,7 +309,7 @@ class BrokerDaemon:
         self.recovery.streams_reply(header, apply)
 
     def _refresh_cluster(self) -> None:
-        self._call("cluster", {}, self._cluster_reply)
+        self.link.call("cluster", {}, self._cluster_reply)
 
     def _cluster_reply(self, header: dict) -> None:
         self.core.set_backups(header.get("backups"), self.clock.monotonic(),
@@ -394,7 +317,7 @@ class BrokerDaemon:
         self.recovery.cluster_reply(header)
         live = {b.address for b in self.core.pool.backups.values() if b.alive}
         # Departed backups' connections are freed (one still needed opens again on next use).
-        self.server.close_idle_peers(keep=live | {self.coordinator.address})
+        self.server.close_idle_peers(keep=live | {self.link.address})
         if len(live) <= PRECONNECT_BACKUPS_MAX:
             for address in live:
                 self.server.peer(address)   # connect before the first write

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Protocol
 
 import zmq
 
@@ -41,8 +42,27 @@ CLEAN_SHUTDOWN_FILE = "clean_shutdown"
 
 
 
+class TierHost(Protocol):
+    """What tiering, retention and restart need of the broker core (kera.broker.core.Broker)."""
+    tier: object           # kera.broker.tier.Tier: the data dir and its segment files
+    pool: object           # kera.broker.backups.BackupPool: is a backup alive
+    counters: object       # kera.metrics.Counters
+    clean_restart: bool
+    reloaded: object
+
+    def set_wall_clock(self, wall_ms: int, mono_ms: int | None = None) -> None: ...
+    def enforce_retention(self, wall_ms: int | None = None, mono_ms: int | None = None) -> int: ...
+    def take_tier_jobs(self, now: float) -> list: ...
+    def tier_job_done(self, job, error: Exception | None, now: float) -> None: ...
+    def take_live_writes(self) -> list: ...
+    def live_written(self, write, error: Exception | None) -> None: ...
+    def take_replica_drops(self) -> list: ...
+    def take_repair_reads(self) -> list: ...
+    def repair_read_done(self, req, header, frames, error) -> None: ...
+
+
 class TierService:
-    def __init__(self, core, server, env: DaemonEnv):
+    def __init__(self, core: TierHost, server, env: DaemonEnv):
         self.core = core
         self.server = server
         self.clock = env.clock

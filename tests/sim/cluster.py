@@ -217,13 +217,12 @@ class Cluster:
         # while one is unhealed, so the run tests the single-failure guarantee.
         self.failures: list[Failure] = []
         self.max_overlap = 0          # most real failures unhealed at once
-        self._alive: dict = {}        # (kind, id) -> alive, as the coordinator said last
-        self._coordinator_incarnation = None
         node_rng = lambda name: random.Random(f"{seed}/{name}")   # noqa: E731
 
         self.coordinator = SimCoordinator(self.net, "coordinator", 7000, node_rng("coordinator"), env,
                                           heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
                                           heartbeat_missed_max=HEARTBEAT_MISSED_MAX)
+        self.coordinator.on_death = self._declared_dead
         cfg = BrokerConfig(virtual_logs=p.virtual_logs, virtual_segment_bytes=p.virtual_segment_bytes)
         self.brokers = [SimBroker(self.net, f"broker{i}", 9000, node_rng(f"broker{i}"), self.checker,
                                   env, coordinator=COORDINATOR, node=f"n{i}", broker_id=i, cfg=cfg)
@@ -365,9 +364,7 @@ class Cluster:
         self._note(f"fault held back: {kind} (a failure is unhealed)")
 
     def _check_failures(self) -> None:
-        """Heal failures once the cluster is redundant again; note daemons the coordinator
-        declared dead (a real failure: its in-memory copies are unreachable for good)."""
-        self._observe_deaths()
+        """Heal failures once the cluster is redundant again."""
         now = self.sched.now
         pending = [f for f in self._unhealed() if f.ready_at <= now]
         if pending and self._redundant():
@@ -376,23 +373,9 @@ class Cluster:
                 self._note(f"healed: {f.kind} {f.target}")
         self.sched.after(FAILURE_CHECK_S, self._check_failures)
 
-    def _observe_deaths(self) -> None:
-        if not self.coordinator.up:
-            return
-        core = self.coordinator.core
-        if self._coordinator_incarnation != self.coordinator.incarnation:
-            # A new coordinator starts from its metadata: only deaths it declares count.
-            self._coordinator_incarnation = self.coordinator.incarnation
-            self._alive = {}
-        for kind in ("broker", "backup"):
-            for member_id, member in core.members.get(kind, {}).items():
-                key = (kind, member_id)
-                was = self._alive.get(key)
-                self._alive[key] = member.alive
-                if was and not member.alive:
-                    self._declared_dead(kind, member_id)
-
     def _declared_dead(self, kind: str, member_id: int) -> None:
+        """The coordinator declared a daemon dead (SimCoordinator.on_death): a real failure,
+        its in-memory copies are unreachable for good."""
         target = f"{kind}{member_id}"
         for f in self._unhealed():
             if f.target == target and f.kind in ("backup_crash", "broker_crash"):
@@ -515,7 +498,7 @@ class Cluster:
     def _watch_registration(self, dup: SimBroker) -> None:
         """Note every `register` reply that gives the duplicate the id it asked for: the
         coordinator's table may flip back (the live broker registers again) between checks."""
-        peer = dup.server.peer(dup.daemon.coordinator.address)
+        peer = dup.server.peer(dup.daemon.link.address)
         live = self.brokers[dup.broker_id].address
 
         def on_reply(header, frames, real=peer.on_reply):
@@ -697,10 +680,18 @@ class Cluster:
             recovering = core.descriptor(stream).get("recovering")
             if recovering:
                 return f"stream {stream.spec.name} has streamlets recovering: {recovering}"
+        registered = {m.id: m.registered_version
+                      for m in self.coordinator.core.members["backup"].values() if m.alive}
         for b in self.brokers:
             if not b.up:
                 continue
             core = b.core
+            # A broker that has not yet heard of a backup's restart still counts its lost
+            # replicas as held: it re-replicates them once it refreshes the backup list.
+            for bid, version in registered.items():
+                known = core.pool.backups.get(bid)
+                if known is None or known.registered_version != version:
+                    return f"broker {b.address} has not seen backup {bid}'s registration {version}"
             if core._pending_count:
                 return f"broker {b.address} has {core._pending_count} produce requests pending"
             for vlog in core.vlog_list:

@@ -2,7 +2,7 @@
 
 Each process is built by its server module's own constructor (kera.coordinator.server.
 CoordinatorServer, kera.broker.server.BrokerDaemon, kera.backup.server.BackupDaemon plus
-kera.backup.registration.Registration, as `run()` wires them), so the cores are driven by
+BackupDaemon.connect_coordinator, as `run()` wires them), so the cores are driven by
 exactly the code that drives them in production, and a handler or hook added there is in the
 simulation too. What differs is only what comes in through the front door, the daemon's
 kera.daemon_env.DaemonEnv (`sim_env`): the shell is tests/sim/shell.SimServer, the clock the
@@ -19,13 +19,11 @@ at the same address, with the same --id, as kera.local restarts daemons), `crash
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import random
 import time
 
 from kera import chunk, config
-from kera.backup.registration import Registration
 from kera.backup.server import BackupDaemon
 from kera.backup.store import StoreConfig
 from kera.broker.core import BrokerConfig
@@ -34,6 +32,7 @@ from kera.coordinator import store as coordinator_store
 from kera.coordinator.server import CoordinatorServer
 from kera.daemon_env import DaemonEnv
 from kera.errors import CorruptChunk
+from kera.identity import Identity
 
 from tests.sim.checker import Checker
 from tests.sim.disk import DiskFunctions, SimDisk, SimWorker
@@ -196,6 +195,8 @@ class SimCoordinator(_Slot):
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_missed_max = heartbeat_missed_max
         self.daemon: CoordinatorServer | None = None
+        # Called with (kind, id) for every daemon the coordinator declares dead, as it does.
+        self.on_death = lambda kind, member_id: None
 
     def start(self) -> None:
         self.daemon = CoordinatorServer(f"sim/{self.address}", self.host, self.port,
@@ -203,6 +204,15 @@ class SimCoordinator(_Slot):
                                         heartbeat_missed_max=self.heartbeat_missed_max,
                                         env=self.env)
         self.server = self.daemon.server
+        core, declare = self.daemon.core, self.daemon.core.tick
+
+        def tick(now: float):
+            dead = declare(now)
+            for member in dead:
+                self.on_death(member.kind, member.id)
+            return dead
+
+        core.tick = tick   # this instance's: a death is noted even if the coordinator then crashes
 
     @property
     def core(self):
@@ -306,7 +316,7 @@ class SimBackup(_Slot):
         self.daemon: BackupDaemon | None = None
 
     def start(self) -> None:
-        """kera.backup.server.run: the daemon on its data dir, then its Registration."""
+        """kera.backup.server.run: the daemon on its data dir, then its coordinator link."""
         self.daemon = d = BackupDaemon(self.disk, self.store_config, self.host, self.port,
                                        env=self.env)
         self.server = s = d.server
@@ -316,12 +326,8 @@ class SimBackup(_Slot):
         s.watch_replicate()
         d.flusher.bind(s, d.collect, self.disk.flush_delay)
         d.reader.bind(s, d.collect, self.disk.read_delay)
-        # As kera.backup.server.run wires it (the optional hooks as far as this version has them).
-        hooks = {"fields": "heartbeat_fields", "on_heartbeat": "heartbeat_reply"}
-        params = inspect.signature(Registration).parameters
-        extra = {k: getattr(d, attr) for k, attr in hooks.items() if k in params and hasattr(d, attr)}
-        d.registration = Registration(s, self.coordinator_address, "backup", s.address, self.node,
-                                      self.backup_id, stats=d.heartbeat_stats, **extra)
+        d.connect_coordinator(self.coordinator_address, s.address, self.node, self.backup_id,
+                              Identity())   # as kera.backup.server.run does
 
     @property
     def store(self):
