@@ -40,9 +40,9 @@ class Fetcher(RequestThread):
     def turn(self, now: float) -> float | None:
         c = self.c
         with c._state_lock:
-            streams, c._fetch.want_refresh = c._fetch.want_refresh, set()
             self._send_fetches()
             self._send_tasks()
+            streams, c._fetch.want_refresh = c._fetch.want_refresh, set()
             now = self.clock()
             wake = min((t for t in (c._fetch.next_wake(now), c._tasks.next_wake(now))
                         if t is not None), default=None)
@@ -54,6 +54,7 @@ class Fetcher(RequestThread):
         c, state = self.c, self.c._fetch
         now = self.clock()
         state.expire(now)
+        state.probe_stalled(now, c._meta.address_of)
         with c._lock:
             room = c.cache_chunks_max - c._cached_chunks
             c._fetcher_waiting = room <= 0

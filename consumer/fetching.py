@@ -16,6 +16,7 @@ from typing import Callable
 from kera.chunk import HEADER_SIZE, Chunk, chunk_size
 from kera.consumer.cursor import ChunkItem, ErrorItem, FetchCursor, LowItem, ResetItem, parse_groups
 from kera import schema, wire
+from kera.config import STALL_PROBE_INTERVAL_S, STALL_PROBE_S
 from kera.errors import BadRequest, CorruptChunk, KeraError, PositionLost, Timeout, UnknownStream
 
 BACKOFF_MS_BASE = 5
@@ -32,6 +33,7 @@ class InFlight:
     req_id: int
     parts: list
     deadline: float
+    probe_at: float       # when to look again whether its parts' owner moved (probe_stalled)
     # The cursor each read was built from: a part sought or unassigned since has another (or
     # none), and that read's result is dropped.
     sent_cursors: list = field(default_factory=list)
@@ -112,7 +114,7 @@ class FetchState:
 
     def sent(self, broker: str, req_id: int, parts: list, now: float) -> None:
         self.in_flight[broker] = InFlight(req_id, parts, now + self.request_timeout_s,
-                                          [self.cursors.get(p) for p in parts])
+                                          now + STALL_PROBE_S, [self.cursors.get(p) for p in parts])
 
     def send_failed(self, broker: str, parts: list, now: float) -> None:
         for part in parts:
@@ -126,18 +128,31 @@ class FetchState:
                     self._read_failed(part, Timeout(f"no fetch reply from {broker} within "
                                                   f"{self.request_timeout_s:.1f} s"), now, [])
 
+    def probe_stalled(self, now: float, address_of: Callable[[int, int], str | None]) -> None:
+        """A fetch unanswered for STALL_PROBE_S is dropped once one of its parts has another
+        owner in the metadata (the parts are fetched there at once, none lost: their cursors
+        did not move); until then its streams' owners are asked again now and then."""
+        for broker, fl in list(self.in_flight.items()):
+            if fl.probe_at > now:
+                continue
+            owners = {address_of(self.stream_ids[st], sl) for st, sl in fl.parts if st in self.stream_ids}
+            if owners - {broker, None}:
+                del self.in_flight[broker]   # its late reply is ignored (on_reply)
+                continue
+            fl.probe_at = now + STALL_PROBE_INTERVAL_S
+            self.want_refresh |= {st for st, _ in fl.parts}
+
     def _still_read(self, fl: InFlight) -> list:
         """The parts of a request still read from the cursor it was built from."""
         return [part for part, sent in zip(fl.parts, fl.sent_cursors)
                 if sent is not None and self.cursors.get(part) is sent]
 
     def next_wake(self, now: float) -> float | None:
-        times = [fl.deadline for fl in self.in_flight.values()]
+        times = [min(fl.deadline, fl.probe_at) for fl in self.in_flight.values()]
         times += [t for t in self.next_fetch_at.values() if t > now]
         times += [t for t in self.retry_at.values() if t > now]
         return min(times, default=None)
 
-    # ------------------------------------------------------------------ replies
     # ------------------------------------------------------------------ replies
     def on_reply(self, broker: str, header: dict, frames: list, now: float) -> list:
         """Cache items made of one fetch reply (empty for a late or unknown reply). The result

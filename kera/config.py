@@ -38,6 +38,12 @@ DEFAULT_BUFFER_BYTES = 64 * MiB
 DEFAULT_MAX_RECORD_BYTES = 4 * MiB
 DEFAULT_SEND_TIMEOUT_S = 30.0
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
+# A client request unanswered this long may be waiting on a dead broker: from then on the
+# owners of its streamlets are asked again every STALL_PROBE_INTERVAL_S, and once a new owner
+# is published (the coordinator declares a broker dead after 2 s by default) the request goes
+# there at once instead of after the request timeout. A healthy reply takes milliseconds.
+STALL_PROBE_S = 1.0
+STALL_PROBE_INTERVAL_S = 0.25
 
 # Consumer
 DEFAULT_CACHE_CHUNKS_MAX = 256

@@ -4,7 +4,9 @@ Chunks wait in *lanes*, one per (producer identity, stream, streamlet), in seque
 request thread asks `build` for requests (one per broker at a time, at most one chunk per
 streamlet, up to `request_size_bytes`, at most `in_flight_per_broker` requests in flight per
 broker), sends them, and feeds back each reply (`on_reply`), send failure or timeout
-(`on_request_failed`). The clock is passed in; nothing here touches a socket or a thread.
+(`on_request_failed`). A request left unanswered while its streamlet's owner moved (a
+failover) is failed early (`probe_stalled`). The clock is passed in; nothing here touches a
+socket or a thread.
 
 Ordering: the broker stores chunk k+1 of a lane only after chunk k (`sequence_gap`
 otherwise), so a lane may pipeline several chunks. After any failure the lane *pauses* until
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from kera import chunk as chunkcodec
+from kera.config import STALL_PROBE_INTERVAL_S, STALL_PROBE_S
 from kera import schema
 from kera.errors import KeraError, SequenceGap, Timeout, UnknownStream
 
@@ -119,6 +122,7 @@ class Outgoing:
     chunks: list
     req_id: int | None = None
     deadline: float = 0.0
+    probe_at: float = 0.0     # when to look again whether its owner moved (probe_stalled)
 
     @property
     def frames(self) -> list:
@@ -244,6 +248,7 @@ class Pipeline:
     def sent(self, out: Outgoing, req_id: int, now: float) -> None:
         out.req_id = req_id
         out.deadline = now + self.request_timeout_s
+        out.probe_at = now + STALL_PROBE_S
         self.in_flight.setdefault(out.broker, {})[req_id] = out
         self.stats["requests"] += 1
 
@@ -287,9 +292,32 @@ class Pipeline:
                     out, Timeout(f"no reply from broker {broker} within {self.request_timeout_s:.1f} s"), now)
         return refresh
 
+    def probe_stalled(self, now: float,
+                      address_of: Callable[[int, int], str | None]) -> set[tuple[str, int]]:
+        """Once a request to a broker is unanswered for STALL_PROBE_S: every request to it
+        whose streamlets have another owner in the metadata fails now (their chunks are resent
+        there; younger ones too, so their lanes resume together); the streams of the others
+        are returned, (name, id), to ask the coordinator again."""
+        refresh = set()
+        for broker, window in self.in_flight.items():
+            stalled = [o for o in window.values() if o.probe_at <= now]
+            if not stalled:
+                continue
+            for out in list(window.values()):
+                if {address_of(c.lane.stream_id, c.lane.streamlet) for c in out.chunks} - {broker, None}:
+                    self.stats["requests_rerouted"] += 1
+                    refresh |= self.on_request_failed(out, Timeout(
+                        f"broker {broker} no longer owns the streamlets of a request it has not "
+                        f"answered: resent to their new owner"), now)
+            for out in stalled:
+                if out.req_id in window:
+                    out.probe_at = now + STALL_PROBE_INTERVAL_S
+                    refresh |= {(c.lane.stream, c.lane.stream_id) for c in out.chunks}
+        return refresh
+
     def next_deadline(self, now: float) -> float | None:
-        """The earliest request deadline or lane retry time worth waking up for."""
-        times = [o.deadline for w in self.in_flight.values() for o in w.values()]
+        """The earliest request deadline, stall probe or lane retry time worth waking up for."""
+        times = [min(o.deadline, o.probe_at) for w in self.in_flight.values() for o in w.values()]
         times += [lane.retry_at for lane in self.lanes.values()
                   if lane.retry_at > now and not lane.paused and lane.cursor < len(lane.chunks)]
         return min(times, default=None)

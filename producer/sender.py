@@ -49,7 +49,7 @@ class Sender(RequestThread):
             p._idle = False
             acc.seal_lingering(now)
             before = len(pipe.incomplete)
-            refresh = pipe.expire(now)
+            refresh = pipe.expire(now) | pipe.probe_stalled(now, p._meta.address_of)
             out = pipe.build(now, p._meta.address_of)
             refresh |= pipe.want_refresh
             pipe.want_refresh = set()

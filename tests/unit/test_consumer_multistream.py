@@ -2,6 +2,7 @@
 a sought part's in-flight read dropped, and lag arithmetic. Sans-IO."""
 
 from kera import chunk
+from kera.config import STALL_PROBE_INTERVAL_S, STALL_PROBE_S
 from kera.consumer import fetching
 from kera.consumer.cursor import ChunkItem, FetchCursor, GroupInfo
 from kera.consumer.fetching import FetchState
@@ -50,6 +51,25 @@ def test_chunk_of_the_other_stream_is_refused():
     items = st.on_reply("b1", {"id": 1, "ok": True, "results": [[None, 1, []]]},
                         [stamped(4, 0, 0, 0, [b"y"])], 0.0)
     assert items == [] and st.cursors[("a", 0)].offsets == {}
+
+
+def test_a_stalled_fetch_asks_for_owners_then_goes_to_the_new_one():
+    st = FetchState(dict(IDS), {("a", 0): FetchCursor(0), ("b", 0): FetchCursor(0)},
+                    fetch_max_bytes=1 << 20, request_timeout_s=10.0, idle_wait_s=0.005)
+    st.sent("b1", 1, [("a", 0), ("b", 0)], 0.0)
+    st.probe_stalled(STALL_PROBE_S / 2, one_broker)
+    assert st.want_refresh == set(), "a healthy wait is not probed"
+    st.probe_stalled(STALL_PROBE_S, one_broker)
+    assert st.want_refresh == {"a", "b"} and "b1" in st.in_flight
+    assert st.next_wake(STALL_PROBE_S) == STALL_PROBE_S + STALL_PROBE_INTERVAL_S
+    moved = lambda sid, sl: "b9" if sid == IDS["a"] else "b1"   # noqa: E731  a failover moved "a"
+    st.probe_stalled(STALL_PROBE_S + STALL_PROBE_INTERVAL_S, moved)
+    assert "b1" not in st.in_flight
+    reqs = {broker: parts for broker, _, parts in st.build(STALL_PROBE_S + 0.5, moved)}
+    assert reqs == {"b9": [("a", 0)], "b1": [("b", 0)]}, "both fetched again, a from its new owner"
+    late = st.on_reply("b1", {"id": 1, "ok": True, "results": [[None, 1, []], [None, 1, []]]},
+                       [stamped(3, 0, 0, 0, [b"x"]), stamped(4, 0, 0, 0, [b"y"])], 2.0)
+    assert late == [], "the stalled request's late reply is ignored"
 
 
 def test_read_in_flight_of_a_sought_or_removed_part_is_dropped():

@@ -9,6 +9,7 @@ import random
 import pytest
 
 from kera import chunk
+from kera.config import STALL_PROBE_INTERVAL_S, STALL_PROBE_S
 from kera.producer.pipeline import FRONT_GAP_ATTEMPTS_MAX, IN_FLIGHT, UNSENT, Pipeline
 
 PID = 1000
@@ -124,6 +125,38 @@ def test_timeout_resends_and_late_reply_is_ignored():
     assert c.state == IN_FLIGHT
     pipe.on_reply("b1", ok(o2, 7), 5.0)
     assert pipe.done_through(c.serial)
+
+
+def test_a_stalled_request_asks_for_its_streams_owners_now_and_then():
+    pipe = make(window=2, timeout_s=10.0)
+    add(pipe, 0, 1)
+    add(pipe, 2, 1)
+    send_all(pipe)
+    same = owners({0: "b1", 2: "b2"})
+    assert pipe.probe_stalled(STALL_PROBE_S / 2, same) == set(), "a healthy wait is not probed"
+    assert pipe.probe_stalled(STALL_PROBE_S, same) == {("s", SID)}
+    assert pipe.probe_stalled(STALL_PROBE_S + STALL_PROBE_INTERVAL_S / 2, same) == set()
+    assert pipe.probe_stalled(STALL_PROBE_S + STALL_PROBE_INTERVAL_S, same) == {("s", SID)}
+    assert pipe.next_deadline(STALL_PROBE_S) == STALL_PROBE_S + 2 * STALL_PROBE_INTERVAL_S
+    assert pipe.stats["requests_rerouted"] == 0 and len(pipe.in_flight["b1"]) == 1
+
+
+def test_a_stalled_request_whose_owner_moved_goes_to_the_new_owner_at_once():
+    pipe = make(window=2, timeout_s=10.0)
+    first = add(pipe, 0, 2)
+    add(pipe, 2, 1)
+    send_all(pipe)                                  # b1: chunk 0 of streamlet 0; b2: streamlet 2
+    send_all(pipe, now=0.9, first_id=5)             # b1: chunk 1, younger than the probe age
+    moved = owners({0: "b9", 2: "b2"})              # a failover moved streamlet 0 to b9
+    assert pipe.probe_stalled(0.5, moved) == set(), "not stalled yet: no verdict"
+    pipe.probe_stalled(STALL_PROBE_S, moved)
+    assert pipe.in_flight["b1"] == {}, "both requests to b1, the younger too"
+    assert len(pipe.in_flight["b2"]) == 1, "b2 still owns streamlet 2: its request waits"
+    assert pipe.stats["requests_rerouted"] == 2
+    outs = send_all(pipe, now=STALL_PROBE_S + 1.0, mapping={0: "b9", 2: "b2"}, first_id=9)
+    assert [(o.broker, [c.data for c in o.chunks]) for o in outs] == [("b9", [first[0].data]),
+                                                                       ("b9", [first[1].data])]
+    assert first[0].attempts == 2, "the same bytes: the new owner acks a duplicate once"
 
 
 def test_not_owner_asks_for_metadata_and_goes_to_the_new_owner():
