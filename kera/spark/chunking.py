@@ -27,6 +27,7 @@ class PlannedChunk:
     values: pa.Array
     keys: pa.Array | None
     timestamps: np.ndarray  # int64 µs
+    headers: pa.Array | None = None   # list<struct<key, value>> per row, or no headers column
 
     def __len__(self) -> int:
         return len(self.values)
@@ -34,7 +35,7 @@ class PlannedChunk:
 
 @dataclass
 class _Lane:
-    pieces: list = field(default_factory=list)  # (values, keys, timestamps) not yet in a chunk
+    pieces: list = field(default_factory=list)  # Rows not yet in a chunk
     bytes: int = 0
 
 
@@ -49,9 +50,10 @@ class ChunkPlanner:
         self.rows_seen = 0
         self.lanes: dict[int, _Lane] = {}
 
-    def add(self, values: pa.Array, keys: pa.Array | None, timestamps: np.ndarray) -> list[PlannedChunk]:
-        """Rows in order: binary values (no nulls), binary keys or None, int64 timestamps.
-        Returns the chunks these rows completed."""
+    def add(self, values: pa.Array, keys: pa.Array | None, timestamps: np.ndarray,
+            headers: pa.Array | None = None) -> list[PlannedChunk]:
+        """Rows in order: binary values (no nulls), binary keys or None, int64 timestamps,
+        header lists or None. Returns the chunks these rows completed."""
         n = len(values)
         if n == 0:
             return []
@@ -64,8 +66,8 @@ class ChunkPlanner:
         self.rows_seen += n
         if lanes[0] == lanes[-1] and (lanes == lanes[0]).all():
             lane = int(lanes[0])
-            self._lane_add(lane, values, None if lane == KEYLESS else keys, timestamps,
-                           np.arange(first, first + n), done)
+            self._lane_add(lane, _Rows(values, None if lane == KEYLESS else keys, timestamps,
+                                       headers), np.arange(first, first + n), done)
         else:
             order = np.argsort(lanes, kind="stable")
             sorted_lanes = lanes[order]
@@ -73,9 +75,8 @@ class ChunkPlanner:
             for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [n]])):
                 lane = int(sorted_lanes[a])
                 rows = order[a:b]
-                idx = pa.array(rows)
-                lane_keys = None if lane == KEYLESS else keys.take(idx)
-                self._lane_add(lane, values.take(idx), lane_keys, timestamps[rows], first + rows, done)
+                picked = _Rows(values, None if lane == KEYLESS else keys, timestamps, headers).take(rows)
+                self._lane_add(lane, picked, first + rows, done)
         done.sort(key=lambda item: item[:2])
         return [self._finish(lane, pieces) for _, lane, pieces in done]
 
@@ -89,21 +90,21 @@ class ChunkPlanner:
         self.lanes.clear()
         return out
 
-    def _lane_add(self, lane: int, values, keys, timestamps, rows: np.ndarray, done: list) -> None:
+    def _lane_add(self, lane: int, part: "_Rows", rows: np.ndarray, done: list) -> None:
         """Append one lane's rows (`rows`: their positions in the whole sequence); a chunk
         completed by row r goes to `done` as (r, lane, pieces)."""
         state = self.lanes.setdefault(lane, _Lane())
-        cum = np.cumsum(record_sizes(values, keys))
+        cum = np.cumsum(record_sizes(part.values, part.keys, part.headers))
         pos, consumed = 0, 0
-        n = len(values)
+        n = len(part.values)
         while pos < n:
             need = self.chunk_size_bytes - state.bytes
             r = int(np.searchsorted(cum, consumed + need, side="left"))
             if r >= n:
-                state.pieces.append(_piece(values, keys, timestamps, pos, n))
+                state.pieces.append(part.slice(pos, n))
                 state.bytes += int(cum[-1]) - consumed
                 return
-            done.append((int(rows[r]), lane, state.pieces + [_piece(values, keys, timestamps, pos, r + 1)]))
+            done.append((int(rows[r]), lane, state.pieces + [part.slice(pos, r + 1)]))
             state.pieces, state.bytes = [], 0
             consumed = int(cum[r])
             pos = r + 1
@@ -114,16 +115,37 @@ class ChunkPlanner:
             self.keyless_chunks += 1
         else:
             streamlet = lane
-        if len(pieces) == 1:
-            values, keys, ts = pieces[0]
-        else:
-            values = pa.concat_arrays([p[0] for p in pieces])
-            keys = None if pieces[0][1] is None else pa.concat_arrays([p[1] for p in pieces])
-            ts = np.concatenate([p[2] for p in pieces])
-        return PlannedChunk(streamlet, values, keys, ts)
+        rows = pieces[0] if len(pieces) == 1 else _Rows.concat(pieces)
+        return PlannedChunk(streamlet, rows.values, rows.keys, rows.timestamps, rows.headers)
 
 
-def _piece(values, keys, timestamps, a: int, b: int):
-    if a == 0 and b == len(values):
-        return values, keys, timestamps
-    return values.slice(a, b - a), None if keys is None else keys.slice(a, b - a), timestamps[a:b]
+@dataclass
+class _Rows:
+    """Rows of one lane: the columns a chunk is made of, cut and joined together."""
+    values: pa.Array
+    keys: pa.Array | None
+    timestamps: np.ndarray
+    headers: pa.Array | None
+
+    def slice(self, a: int, b: int) -> "_Rows":
+        if a == 0 and b == len(self.values):
+            return self
+        return _Rows(self.values.slice(a, b - a), _opt(self.keys, "slice", a, b - a),
+                     self.timestamps[a:b], _opt(self.headers, "slice", a, b - a))
+
+    def take(self, rows: np.ndarray) -> "_Rows":
+        idx = pa.array(rows)
+        return _Rows(self.values.take(idx), _opt(self.keys, "take", idx), self.timestamps[rows],
+                     _opt(self.headers, "take", idx))
+
+    @staticmethod
+    def concat(pieces: list["_Rows"]) -> "_Rows":
+        first = pieces[0]
+        return _Rows(pa.concat_arrays([p.values for p in pieces]),
+                     None if first.keys is None else pa.concat_arrays([p.keys for p in pieces]),
+                     np.concatenate([p.timestamps for p in pieces]),
+                     None if first.headers is None else pa.concat_arrays([p.headers for p in pieces]))
+
+
+def _opt(array: pa.Array | None, method: str, *args):
+    return None if array is None else getattr(array, method)(*args)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from kera import chunk as kchunk
 from kera.errors import RecordTooLarge
@@ -54,6 +55,24 @@ def concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 # --------------------------------------------------------------------------- writing
 
+def header_pairs(headers: pa.Array | None) -> list | None:
+    """Each row's headers as (str, bytes) pairs for kera.chunk, or None when no row has any.
+    A null header value is stored as b"" (kera header values are bytes)."""
+    if headers is None or not pc.any(pc.greater(pc.list_value_length(headers), 0)).as_py():
+        return None
+    out = []
+    for row in headers.to_pylist():
+        pairs = []
+        for h in row or ():
+            if h is None or h["key"] is None:
+                raise ValueError("a header needs a key: the 'headers' column holds a null one")
+            value = h["value"]
+            pairs.append((h["key"], b"" if value is None else
+                          value.encode() if isinstance(value, str) else value))
+        out.append(pairs)
+    return out
+
+
 def as_binary(array) -> pa.Array:
     """A binary / large_binary view of a binary or string column (no copy)."""
     if isinstance(array, pa.ChunkedArray):
@@ -67,13 +86,31 @@ def as_binary(array) -> pa.Array:
     raise TypeError(f"expected a binary or string column, not {array.type}")
 
 
-def record_sizes(values: pa.Array, keys: pa.Array | None) -> np.ndarray:
+def record_sizes(values: pa.Array, keys: pa.Array | None,
+                 headers: pa.Array | None = None) -> np.ndarray:
     """Bytes each record adds to a chunk body: timestamp 8 + value offset 4 + value, and with
-    keys key offset 4 + key + null flag 1."""
+    keys key offset 4 + key + null flag 1, and with headers an index entry 4 and per header
+    two offsets 8 + key + value."""
     sizes = 12 + _lengths(values)
     if keys is not None:
         sizes += 5 + _lengths(keys)
+    if headers is not None:
+        sizes += 4 + header_sizes(headers)
     return sizes
+
+
+def header_sizes(headers: pa.Array) -> np.ndarray:
+    """Per row, the bytes of its headers (8 + key + value each; a null list has none)."""
+    counts = pc.fill_null(pc.list_value_length(headers), 0).to_numpy(
+        zero_copy_only=False).astype(np.int64)
+    pairs = pc.list_flatten(headers)          # a null list contributes no pair
+    if len(pairs) == 0:
+        return np.zeros(len(headers), dtype=np.int64)
+    keys, values = pairs.flatten()            # the children as the struct sees them
+    per_pair = 8 + _lengths(as_binary(keys)) + _lengths(as_binary(values))
+    ends = np.cumsum(counts)
+    total = np.concatenate([[0], np.cumsum(per_pair)])
+    return total[ends] - total[ends - counts]
 
 
 def _lengths(array: pa.Array) -> np.ndarray:
@@ -86,12 +123,20 @@ def _lengths(array: pa.Array) -> np.ndarray:
 
 
 def encode_arrow(producer_id: int, sequence: int, stream_id: int, streamlet: int,
-                 values: pa.Array, keys: pa.Array | None, timestamps: np.ndarray) -> bytes:
+                 values: pa.Array, keys: pa.Array | None, timestamps: np.ndarray,
+                 headers: pa.Array | None = None) -> bytes:
     """One chunk from binary Arrow columns and int64 µs timestamps. Null keys stay null; a chunk whose keys are all
-    null is built without a key column, as kera.chunk.encode does."""
+    null is built without a key column, as kera.chunk.encode does. Rows with headers
+    (list<struct<key string, value binary>>) go through kera.chunk.encode_columns (Python per
+    header)."""
     if values.null_count:
         raise ValueError("the value column may not hold nulls")
     blob, offsets = kchunk.values_columns(values)
+    pairs = header_pairs(headers)
+    if pairs is not None:
+        return kchunk.encode_columns(producer_id, sequence, stream_id, streamlet, blob, offsets,
+                                     None if keys is None else keys.to_pylist(), timestamps,
+                                     headers=pairs)
     if keys is None or keys.null_count == len(keys):
         return kchunk.encode_columns(producer_id, sequence, stream_id, streamlet, blob, offsets,
                                      None, timestamps)

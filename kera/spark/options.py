@@ -25,7 +25,8 @@ OPTION_NAMES = (
     "bootstrap", "stream", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
     "failOnDataLoss", "minPartitions", "fetchMaxBytes", "timeoutMs", "chunkSizeBytes",
     "requestSizeBytes", "inFlightPerBroker", "bufferBytes", "writeId", "subscribePattern",
-    "keyFile", "group", "startingTimestamp", "startingOffsetsByTimestamp")
+    "keyFile", "group", "startingTimestamp", "startingOffsetsByTimestamp", "endingTimestamp",
+    "endingOffsetsByTimestamp")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class Options:
     # every streamlet, or per stream and streamlet ({stream: {sl: µs}}); over startingOffsets.
     starting_timestamp_us: int | None = None
     starting_by_timestamp: dict | None = None
+    # Batch source: end before the first record at or after a time, the same two ways; over
+    # endingOffsets.
+    ending_timestamp_us: int | None = None
+    ending_by_timestamp: dict | None = None
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> "Options":
@@ -83,7 +88,8 @@ class Options:
             pattern=_pattern(opts, streams),
             key_file=opts.get("keyfile"),
             group=_group(opts),
-            **_starting_times(opts),
+            **_times(opts, "starting"),
+            **_times(opts, "ending"),
         ))
 
     def need_streams(self) -> tuple[str, ...]:
@@ -113,31 +119,32 @@ def _pattern(opts: Mapping[str, str], streams: tuple[str, ...]) -> str | None:
     return raw
 
 
-def _starting_times(opts: Mapping[str, str]) -> dict:
-    """startingTimestamp (ms) / startingOffsetsByTimestamp (JSON {"stream": {"0": ms}}), in µs."""
-    one, per = opts.get("startingtimestamp"), opts.get("startingoffsetsbytimestamp")
+def _times(opts: Mapping[str, str], which: str) -> dict:
+    """{which}Timestamp (ms) / {which}OffsetsByTimestamp (JSON {"stream": {"0": ms}}), in µs,
+    `which` being "starting" or "ending"."""
+    one_name, per_name = f"{which}Timestamp", f"{which}OffsetsByTimestamp"
+    one, per = opts.get(one_name.lower()), opts.get(per_name.lower())
     if one is not None and per is not None:
-        raise ValueError("give option 'startingTimestamp' or 'startingOffsetsByTimestamp', not both")
+        raise ValueError(f"give option '{one_name}' or '{per_name}', not both")
     if one is not None:
-        return {"starting_timestamp_us": _ms_option("startingTimestamp", one)}
+        return {f"{which}_timestamp_us": _ms_option(one_name, one)}
     if per is None:
         return {}
     try:
         obj = json.loads(per)
     except json.JSONDecodeError as bad:
-        raise ValueError(f"option 'startingOffsetsByTimestamp' is not JSON: {bad}") from None
+        raise ValueError(f"option '{per_name}' is not JSON: {bad}") from None
     shape = 'like {"clicks": {"0": 1767225600000, "1": 1767225600000}}'
     if not isinstance(obj, dict) or not all(isinstance(v, dict) for v in obj.values()):
-        raise ValueError(f"option 'startingOffsetsByTimestamp' maps stream names to "
+        raise ValueError(f"option '{per_name}' maps stream names to "
                          f"{{streamlet: timestamp_ms}}, {shape}")
     out = {}
     for stream, per_sl in obj.items():
         if not all(isinstance(sl, str) and sl.isdigit() for sl in per_sl):
-            raise ValueError(f"option 'startingOffsetsByTimestamp': stream {stream!r} has a "
+            raise ValueError(f"option '{per_name}': stream {stream!r} has a "
                              f"streamlet key that is not a number, {shape}")
-        out[stream] = {int(sl): _ms_option("startingOffsetsByTimestamp", ms)
-                       for sl, ms in per_sl.items()}
-    return {"starting_by_timestamp": out}
+        out[stream] = {int(sl): _ms_option(per_name, ms) for sl, ms in per_sl.items()}
+    return {f"{which}_by_timestamp": out}
 
 
 def _ms_option(name: str, raw) -> int:

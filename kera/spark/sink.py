@@ -2,9 +2,10 @@
 
 Input columns: `value` (binary or string, required), `key` (binary or string, optional: rows
 with the same key go to the same streamlet, crc32c(key) mod streamlets), `stream` (string,
-optional; the `stream` option overrides it) and `timestamp` (optional; otherwise every row gets
-the time the write was planned). Other columns are ignored, so rows read from kera can be
-written back as they are.
+optional; the `stream` option overrides it), `timestamp` (optional; otherwise every row gets
+the time the write was planned) and `headers` (optional, array<struct<key string, value binary
+or string>>, kept in order; Kafka's sink column). Other columns are ignored, so rows read from
+kera can be written back as they are.
 
 Exactly-once. Each write task is one idempotent producer: its id is a 64-bit hash of (write id,
 batch id, partition id) -- for a streaming query the query id from the checkpoint and the
@@ -44,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
                                     WriterCommitMessage)
-from pyspark.sql.types import BinaryType, StringType, StructType, TimestampNTZType, TimestampType
+from pyspark.sql.types import ArrayType, BinaryType, StringType, StructType, TimestampNTZType, TimestampType
 
 from kera.errors import KeraError, Timeout, UnknownStream
 from kera.producer.producer import Producer
@@ -143,11 +144,22 @@ def check_schema(schema: StructType, opts: Options) -> None:
         if name in fields and not isinstance(fields[name], kinds):
             raise ValueError(f"column '{name}' must be {' or '.join(k.typeName() for k in kinds)}, "
                              f"not {fields[name].simpleString()}")
+    if "headers" in fields and not _is_headers_type(fields["headers"]):
+        raise ValueError(f"column 'headers' must be array<struct<key: string, value: binary>> "
+                         f"(value may be string), not {fields['headers'].simpleString()}")
     if len(opts.streams) > 1:
         raise ValueError("the kera sink writes to one stream per row: give one name in option "
                          "'stream', or a 'stream' column")
     if not opts.streams and "stream" not in fields:
         raise ValueError("the kera sink needs option 'stream' or a 'stream' column")
+
+
+def _is_headers_type(kind) -> bool:
+    if not isinstance(kind, ArrayType) or not isinstance(kind.elementType, StructType):
+        return False
+    inner = {f.name: f.dataType for f in kind.elementType.fields}
+    return set(inner) == {"key", "value"} and isinstance(inner["key"], StringType) and \
+        isinstance(inner["value"], (BinaryType, StringType))
 
 
 def check_streams_exist(opts: Options) -> None:
@@ -215,9 +227,10 @@ class _TaskWriter:
             raise ValueError("the kera sink cannot store a null 'value'")
         keys = as_binary(batch.column(names.index("key"))) if "key" in names else None
         ts = self._timestamps(batch.column(names.index("timestamp")) if "timestamp" in names else None, n)
+        headers = batch.column(names.index("headers")) if "headers" in names else None
         self.rows += n
         if self.opts.streams:
-            self._add(self.opts.streams[0], values, keys, ts)
+            self._add(self.opts.streams[0], values, keys, ts, headers)
             return
         streams = batch.column(names.index("stream"))
         if streams.null_count:
@@ -226,12 +239,13 @@ class _TaskWriter:
         indices = encoded.indices.to_numpy(zero_copy_only=False)
         names_in_batch = encoded.dictionary.to_pylist()
         if len(names_in_batch) == 1:
-            self._add(names_in_batch[0], values, keys, ts)
+            self._add(names_in_batch[0], values, keys, ts, headers)
             return
         for i, stream in enumerate(names_in_batch):
             mask = indices == i
             sel = pa.array(mask)
-            self._add(stream, values.filter(sel), None if keys is None else keys.filter(sel), ts[mask])
+            self._add(stream, values.filter(sel), None if keys is None else keys.filter(sel), ts[mask],
+                      None if headers is None else headers.filter(sel))
 
     def _timestamps(self, column, n: int) -> np.ndarray:
         """int64 µs since the epoch (a naive timestamp is taken as UTC)."""
@@ -241,13 +255,13 @@ class _TaskWriter:
             column = column.cast(pa.timestamp("us", tz=column.type.tz))
         return column.cast(pa.int64()).fill_null(self.timestamp_us).to_numpy(zero_copy_only=False)
 
-    def _add(self, stream: str, values, keys, ts) -> None:
+    def _add(self, stream: str, values, keys, ts, headers) -> None:
         planner = self.planners.get(stream)
         if planner is None:
             info = self.producer.stream_info(stream)
             planner = self.planners[stream] = ChunkPlanner(info.streamlets, self.opts.chunk_size_bytes,
                                                            keyless_seed=self.partition_id)
-        self._send(stream, planner.add(values, keys, ts))
+        self._send(stream, planner.add(values, keys, ts, headers))
 
     def _send(self, stream: str, planned) -> None:
         try:
@@ -267,7 +281,8 @@ class _TaskWriter:
             seq = self.seqs.get(key, 0)
             self.seqs[key] = seq + 1
             self.chunks += 1
-            yield c, seq, encode_arrow(self.pid, seq, info.id, c.streamlet, c.values, c.keys, c.timestamps)
+            yield c, seq, encode_arrow(self.pid, seq, info.id, c.streamlet, c.values, c.keys,
+                                       c.timestamps, c.headers)
 
 
 def _task_context():

@@ -83,8 +83,8 @@ class _Planner:
             info, groups[sl] = self.meta.groups(info, sl)
         return info, groups
 
-    def start(self, boundary, info: StreamInfo, sl: int, infos: list[ko.GroupInfo]) -> ko.Cursor:
-        """Where streamlet `sl` starts under a parsed starting boundary; a time is resolved by
+    def cursor(self, boundary, info: StreamInfo, sl: int, infos: list[ko.GroupInfo]) -> ko.Cursor:
+        """Where streamlet `sl` starts (or ends) under a parsed boundary; a time is resolved by
         the streamlet's broker."""
         spec = ko.spec_of(boundary, sl)
         if isinstance(spec, ko.AtTime):
@@ -134,13 +134,26 @@ def starting_boundary(opts: Options, streams: tuple[str, ...], default: int) -> 
     startingOffsetsByTimestamp laid over it: a streamlet given no time starts as
     startingOffsets says."""
     spec = opts.starting or ("earliest" if default == ko.EARLIEST else "latest")
-    boundary = ko.parse_boundary(spec, list(streams), default)
-    if opts.starting_timestamp_us is not None:
-        return ko.with_times(boundary, {s: {"*": opts.starting_timestamp_us} for s in streams})
-    times = opts.starting_by_timestamp or {}
+    return _with_times(ko.parse_boundary(spec, list(streams), default), streams, "starting",
+                       opts.starting_timestamp_us, opts.starting_by_timestamp)
+
+
+def ending_boundary(opts: Options, streams: tuple[str, ...]) -> dict:
+    """endingOffsets (default latest) with endingTimestamp or endingOffsetsByTimestamp laid
+    over it: a streamlet given a time ends before its first record at or after it."""
+    boundary = ko.parse_boundary(opts.ending or "latest", list(streams), ko.LATEST)
+    return _with_times(boundary, streams, "ending", opts.ending_timestamp_us,
+                       opts.ending_by_timestamp)
+
+
+def _with_times(boundary: dict, streams: tuple[str, ...], which: str, every_us: int | None,
+                times: dict | None) -> dict:
+    if every_us is not None:
+        return ko.with_times(boundary, {s: {"*": every_us} for s in streams})
+    times = times or {}
     unknown = sorted(set(times) - set(streams))
     if unknown:
-        raise ValueError(f"option 'startingOffsetsByTimestamp' names streams {unknown} that this "
+        raise ValueError(f"option '{which}OffsetsByTimestamp' names streams {unknown} that this "
                          f"query does not read ({', '.join(streams)})")
     return ko.with_times(boundary, times)
 
@@ -175,7 +188,7 @@ class KeraBatchReader(DataSourceReader):
         if opts.group is not None:
             log.warning("option 'group' applies to streaming queries only; ignored")
         self.starting = starting_boundary(opts, self.streams, ko.EARLIEST)
-        self.ending = ko.parse_boundary(opts.ending or "latest", list(self.streams), ko.LATEST)
+        self.ending = ending_boundary(opts, self.streams)
 
     def partitions(self):
         planner = _Planner(self.opts)
@@ -184,8 +197,8 @@ class KeraBatchReader(DataSourceReader):
             for stream in self.streams:
                 info, groups = planner.snapshot(stream)
                 for sl, infos in groups.items():
-                    start = planner.start(self.starting[stream], info, sl, infos)
-                    cap = ko.resolve(self.ending[stream], sl, infos)
+                    start = planner.cursor(self.starting[stream], info, sl, infos)
+                    cap = planner.cursor(self.ending[stream], info, sl, infos)
                     planner.data_loss(ko.check_loss(start, infos, f"{stream}/{sl}"))
                     end = ko.advance(start, infos, cap=cap)
                     parts += planner.partitions(stream, info, sl, start, end, infos)
@@ -205,8 +218,10 @@ class KeraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: Options):
         self.opts = opts
         self.streams = resolve_streams(opts)
-        if opts.ending is not None:
-            raise ValueError("endingOffsets applies to batch queries only")
+        if opts.ending is not None or opts.ending_timestamp_us is not None \
+                or opts.ending_by_timestamp is not None:
+            raise ValueError("endingOffsets, endingTimestamp and endingOffsetsByTimestamp apply "
+                             "to batch queries only")
         self.starting = starting_boundary(opts, self.streams, ko.LATEST)
         self._planner: _Planner | None = None
         self._target: dict | None = None  # Trigger.AvailableNow: {stream: {sl: Cursor}}
@@ -233,7 +248,7 @@ class KeraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for stream in self.streams:
             info, groups = self.planner.snapshot(stream)
             out[stream] = ko.StreamOffset(info.id, {
-                sl: self.planner.start(self.starting[stream], info, sl, infos)
+                sl: self.planner.cursor(self.starting[stream], info, sl, infos)
                 for sl, infos in groups.items()})
         self._last = ko.to_json(out)
         return self._last

@@ -10,7 +10,8 @@ import pytest
 from kera import chunk as kchunk
 from kera.partitioner import streamlet_for_key
 from kera.spark.chunking import ChunkPlanner
-from kera.spark.columns import ARROW_SCHEMA, as_binary, chunk_rows, concat, encode_arrow, record_sizes
+from kera.spark.columns import (ARROW_SCHEMA, as_binary, chunk_rows, concat, encode_arrow, header_pairs,
+                                header_sizes, record_sizes)
 from kera.spark.fetch import GroupRange, GroupReader
 from kera.spark.hashing import crc32c_column, streamlets_of_keys
 
@@ -155,3 +156,48 @@ def test_group_reader_reports_errors_and_gaps():
     part.fail_on_data_loss = False
     rows = GroupReader(part).on_reply(*_reply([bytes(buf)]))
     assert rows.column("offset").to_pylist() == [2]
+
+
+def _cut_with_headers(rows, sizes_of_batches, streamlets=3, chunk_size=250):
+    """Encoded chunks (streamlet, bytes) for (key, value, headers) rows fed in batches."""
+    planner = ChunkPlanner(streamlets, chunk_size, keyless_seed=0)
+    planned, i = [], 0
+    for n in sizes_of_batches:
+        part = rows[i:i + n]
+        i += n
+        headers = pa.array([None if h is None else [{"key": k, "value": v} for k, v in h]
+                            for _, _, h in part], kchunk.HEADERS_ARROW_TYPE)
+        planned += planner.add(pa.array([v for _, v, _ in part], pa.binary()),
+                               pa.array([k for k, _, _ in part], pa.binary()),
+                               np.arange(i - n, i, dtype=np.int64), headers)
+    planned += planner.flush()
+    return [(c.streamlet, encode_arrow(5, seq, 1, c.streamlet, c.values, c.keys, c.timestamps,
+                                       c.headers)) for seq, c in enumerate(planned)]
+
+
+def test_sink_headers_travel_with_their_rows_whatever_the_batching():
+    rnd = random.Random(11)
+    rows = []
+    for i in range(300):
+        headers = None if i % 7 == 0 else [("h%d" % j, os.urandom(rnd.randint(0, 9)))
+                                             for j in range(rnd.randint(0, 3))]
+        rows.append((None if i % 3 == 0 else b"k%d" % (i % 11), b"v%d" % i, headers))
+    one = _cut_with_headers(rows, [300])
+    assert one == _cut_with_headers(rows, [5, 120, 1, 174])
+    got = {}
+    for _, data in one:
+        c = kchunk.Chunk(data)   # a chunk none of whose rows has headers is a plain one
+        for value, headers in zip(c.values(), c.headers()):
+            got[value] = list(headers)
+    assert got == {v: (h or []) for _, v, h in rows}
+
+
+def test_a_headers_column_counts_in_the_chunk_size_and_null_keys_are_refused():
+    t = kchunk.HEADERS_ARROW_TYPE
+    headers = pa.array([[{"key": "a", "value": b"xy"}], None, [],
+                        [{"key": "bb", "value": b""}, {"key": "c", "value": b"123"}]], t)
+    assert header_sizes(headers).tolist() == [11, 0, 0, 22]
+    assert header_sizes(headers.slice(1, 3)).tolist() == [0, 0, 22]
+    assert header_pairs(pa.array([[], None], t)) is None      # no row has one: v1 chunk
+    with pytest.raises(ValueError, match="needs a key"):
+        header_pairs(pa.array([[{"key": None, "value": b"x"}]], t))

@@ -430,9 +430,32 @@ def test_record_headers_reach_spark_rows(spark, cluster):
                    for i in range(20)}
 
 
-def test_batch_read_starting_at_a_time(spark, cluster):
+def test_a_headers_column_is_written_and_rows_copy_back_with_theirs(spark, cluster):
+    """The sink stores a `headers` column (Kafka's shape) with each row; rows read from one
+    stream are written to another as they are, headers included."""
+    create(cluster, "hdr-in", streamlets=2)
+    create(cluster, "hdr-out", streamlets=3)
+    rows = [(b"k%d" % (i % 5), b"v%d" % i,
+             [("trace", b"t%d" % i), ("n", (b"%d" % (i % 3)))] if i % 2 else []) for i in range(40)]
+    df = spark.createDataFrame(rows, "key binary, value binary, "
+                                     "headers array<struct<key: string, value: binary>>")
+    df.write.format("kera").options(**opts(cluster, "hdr-in")).mode("append").save()
+    read_all(spark, cluster, "hdr-in").write.format("kera").options(
+        **opts(cluster, "hdr-out")).mode("append").save()
+    want = {v: h for _, v, h in rows}
+    for stream in ("hdr-in", "hdr-out"):
+        got = {bytes(r.value): [(h.key, bytes(h.value)) for h in r.headers]
+               for r in read_all(spark, cluster, stream).collect()}
+        assert got == want, stream
+    bad = spark.createDataFrame([(b"v", [1])], "value binary, headers array<int>")
+    with pytest.raises(Exception, match="column 'headers' must be"):
+        bad.write.format("kera").options(**opts(cluster, "hdr-in")).mode("append").save()
+
+
+def test_batch_read_starting_and_ending_at_a_time(spark, cluster):
     """startingTimestamp: every streamlet from its first record at or after the time (ms);
-    startingOffsetsByTimestamp: per streamlet, the others as startingOffsets says."""
+    startingOffsetsByTimestamp: per streamlet, the others as startingOffsets says; the ending
+    options likewise end before the first record at or after the time."""
     create(cluster, "at-time", streamlets=2, active_groups=1)
     base_ms = 1_800_000_000_000
     keys = [b"k%d" % i for i in range(200)]
@@ -451,3 +474,9 @@ def test_batch_read_starting_at_a_time(spark, cluster):
     assert values(startingOffsetsByTimestamp=by_time) == sorted(
         b"v%d" % i for i in range(200) if i >= 120 or sl_of[b"v%d" % i] == 1)
     assert values(startingTimestamp=str(base_ms + 1000)) == []
+    assert values(endingTimestamp=str(base_ms + 50)) == sorted(b"v%d" % i for i in range(50))
+    assert values(startingTimestamp=str(base_ms + 50), endingTimestamp=str(base_ms + 150)) == \
+        sorted(b"v%d" % i for i in range(50, 150))
+    end_by_time = json.dumps({"at-time": {"1": base_ms + 100}})
+    assert values(endingOffsetsByTimestamp=end_by_time) == sorted(
+        b"v%d" % i for i in range(200) if i < 100 or sl_of[b"v%d" % i] == 0)
