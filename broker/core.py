@@ -22,6 +22,7 @@ from kera.broker.retention import ReplicaDrop, Retention
 from kera.broker.streamlet import Streamlet, growth
 from kera.broker.tier import TierConfig, TierStore
 from kera.broker.time_index import streamlet_cursor_at
+from kera.stream_traffic import StreamTraffic
 from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
 from kera.chunk import HEADER_SIZE, check_columns, verify
@@ -95,12 +96,13 @@ class Pending:
 
 
 class Stream:
-    __slots__ = ("info", "streamlets", "turn")
+    __slots__ = ("info", "streamlets", "turn", "traffic")
 
     def __init__(self, info: StreamInfo):
         self.info = info
         self.streamlets: dict[int, Streamlet] = {}
         self.turn = 0   # rotates the virtual-log choice among equally loaded logs
+        self.traffic = StreamTraffic()
 
 
 class Broker:
@@ -434,6 +436,7 @@ class Broker:
         self.producers.put(key, Entry(seq, group.id, seg.number, base, group.head))
         self.chunks_appended += 1
         self.bytes_appended += size
+        stream.traffic.appended(h.record_count, size)
         vlog = group.vlog
         if vlog is None:
             group.durable = group.head    # R=1: the broker's copy is the only one asked for
@@ -600,11 +603,21 @@ class Broker:
                     epochs.append(None)
                 continue
             results.append([None, len(frames) - before, groups])
+            self._count_fetched(sid, frames, before)
             if epochs is not None:
                 epochs.append(self.history_epoch(sid, sl))
         self.counters.add("fetch_chunks", len(frames))
         self.counters.add("fetch_bytes", FETCH_REPLY_MAX_BYTES - budget[0])
         return results, frames
+
+    def _count_fetched(self, sid: int, frames: list, before: int) -> None:
+        stream = self.streams.get(sid)
+        if stream is not None and len(frames) > before:
+            stream.traffic.fetched(len(frames) - before, sum(map(len, frames[before:])))
+
+    def stream_traffic(self) -> dict[str, dict]:
+        """{stream name: its traffic counters on this broker} (kera.stream_traffic)."""
+        return {s.info.name: s.traffic.as_dict() for s in self.streams.values()}
 
     def check_stream(self, sid: int, check) -> None:
         """Apply an access check to stream `sid`'s name (an unknown id is left to the read)."""

@@ -34,7 +34,7 @@ from kera.broker.virtual_log import ReplicationWrite
 from kera.acl import Acl
 from kera.errors import BadRequest, KeraError, Throttled
 from kera.identity import Identity
-from kera.metrics import serve_metrics
+from kera.metrics import labelled_text, serve_metrics
 from kera.daemon_env import DaemonEnv, real_if_none
 from kera.daemon_flags import add_common_arguments, setup_logging, size_bytes
 from kera.server import DEFERRED, Request
@@ -86,6 +86,8 @@ class BrokerDaemon:
         self.identity = identity = identity or Identity()
         self.exit_code = 0                # 1 once the coordinator refused this identity
         self.snapshot: dict = {}          # replaced whole, read by the metrics thread
+        self.traffic_snapshot: dict = {}  # per stream, likewise, while metrics are served
+        self.export_traffic = False
         self._pages: list = []            # (version, descriptors) of a paged broker_streams
         self._beats = 0
         # Register, heartbeat, follow the leader (kera.coordinator_link).
@@ -184,7 +186,8 @@ class BrokerDaemon:
     def _on_stats(self, req: Request):
         # acl_version: which ACLs and quotas this broker enforces (-1: none received yet).
         return {"stats": {**self.core.stats(), **self.recovery.stats(),
-                          "acl_version": self.acl_version}}
+                          "acl_version": self.acl_version},
+                "streams": self.core.stream_traffic()}
 
     # ------------------------------------------------------------------ replication
     def pump(self) -> None:
@@ -238,6 +241,8 @@ class BrokerDaemon:
 
     def _heartbeat_fields(self) -> dict:
         self.snapshot = {**self.core.stats(), **self.recovery.stats()}
+        if self.export_traffic:
+            self.traffic_snapshot = self.core.stream_traffic()   # replaced whole: metrics thread
         self._beats += 1
         if self._beats % CLUSTER_EVERY_HEARTBEATS == 0:
             self._refresh_cluster()
@@ -398,8 +403,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     httpd = None
     if args.metrics_port:
+        daemon.export_traffic = True
         httpd = serve_metrics(args.metrics_port, "kera_broker", lambda: daemon.snapshot,
-                              labels={"address": daemon.address}, host=args.host)
+                              labels={"address": daemon.address}, host=args.host,
+                              extra=lambda: labelled_text("kera_broker_stream", "stream",
+                                                          daemon.traffic_snapshot))
 
     def stop(signum, frame):
         log.info("signal %d: stopping", signum)

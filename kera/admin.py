@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-from kera import config, rpc
+from kera import config, rpc, stream_traffic
 from kera.coordinator_client import CoordinatorClient
 from kera.coordinators import parse_addresses
 from kera.errors import KeraError, Timeout
@@ -174,6 +174,23 @@ class Admin:
         except KeraError as err:
             result["coordinator"] = {"error": f"{err.code}: {err.message}"}
         return result
+
+    def stream_traffic(self) -> dict:
+        """Per stream, the traffic every live broker counted since it started, added up:
+        {"streams": {name: {records_in, chunks_in, bytes_in, chunks_out, bytes_out}},
+        "errors": {broker id: message}} (kera.stream_traffic)."""
+        per_daemon_s = min(self.timeout_s, STATS_TIMEOUT_S_MAX)
+        replies, errors = [], {}
+        for member in self.cluster()["brokers"]:
+            if not member["alive"]:
+                continue
+            try:
+                header, _ = rpc.call(member["address"], "stats", timeout_s=per_daemon_s,
+                                     key_file=self.key_file)
+                replies.append(header.get("streams") or {})
+            except KeraError as err:
+                errors[member["id"]] = f"{err.code}: {err.message}"
+        return {"streams": stream_traffic.summed(replies), "errors": errors}
 
     def _daemon_stats(self, address: str, timeout_s: float) -> dict:
         try:

@@ -34,6 +34,8 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:7000"
 BOOTSTRAP_ENV = "KERA_BOOTSTRAP"
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
+# `kera stats --streams --interval-s`: a rate over more than an hour is better read from metrics.
+STATS_INTERVAL_S_MAX = 3600.0
 # Daemons written elsewhere: `kera <name>` runs `<module>.run(args)` after `add_arguments`.
 DAEMONS = {
     "coordinator": ("kera.coordinator.server",
@@ -237,7 +239,15 @@ def _add_stats(sub) -> None:
                        help="counters of the coordinator and every live broker and backup",
                        description="Ask every live daemon for its counters and print them "
                                    "grouped by daemon kind and topic, each group with a legend, "
-                                   "a unit column and one column per daemon (--json: raw).")
+                                   "a unit column and one column per daemon (--json: raw). "
+                                   "--streams: one row per stream instead, its traffic added up "
+                                   "over the brokers (since they started, or per second over "
+                                   "--interval-s).")
+    p.add_argument("--streams", action="store_true",
+                   help="per-stream traffic: records, chunks and bytes in and out")
+    p.add_argument("--interval-s", type=float, default=None, metavar="S",
+                   help="with --streams: sample twice, S seconds apart, and print rates per "
+                        "second instead of totals")
     p.set_defaults(func=cmd_stats)
 
 
@@ -437,6 +447,10 @@ def cmd_cluster_deregister(args) -> int:
 
 
 def cmd_stats(args) -> int:
+    if args.streams:
+        return _stream_stats(args)
+    if args.interval_s is not None:
+        raise SystemExit("kera stats: --interval-s goes with --streams")
     with _admin(args) as admin:
         stats = admin.stats()
     if args.json:
@@ -445,6 +459,40 @@ def cmd_stats(args) -> int:
     from kera.stats_view import render
     print(render(stats))
     return 0
+
+
+def _stream_stats(args) -> int:
+    from kera.stats_view import render_streams
+    if args.interval_s is not None and not 0 < args.interval_s <= STATS_INTERVAL_S_MAX:
+        raise SystemExit(f"kera stats: --interval-s must be in (0, {STATS_INTERVAL_S_MAX:.0f}]")
+    with _admin(args) as admin:
+        first = admin.stream_traffic()
+        if args.interval_s is None:
+            result, per_s = first, None
+        else:
+            time.sleep(args.interval_s)
+            result, per_s = admin.stream_traffic(), args.interval_s
+    if per_s is not None:
+        result = {"streams": _rates(first["streams"], result["streams"], per_s),
+                  "errors": result["errors"], "interval_s": per_s}
+    if args.json:
+        _print_json(result)
+    else:
+        print(render_streams(result["streams"], per_s is not None))
+    for broker, error in sorted(result["errors"].items()):
+        print(f"broker {broker} did not answer: {error} (its traffic is missing)", file=sys.stderr)
+    return 0
+
+
+def _rates(before: dict, after: dict, seconds: float) -> dict:
+    """Per second, what each counter grew by between two samples (a broker that restarted in
+    between counts from zero again: a negative difference is taken as the new total)."""
+    out = {}
+    for name, now in after.items():
+        then = before.get(name, {})
+        out[name] = {k: round((v - then.get(k, 0) if v >= then.get(k, 0) else v) / seconds, 1)
+                     for k, v in now.items()}
+    return out
 
 
 def _table(header: list[str], rows: list[list], right: bool = False) -> str:

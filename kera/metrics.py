@@ -34,6 +34,26 @@ def prometheus_text(prefix: str, stats: dict, labels: dict | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
+def labelled_text(prefix: str, label: str, rows: dict[str, dict]) -> str:
+    """Prometheus text of {label value: {name: number}}: one gauge `prefix_name` per name with
+    one sample per label value (e.g. a broker's per-stream traffic)."""
+    samples: dict[str, list[str]] = {}
+    for value, stats in sorted(rows.items()):
+        for name, number in stats.items():
+            if isinstance(number, (int, float)) and not isinstance(number, bool):
+                samples.setdefault(name, []).append(
+                    f'{prefix}_{name}{{{label}="{label_value(value)}"}} {number}')
+    lines = []
+    for name in sorted(samples):
+        lines += [f"# TYPE {prefix}_{name} gauge", *samples[name]]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def label_value(value: str) -> str:
+    """A label value as Prometheus' text format wants it (backslash, quote, newline escaped)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def serve_metrics(port: int, prefix: str, snapshot: Callable[[], dict], labels: dict | None = None,
                   host: str = "127.0.0.1",
                   extra: Callable[[], str] | None = None) -> ThreadingHTTPServer:

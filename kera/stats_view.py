@@ -2,9 +2,9 @@
 about, each group headed by a one-line legend, with a unit column and one column per daemon.
 
 Pure: `render(stats)` takes what `Admin.stats()` returns ({"coordinator": {...}, "brokers":
-{id: {...}}, "backups": {id: {...}}}) and returns the text; nothing here talks to a daemon.
-Daemons report no per-stream counters today, so there is no per-stream view here; `kera
-stream describe` shows each stream's streamlets and owners.
+{id: {...}}, "backups": {id: {...}}}) and returns the text; `render_streams` takes
+`Admin.stream_traffic()["streams"]` (`kera stats --streams`): one row per stream. Nothing here
+talks to a daemon.
 """
 
 from __future__ import annotations
@@ -155,3 +155,23 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
                                for i, (c, w) in enumerate(zip(row, widths))).rstrip()
                      for row in cells)
+
+
+STREAM_COLUMNS = (("records_in", "records in"), ("chunks_in", "chunks in"),
+                  ("bytes_in", "bytes in"), ("chunks_out", "chunks out"),
+                  ("bytes_out", "bytes out"))
+
+
+def render_streams(streams: dict[str, dict], per_second: bool) -> str:
+    """One row per stream (busiest first by bytes in), its traffic totals or rates."""
+    if not streams:
+        return "no stream has traffic on a live broker"
+    suffix = "/s" if per_second else ""
+    header = ["stream", "", *(title + suffix for _, title in STREAM_COLUMNS)]
+    order = sorted(streams, key=lambda n: (-streams[n].get("bytes_in", 0), n))
+    rows = [[name, "", *(format_value(field, streams[name].get(field, 0))
+                         for field, _ in STREAM_COLUMNS)] for name in order]
+    legend = ("per stream, added up over the live brokers: records and chunks appended "
+              "(in) and chunks fetched by readers (out)")
+    legend += ", per second" if per_second else ", since each broker started"
+    return legend + "\n" + _table(header, rows)

@@ -18,6 +18,7 @@ import time
 from typing import Callable
 
 from kera.errors import KeraError
+from kera.metrics import label_value
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def lag_text(lags: dict, skipped: int, errors: int) -> str:
     records, sizes = [], []
     for group, parts in sorted(lags.items()):
         for (stream, sl), lag in sorted(parts.items()):
-            labels = (f'{{group="{_escape(group)}",stream="{_escape(stream)}",'
+            labels = (f'{{group="{label_value(group)}",stream="{label_value(stream)}",'
                       f'streamlet="{sl}"}}')
             records.append(f"kera_group_lag_records{labels} {lag.records}")
             if lag.bytes is not None:
@@ -111,7 +112,3 @@ def lag_text(lags: dict, skipped: int, errors: int) -> str:
               f"kera_group_lag_groups_unknown {errors}"]
     return "\n".join(lines) + "\n"
 
-
-def _escape(value: str) -> str:
-    """A label value as Prometheus' text format wants it (backslash, quote, newline escaped)."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

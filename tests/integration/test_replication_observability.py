@@ -151,3 +151,46 @@ def test_command_line_cluster_with_replication(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_per_stream_traffic_in_kera_stats_streams_and_prometheus(fresh_cluster):
+    from kera.consumer import Consumer
+    from kera.producer import Producer
+    broker_port = free_port()
+    cluster = fresh_cluster(brokers=1, log_level="WARNING",
+                            extra_broker_args=["--metrics-port", str(broker_port)])
+    create(cluster, "busy", streamlets=2, replication=1)
+    create(cluster, "quiet", replication=1)
+    with Producer(cluster.bootstrap, linger_ms=1) as p:
+        for i in range(300):
+            p.send("busy", b"b%d" % i)
+        for i in range(7):
+            p.send("quiet", b"q%d" % i)
+    with Consumer(cluster.bootstrap, "busy", start="earliest") as c:
+        assert len([c.poll(timeout_s=10) for _ in range(300)]) == 300
+
+    as_json = kera("stats", "--streams", "--json", bootstrap=cluster.bootstrap)
+    assert as_json.returncode == 0, as_json.stderr
+    streams = json.loads(as_json.stdout)["streams"]
+    busy, quiet = streams["busy"], streams["quiet"]
+    assert (busy["records_in"], quiet["records_in"]) == (300, 7)
+    assert busy["chunks_in"] >= 1 and busy["bytes_in"] > quiet["bytes_in"] > 0
+    assert busy["chunks_out"] >= busy["chunks_in"] and busy["bytes_out"] >= busy["bytes_in"]
+    assert quiet["chunks_out"] == quiet["bytes_out"] == 0
+    table = kera("stats", "--streams", bootstrap=cluster.bootstrap).stdout.splitlines()
+    assert table[1].split()[:3] == ["stream", "records", "in"]
+    assert [line.split()[:2] for line in table[2:]] == [["busy", "300"], ["quiet", "7"]]
+    rates = kera("stats", "--streams", "--interval-s", "0.5", "--json", bootstrap=cluster.bootstrap)
+    assert json.loads(rates.stdout)["streams"]["busy"]["records_in"] == 0   # nothing since
+    assert kera("stats", "--interval-s", "1", bootstrap=cluster.bootstrap).returncode != 0
+
+    def labelled() -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{broker_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return {m.group(1, 2): float(m.group(3)) for m in re.finditer(
+            r'^(kera_broker_stream_[a-z_]+)\{stream="([^"]+)"\} (\S+)$', text, re.M)}
+    wait_for(lambda: labelled().get(("kera_broker_stream_records_in", "busy")) == 300,
+             "the broker's metrics to show the stream's appends")
+    m = labelled()
+    assert m[("kera_broker_stream_records_in", "quiet")] == 7
+    assert m[("kera_broker_stream_bytes_out", "busy")] == busy["bytes_out"]
