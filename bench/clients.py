@@ -34,7 +34,8 @@ def stream_name(prefix: str, index: int) -> str:
 
 def kera_producer_settings(w: Workload) -> dict:
     return {"chunk_size_bytes": w.chunk_size_bytes, "linger_ms": w.linger_ms,
-            "buffer_bytes": w.producer_buffer_bytes}
+            "buffer_bytes": w.producer_buffer_bytes,
+            "compression": None if w.compression == "none" else w.compression}
 
 
 class KeraProducerClient:
@@ -100,7 +101,7 @@ def kafka_producer_settings(w: Workload) -> dict:
     return {
         "acks": "all",
         "enable.idempotence": True,
-        "compression.type": "none",
+        "compression.type": w.compression,
         "linger.ms": w.linger_ms,
         "batch.size": w.chunk_size_bytes,
         "batch.num.messages": 1_000_000,                 # let batch.size decide

@@ -1,7 +1,7 @@
 """Delivery delay of kera.deliver: from a record's send to its target's apply returning.
 
     python -m bench.deliver_delay [--rate 2000] [--seconds 20] [--linger-ms 1] [--fetch-wait-ms 5]
-                                  [--postgres]
+                                  [--postgres] [--kafka]
 
 Starts a local cluster (one broker), a stream of 4 streamlets and one Deliverer in this process
 pushing it to an in-memory target (the deliverer's own cost), a SQLite file target (delay to a
@@ -9,6 +9,13 @@ committed transaction) and, with --postgres, a PostgreSQL target (tests.postgres
 producer sends at --rate records/s, paced every PACE_MS; each record's delay is the time its
 target's apply() returned minus the record's timestamp (stamped by the producer at send, so the
 producer's linger is included). The first WARMUP_S are not counted.
+
+--kafka also runs the same delivery built on Apache Kafka (LogPlayer's comparison), right after
+on the same machine: one Kafka broker (bench/kafka), a topic of 4 partitions, an idempotent
+acks=all producer with the same linger, pace and keys, and a consumer that assigns every
+partition and hands what each poll returns, in order, to the in-memory target (its
+fetch.wait.max.ms = --fetch-wait-ms). The send time travels in the value (µs; Kafka's own
+timestamps are milliseconds).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+
+from typing import NamedTuple
 
 from kera import config
 from kera.deliver import Deliverer
@@ -31,6 +40,7 @@ WARMUP_S = 2.0
 DRAIN_TIMEOUT_S = 60.0       # after production, every target has everything within it
 POLL_S = 0.05
 VALUE = b"x" * 100
+KAFKA_POLL_MESSAGES = 1000   # most messages one consume() call hands over
 
 
 class TimedTarget(Target):
@@ -72,6 +82,76 @@ def produce(bootstrap: str, rate: int, seconds: float, linger_ms: float) -> int:
     return sent
 
 
+class Stamped(NamedTuple):
+    """What TimedTarget reads of a record: its send time in µs."""
+    timestamp: int
+
+
+def run_kafka(work_dir: Path, args) -> TimedTarget:
+    """The in-memory target fed by a Kafka consumer loop (see the module docstring)."""
+    import threading
+
+    from bench.kafka.cluster import KafkaCluster
+    target = TimedTarget("kafka")
+    with KafkaCluster(work_dir, brokers=1) as cluster:
+        cluster.create_topic(STREAM, partitions=STREAMLETS)
+        stop = threading.Event()
+        reader = threading.Thread(target=kafka_consume, args=(cluster.bootstrap, target, stop, args))
+        reader.start()
+        try:
+            target.counted_after_us = time.time_ns() // 1000 + int(WARMUP_S * 1e6)
+            sent = kafka_produce(cluster.bootstrap, args)
+            deadline = time.monotonic() + DRAIN_TIMEOUT_S
+            while target.count < sent and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+        finally:
+            stop.set()
+            reader.join()
+    report(target, sent)
+    return target
+
+
+def kafka_consume(bootstrap: str, target: TimedTarget, stop, args) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "deliver-delay",
+                         "enable.auto.commit": False, "fetch.wait.max.ms": int(args.fetch_wait_ms),
+                         "fetch.min.bytes": 1})
+    try:
+        consumer.assign([TopicPartition(STREAM, p, 0) for p in range(STREAMLETS)])
+        while not stop.is_set():
+            messages = consumer.consume(num_messages=KAFKA_POLL_MESSAGES, timeout=POLL_S)
+            records = [Stamped(int.from_bytes(m.value()[:8], "little"))
+                       for m in messages if m.error() is None]
+            if records:
+                target.apply(records)
+    finally:
+        consumer.close()
+
+
+def kafka_produce(bootstrap: str, args) -> int:
+    from confluent_kafka import Producer as KafkaProducer
+    producer = KafkaProducer({"bootstrap.servers": bootstrap, "acks": "all",
+                              "enable.idempotence": True, "linger.ms": args.linger_ms})
+    per_step = max(1, args.rate * PACE_MS // 1000)
+    sent, started = 0, time.monotonic()
+    while time.monotonic() - started < args.seconds:
+        for _ in range(per_step):
+            stamp = (time.time_ns() // 1000).to_bytes(8, "little")
+            producer.produce(STREAM, stamp + VALUE[8:], key=str(sent % 64).encode())
+            sent += 1
+        producer.poll(0)
+        time.sleep(max(0.0, started + sent / args.rate - time.monotonic()))
+    producer.flush(DRAIN_TIMEOUT_S)
+    return sent
+
+
+def report(t: TimedTarget, sent: int) -> None:
+    print(f"{t.name:10} {t.count}/{sent} records, delay p50 {percentile(t.delays_us, 0.5):.2f}"
+          f" ms, p99 {percentile(t.delays_us, 0.99):.2f} ms, mean "
+          f"{sum(t.delays_us) / max(1, len(t.delays_us)) / 1000:.2f} ms, max "
+          f"{percentile(t.delays_us, 1.0):.2f} ms", flush=True)
+
+
 def percentile(values: list[int], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000 if ordered else 0.0
@@ -86,9 +166,7 @@ def run(bootstrap: str, targets: list[TimedTarget], args) -> None:
         while any(t.count < sent for t in targets) and time.monotonic() < deadline:
             time.sleep(POLL_S)
     for t in targets:
-        print(f"{t.name:10} {t.count}/{sent} records, delay p50 {percentile(t.delays_us, 0.5):.2f}"
-              f" ms, p99 {percentile(t.delays_us, 0.99):.2f} ms, max "
-              f"{percentile(t.delays_us, 1.0):.2f} ms")
+        report(t, sent)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--linger-ms", type=float, default=1.0)
     parser.add_argument("--fetch-wait-ms", type=float, default=config.DEFAULT_FETCH_WAIT_MS)
     parser.add_argument("--postgres", action="store_true")
+    parser.add_argument("--kafka", action="store_true",
+                        help="then the same delivery built on Apache Kafka, for comparison")
     args = parser.parse_args(argv)
     print(f"rate {args.rate} records/s for {args.seconds} s, linger {args.linger_ms} ms, "
           f"fetch wait {args.fetch_wait_ms} ms, "
@@ -116,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             if server is not None:
                 server.stop()
+    if args.kafka:
+        with tempfile.TemporaryDirectory() as tmp:
+            run_kafka(Path(tmp) / "kafka", args)
 
 
 if __name__ == "__main__":

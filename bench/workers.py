@@ -80,9 +80,21 @@ def _wait_schedule(ctl: Control) -> tuple[float, float, float]:
 
 
 def payload(w: Workload, seed: int) -> np.ndarray:
-    """One send unit: `records_per_chunk` random records (stamped before each send)."""
+    """One send unit: `records_per_chunk` records (stamped before each send), random bytes or
+    text (w.payload)."""
     rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, size=(w.records_per_chunk, w.record_size_bytes), dtype=np.uint8)
+    shape = (w.records_per_chunk, w.record_size_bytes)
+    if w.payload == "random":
+        return rng.integers(0, 256, size=shape, dtype=np.uint8)
+    text = b" ".join(TEXT_WORDS[i] for i in rng.integers(0, len(TEXT_WORDS), size=shape[0] * shape[1] // 4))
+    return np.frombuffer(text[:shape[0] * shape[1]].ljust(shape[0] * shape[1]), dtype=np.uint8
+                         ).reshape(shape).copy()
+
+
+# The vocabulary of `payload="text"` records: event-like words and field names.
+TEXT_WORDS = tuple(b'"user_id": "status": "ok" "error" "region": "eu-west-1" "us-east-2" GET POST '
+                   b'/api/v1/orders /api/v1/users 200 404 500 "latency_ms": "item": "cart" '
+                   b'"checkout" "session": true false null "ts": "device": "mobile" "web"'.split())
 
 
 def producer_main(system: str, bootstrap: str, prefix: str, w: Workload, index: int,

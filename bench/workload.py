@@ -21,6 +21,11 @@ ONE_PER_SUB_PARTITION = 0          # virtual_logs value meaning "streams x strea
 # (buffer / throughput) and how long the final flush takes; sized in chunks, capped.
 BUFFER_CHUNKS = 1024
 BUFFER_BYTES_MAX = 8 * MiB
+# Codecs both systems have (kera.chunk.COMPRESSIONS; Kafka's compression.type), and record
+# contents: random bytes compress not at all, text (words of a small vocabulary, like logs or
+# JSON) about as well as typical event data.
+COMPRESSIONS = ("none", "lz4", "zstd")
+PAYLOADS = ("random", "text")
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,8 @@ class Workload:
     buffer_bytes: int | None = None     # producer buffer (kera buffer_bytes = Kafka queue.buffering.max.kbytes); None: BUFFER_CHUNKS chunks, at most BUFFER_BYTES_MAX
     rate_records_per_s: int = 0         # per producer; 0 = as fast as the system takes them
     durability: str = "memory"          # kera backups ack from memory; Kafka acks from page cache
+    compression: str = "none"           # both: none, lz4 or zstd (per kera chunk / Kafka batch)
+    payload: str = "random"             # record bytes: random (incompressible) or text (words)
     tags: dict = field(default_factory=dict, compare=False, hash=False)  # the swept values, for tables
 
     def __post_init__(self) -> None:
@@ -53,6 +60,10 @@ class Workload:
         if self.records_per_chunk < 1:
             raise ValueError(f"chunk_size_bytes={self.chunk_size_bytes} holds no record of "
                              f"{self.record_size_bytes} bytes")
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"compression={self.compression!r}: use one of {', '.join(COMPRESSIONS)}")
+        if self.payload not in PAYLOADS:
+            raise ValueError(f"payload={self.payload!r}: use one of {', '.join(PAYLOADS)}")
         if self.duration_s <= 0 or self.warmup_s < 0:
             raise ValueError("duration_s must be > 0 and warmup_s >= 0")
 
@@ -194,4 +205,16 @@ def _vlogs() -> Preset:
                   "(16 streams x 4 streamlets x 2 groups; KerA Figs. 13-16)", tuple(out))
 
 
-PRESETS = {p.name: p for p in (_quick(), _streams(), _clients(), _throughput(), _vlogs())}
+def _compression() -> Preset:
+    out = []
+    for codec in COMPRESSIONS:
+        out.append(Workload(f"compression-{codec}", producers=2, consumers=2, streams=1,
+                            streamlets=8, replication=3, chunk_size_bytes=64 * KiB,
+                            payload="text", compression=codec, warmup_s=2.0, duration_s=5.0,
+                            tags={"compression": codec}))
+    return Preset("compression", "text records (compressible) with no compression, lz4 and "
+                  "zstd, 64 KiB chunks, R=3", tuple(out))
+
+
+PRESETS = {p.name: p for p in (_quick(), _streams(), _clients(), _throughput(), _vlogs(),
+                               _compression())}
