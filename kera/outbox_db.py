@@ -47,9 +47,15 @@ CREATE TABLE IF NOT EXISTS {leaders} (
 """
 
 # Oldest first, unmarked only: earlier terms' marks are settled at takeover (OutboxTable.suspects).
+# A row is marked by one term only. Two markers at once (a frozen leader resuming beside its
+# successor) must not both take a row: the subquery skips rows another marker has locked, and
+# the outer condition is checked again on a row changed meanwhile (without it a marker that
+# waited on a row's lock overwrote the other's mark, and the stale leader's reset on stepping
+# down then unmarked rows its successor had already published, which went out again).
 MARK = """
 UPDATE {table} SET leader_id = %s
-WHERE id IN (SELECT id FROM {table} WHERE leader_id IS NULL ORDER BY id LIMIT %s)
+WHERE leader_id IS NULL AND id IN (
+    SELECT id FROM {table} WHERE leader_id IS NULL ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)
 RETURNING id, key, value, header_keys, header_values
 """
 

@@ -35,6 +35,7 @@ STOP_TIMEOUT_S = 10.0
 KEYS = 16
 KILL_TRIES_MAX = 20
 IN_FLIGHT_MAX = 64               # per harvester: bounds what a frozen leader still sends
+MARK_WAIT_S = 5.0                # a marking statement that is not blocked answers within this
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +219,33 @@ def test_cli_init_creates_the_outbox_table_and_may_run_again(postgres):
     with postgres.connect() as conn:
         conn.execute("INSERT INTO ob_cli_init (key, value) VALUES ('k', 'v')")
         assert conn.execute("SELECT count(*) FROM ob_cli_init_leaders").fetchone() == (0,)
+
+
+def test_two_markers_at_once_never_take_the_same_row(postgres):
+    """A frozen leader resuming marks beside its successor: while one marking transaction holds
+    its rows, another marks only other rows, and no mark is overwritten once the first commits
+    (it used to wait on the locks, then take the same rows)."""
+    table = "ob_two_markers"
+    FIRST, SECOND = "11111111-1111-1111-1111-111111111111", "22222222-2222-2222-2222-222222222222"
+    with postgres.connect() as conn:
+        create_schema(conn, table)
+        for i in range(10):
+            conn.execute(f"INSERT INTO {table} (key, value) VALUES (%s, 'v')", (f"k{i}",))
+    with postgres.connect() as first, postgres.connect() as second:
+        took_first = [r.id for r in OutboxTable(first, table).mark(FIRST, 4)]   # not committed
+        took_second: list[int] = []
+        marking = threading.Thread(target=lambda: took_second.extend(
+            r.id for r in OutboxTable(second, table).mark(SECOND, 4)))
+        marking.start()
+        marking.join(MARK_WAIT_S)
+        first.commit()
+        marking.join(MARK_WAIT_S)
+        second.commit()
+    assert len(took_first) == 4 and not set(took_first) & set(took_second)
+    with postgres.connect() as conn:
+        marks = dict(conn.execute(f"SELECT id, leader_id::text FROM {table}").fetchall())
+    assert all(marks[i] == FIRST for i in took_first)
+    assert all(marks[i] == SECOND for i in took_second)
 
 
 def test_kill_9_of_the_leader_another_takes_over_none_lost_none_twice(
