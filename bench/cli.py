@@ -3,6 +3,7 @@
     python -m bench --preset quick
     python -m bench --preset streams --where R=3 --set duration_s=3 --repeats 1
     python -m bench --list
+    python -m bench --preset throughput --systems kera --baseline main~1   # vs another commit
 
 Writes results/<date>-<preset>/{results.json, results.md, *.png}.
 """
@@ -19,9 +20,10 @@ import traceback
 from pathlib import Path
 
 from . import report
+from .baseline import SYSTEM as BASELINE, BaselineError, BaselineSystem, prepare
 from .ceiling import zmq_ceiling
 from .progress import make_progress
-from .runner import TrialResult, run_trial
+from .runner import TrialResult
 from .systems import make_system
 from .workload import PRESETS, Workload
 
@@ -37,16 +39,18 @@ WARM_UP_S = 2.0   # alternation within each repeat: kera, Kafka, kera, Kafka ...
 def run_benchmark(workloads: list[Workload], *, preset: str, description: str, repeats: int,
                   out_dir: Path, systems=DEFAULT_SYSTEMS, ceiling_bytes: int = 0,
                   work_dir: Path | None = None, plots: bool = True, warm_up: bool = True,
-                  progress=None) -> dict:
+                  progress=None, baseline=None) -> dict:
     """Run every workload `repeats` times on each system, alternating; write the results.
-    With `warm_up`, each freshly started cluster first runs a short unrecorded trial."""
+    With `warm_up`, each freshly started cluster first runs a short unrecorded trial.
+    `baseline` (a prepared bench.baseline.BaselineEnv) runs system "kera-baseline"."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     progress = progress or make_progress(len(workloads) * repeats * len(systems))
     results = {"preset": preset, "description": description,
                "started": datetime.datetime.now().isoformat(timespec="seconds"),
                "machine": report.machine_info(), "repeats": repeats, "systems": list(systems),
-               "ceiling": {}, "configurations": [], "errors": [], "files": {}}
+               "ceiling": {}, "configurations": [], "errors": [], "files": {},
+               "baseline": baseline.describe() if baseline else None}
     try:
         if ceiling_bytes:
             for chunk in sorted({w.chunk_size_bytes for w in workloads}):
@@ -55,7 +59,8 @@ def run_benchmark(workloads: list[Workload], *, preset: str, description: str, r
                 results["ceiling"][str(chunk)] = c
                 progress.note(f"ceiling: {c['bytes_per_s'] / 1e6:,.0f} MB/s")
         with tempfile.TemporaryDirectory(prefix="kera-bench-", dir=work_dir) as tmp:
-            _run_all(workloads, repeats, systems, Path(tmp), results, out_dir, progress, warm_up)
+            running = make_systems(systems, Path(tmp), baseline, preset, out_dir)
+            _run_all(workloads, repeats, running, results, out_dir, progress, warm_up)
         if plots:
             results["files"]["plots"] = [p.name for p in report.write_plots(out_dir, results)]
     finally:
@@ -67,9 +72,15 @@ def run_benchmark(workloads: list[Workload], *, preset: str, description: str, r
     return results
 
 
-def _run_all(workloads, repeats, systems, work_dir: Path, results: dict, out_dir: Path,
+def make_systems(systems, work_dir: Path, baseline, preset: str, out_dir: Path) -> dict:
+    """{name: system} in alternation order; the baseline is not a cluster here but runs each
+    trial with its own bench."""
+    return {name: BaselineSystem(baseline, preset, work_dir, out_dir) if name == BASELINE
+            else make_system(name, work_dir) for name in systems}
+
+
+def _run_all(workloads, repeats, running: dict, results: dict, out_dir: Path,
              progress, warm_up: bool) -> None:
-    running = {name: make_system(name, work_dir) for name in systems}
     try:
         for ci, w in enumerate(workloads):
             config = {"workload": w.to_dict(), "trials": []}
@@ -88,9 +99,9 @@ def _run_all(workloads, repeats, systems, work_dir: Path, results: dict, out_dir
                         if system.ensure(w) and warm_up:
                             progress.note(f"{name}: new cluster {system.bootstrap}; warming up")
                             with system.client_env():
-                                run_trial(system, warm_up_workload(w), f"w{ci:02d}-{name}")
+                                system.trial(warm_up_workload(w), f"w{ci:02d}-{name}")
                         with system.client_env():
-                            trial = run_trial(system, w, f"t{ci:02d}-{repeat}-{name}", repeat)
+                            trial = system.trial(w, f"t{ci:02d}-{repeat}-{name}", repeat)
                     except Exception:  # noqa: BLE001 - recorded; the run goes on
                         err = traceback.format_exc()
                         results["errors"].append({"label": w.label(), "system": name,
@@ -177,7 +188,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="which set of workloads (default: %(default)s)")
     p.add_argument("--list", action="store_true", help="list the presets and their workloads")
     p.add_argument("--repeats", type=int, default=None,
-                   help="kera/Kafka trial pairs per configuration (default: the preset's)")
+                   help="rounds of alternating trials (one per system) per configuration "
+                        "(default: the preset's)")
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                    help="only configurations whose tag or field KEY is VALUE (e.g. R=3); repeat")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
@@ -191,6 +203,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--security", default="off", choices=sorted(SECURITY_SYSTEMS),
                    help="kera with CURVE (curve), or plaintext and CURVE side by side in one "
                         "run (both; ratio rows curve/plain); default: %(default)s")
+    p.add_argument("--baseline", metavar="REF", default=None,
+                   help="also run kera as of git commit REF (branch, tag, sha, e.g. main~1), "
+                        "alternating with the working tree's kera, and add a ratio row "
+                        "kera/kera@REF; REF is checked out with its own venv (system site "
+                        "packages, nothing downloaded) under --baseline-cache, reused by sha; "
+                        "its bench must have the flags a trial uses, as 7a24f2f's does "
+                        "(default: none)")
+    p.add_argument("--baseline-cache", type=Path, default=None, metavar="DIR",
+                   help="where baseline checkouts and venvs are kept "
+                        "(default: ~/.cache/kera-bench/baseline)")
     p.add_argument("--no-ceiling", action="store_true", help="skip the raw pyzmq ceiling")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--plain", action="store_true", help="plain progress lines even with rich")
@@ -215,13 +237,12 @@ def run(args: argparse.Namespace) -> int:
     if not workloads:
         print(f"no configuration of preset {preset.name!r} matches {args.where}", file=sys.stderr)
         return 2
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if "kera" in systems and args.security != "off":
-        at = systems.index("kera")
-        systems[at:at + 1] = SECURITY_SYSTEMS[args.security]
-    bad = [s for s in systems if s not in SYSTEM_ORDER]
-    if bad or not systems:
-        print(f"--systems: unknown {bad}; choose from {', '.join(SYSTEM_ORDER)}", file=sys.stderr)
+    try:
+        systems = choose_systems(args.systems, args.security, bool(args.baseline))
+        baseline = prepare(args.baseline, cache_dir=args.baseline_cache,
+                           note=_note) if args.baseline else None
+    except (ValueError, BaselineError) as e:
+        print(e, file=sys.stderr)
         return 2
     repeats = args.repeats or preset.repeats
     out_dir = args.out or default_out_dir(preset.name)
@@ -231,10 +252,34 @@ def run(args: argparse.Namespace) -> int:
     results = run_benchmark(workloads, preset=preset.name, description=preset.description,
                             repeats=repeats, out_dir=out_dir, systems=systems,
                             ceiling_bytes=0 if args.no_ceiling else preset.ceiling_bytes,
-                            work_dir=args.work_dir, plots=not args.no_plots, progress=progress)
+                            work_dir=args.work_dir, plots=not args.no_plots, progress=progress,
+                            baseline=baseline)
     print(report.markdown(results))
     print(f"results: {out_dir}/", file=sys.stderr)
     return 1 if results["errors"] else 0
+
+
+def choose_systems(names: str, security: str, baseline: bool) -> list[str]:
+    """The systems of `--systems`, kera expanded by `--security`, and the baseline (`--baseline`)
+    right after the working tree's kera systems: kera, [kera-curve,] kera-baseline, kafka."""
+    systems = [s.strip() for s in names.split(",") if s.strip()]
+    if "kera" in systems and security != "off":
+        at = systems.index("kera")
+        systems[at:at + 1] = SECURITY_SYSTEMS[security]
+    bad = [s for s in systems if s not in SYSTEM_ORDER]
+    if bad or not systems:
+        raise ValueError(f"--systems: unknown {bad}; choose from {', '.join(SYSTEM_ORDER)}")
+    if baseline:
+        if "kera" not in systems:
+            raise ValueError("--baseline compares the working tree's plaintext kera with REF's: "
+                             "keep kera in --systems (and --security off or both)")
+        last = max(i for i, s in enumerate(systems) if s.startswith("kera"))
+        systems.insert(last + 1, BASELINE)
+    return systems
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

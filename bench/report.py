@@ -2,7 +2,9 @@
 
 Each configuration's numbers are the medians over its alternating trials, and the ratio is
 kera / Kafka of those medians (for latency and CPU, lower is better: a ratio below 1 favours
-kera there).
+kera there). With `--baseline REF` the table also has kera@REF (system "kera-baseline") and a
+ratio row kera / kera@REF (`baseline_ratios`): below 1 for latency and CPU, above 1 for
+records/s, means the working tree improved on REF.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 
 from .runner import METRICS, TrialResult, median_of
 
-SYSTEMS = ("kera", "kera-curve", "kafka")   # kera-curve: `--security` (CURVE on)
+# kera-curve: `--security` (CURVE on); kera-baseline: `--baseline REF` (kera as of REF)
+SYSTEMS = ("kera", "kera-curve", "kera-baseline", "kafka")
 LOG_SCALE_SPAN = 30.0   # bar heights spanning more than this factor get a log axis
 PLOTS = {  # file: (title, metric, y label)
     "producer_throughput.png": ("Acknowledged producer throughput", "producer_records_per_s",
@@ -37,6 +40,7 @@ def summarize(config: dict) -> dict:
                         for t in trials if t.system == s) for s in SYSTEMS}
     return {"medians": medians, "ratios": ratios,
             "curve_ratios": _ratios(medians["kera-curve"], medians["kera"]),
+            "baseline_ratios": _ratios(medians["kera"], medians["kera-baseline"]),
             "integrity_ok": integrity,
             "trials_per_system": {s: sum(t.system == s for t in trials) for s in SYSTEMS},
             "machine_busy_fraction": median_of(trials, "machine_busy_fraction"),
@@ -102,6 +106,54 @@ def _ratio_row(label: str, what: str, r: dict, note: str) -> str:
             f"{_ratio(r['server_cpu_s_per_million'])} | | {note} |")
 
 
+def system_label(results: dict, system: str) -> str:
+    """How a system is named in tables and plots: the baseline by its commit."""
+    if system == "kera-baseline":
+        return f"kera@{((results.get('baseline') or {}).get('short')) or 'baseline'}"
+    return system
+
+
+def _config_rows(results: dict, config: dict, ceil: dict) -> list[str]:
+    """One row per system that ran, then the ratio rows that have numbers."""
+    s = config["summary"]
+    label = config["workload"]["label"]
+    ceiling = (ceil.get(str(config["workload"]["chunk_size_bytes"])) or {}).get("bytes_per_s")
+    lines = []
+    for system in SYSTEMS:
+        m = s["medians"].get(system)
+        if not (s["trials_per_system"].get(system) and m):   # older results lack new systems
+            continue
+        frac = "-"
+        if ceiling and m["producer_mb_per_s"] is not None:
+            frac = f"{m['producer_mb_per_s'] * 1e6 / ceiling:.1%}"
+        lines.append(
+            f"| {label} | {system_label(results, system)} | "
+            f"{_fmt(m['producer_records_per_s'])} | "
+            f"{_fmt(m['producer_mb_per_s'], 1)} | {_fmt(m['consumer_records_per_s'])} | "
+            f"{_fmt(m['latency_p50_ms'], 1)} | {_fmt(m['latency_p99_ms'], 1)} | "
+            f"{_fmt(m['cpu_s_per_million'], 2)} | {_fmt(m['server_cpu_s_per_million'], 2)} | "
+            f"{frac} | {'yes' if s['integrity_ok'][system] else 'NO'} |")
+    busy = f"busy {(s['machine_busy_fraction'] or 0):.0%}, other {(s['other_cpu_s'] or 0):.1f} s"
+    for what, ratios in (("kera/Kafka", s["ratios"]),
+                         ("CURVE/plaintext", s.get("curve_ratios") or {}),
+                         (f"kera/{system_label(results, 'kera-baseline')}",
+                          s.get("baseline_ratios") or {})):
+        if any(v is not None for v in ratios.values()):
+            lines.append(_ratio_row(label, what, ratios, busy))
+    return lines
+
+
+def _baseline_note(results: dict) -> list[str]:
+    b = results.get("baseline")
+    if not b:
+        return []
+    return [f"Baseline kera@{b['short']} (`--baseline {b['ref']}`, commit {b['sha']}): its own "
+            f"bench from {b['checkout']} run with {b['python']} (kera imported from "
+            f"{b['imports'].get('kera_file')}), one trial per round, each on a cluster it "
+            "starts and warms up itself; ratios kera/kera@REF are the working tree over "
+            "the baseline.", ""]
+
+
 def markdown(results: dict) -> str:
     lines = [f"# kera vs Apache Kafka — preset `{results['preset']}`", "",
              f"{results['description']}", "",
@@ -116,6 +168,7 @@ def markdown(results: dict) -> str:
         lines += [f"kera {v.get('kera')} (commit {v.get('kera_commit') or '?'}), Apache Kafka "
                   f"{v.get('kafka')}, confluent-kafka {v.get('confluent-kafka')}, pyzmq "
                   f"{v.get('pyzmq')}, Python {results['machine']['python']}.", ""]
+    lines += _baseline_note(results)
     ceil = results.get("ceiling") or {}
     if ceil:
         lines += ["Raw pyzmq ROUTER/DEALER ceiling (same bytes, no work; measured in this run): " +
@@ -125,28 +178,7 @@ def markdown(results: dict) -> str:
               "p50 ms | p99 ms | CPU s/Mrec | server CPU s/Mrec | of ceiling | acked = consumed |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for config in results["configurations"]:
-        s = config["summary"]
-        label = config["workload"]["label"]
-        ceiling = (ceil.get(str(config["workload"]["chunk_size_bytes"])) or {}).get("bytes_per_s")
-        for system in SYSTEMS:
-            m = s["medians"][system]
-            if not s["trials_per_system"][system]:
-                continue
-            frac = "-"
-            if ceiling and m["producer_mb_per_s"] is not None:
-                frac = f"{m['producer_mb_per_s'] * 1e6 / ceiling:.1%}"
-            lines.append(
-                f"| {label} | {system} | {_fmt(m['producer_records_per_s'])} | "
-                f"{_fmt(m['producer_mb_per_s'], 1)} | {_fmt(m['consumer_records_per_s'])} | "
-                f"{_fmt(m['latency_p50_ms'], 1)} | {_fmt(m['latency_p99_ms'], 1)} | "
-                f"{_fmt(m['cpu_s_per_million'], 2)} | {_fmt(m['server_cpu_s_per_million'], 2)} | "
-                f"{frac} | {'yes' if s['integrity_ok'][system] else 'NO'} |")
-        busy = (f"busy {(s['machine_busy_fraction'] or 0):.0%}, other "
-                f"{(s['other_cpu_s'] or 0):.1f} s")
-        for what, ratios in (("kera/Kafka", s["ratios"]),
-                             ("CURVE/plaintext", s.get("curve_ratios") or {})):
-            if any(v is not None for v in ratios.values()):
-                lines.append(_ratio_row(label, what, ratios, busy))
+        lines += _config_rows(results, config, ceil)
     lines += ["", "## Settings", "",
               "Every configuration's workload, kera and Kafka settings are in `results.json` "
               "(`configurations[].workload`, `.kera`, `.kafka`). Layout of R copies: kera runs "
@@ -175,8 +207,27 @@ def write_markdown(out_dir: Path, results: dict) -> Path:
     return path
 
 
+PLOT_COLORS = {"kera": "#1f77b4", "kera-baseline": "#9ecae1", "kafka": "#ff7f0e"}
+
+
+def _plot_systems(results: dict) -> list[str]:
+    """The systems drawn: kera, the baseline when it ran, Kafka when it ran."""
+    ran = {s for c in results["configurations"] for s, n in
+           c["summary"]["trials_per_system"].items() if n}
+    return [s for s in PLOT_COLORS if s == "kera" or s in ran]
+
+
+def _plot_against(results: dict, systems: list[str]) -> tuple[str, str]:
+    """The ratio written above each configuration: kera/Kafka, or kera/baseline without Kafka
+    (as named in the title, and the summary key holding it)."""
+    if "kafka" in systems or "kera-baseline" not in systems:
+        return "Kafka", "ratios"
+    return system_label(results, "kera-baseline"), "baseline_ratios"
+
+
 def write_plots(out_dir: Path, results: dict) -> list[Path]:
-    """One grouped bar chart per metric: kera and Kafka per configuration, ratio on top."""
+    """One grouped bar chart per metric: kera (the baseline) and Kafka per configuration, a
+    ratio on top."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -184,36 +235,11 @@ def write_plots(out_dir: Path, results: dict) -> list[Path]:
     configs = results["configurations"]
     if not configs:
         return []
-    labels = [c["workload"]["label"] for c in configs]
     paths = []
     for filename, (title, metric, ylabel) in PLOTS.items():
-        kera = [c["summary"]["medians"]["kera"][metric] or 0.0 for c in configs]
-        kafka = [c["summary"]["medians"]["kafka"][metric] or 0.0 for c in configs]
-        width = 0.38
         fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(configs) + 2), 4.2))
-        xs = range(len(configs))
-        ax.bar([x - width / 2 for x in xs], kera, width, label="kera", color="#1f77b4")
-        ax.bar([x + width / 2 for x in xs], kafka, width, label="Apache Kafka", color="#ff7f0e")
-        top = max(kera + kafka + [1e-9])
-        for x, c in zip(xs, configs):
-            r = c["summary"]["ratios"][metric]
-            if r is not None:
-                h = max(c["summary"]["medians"]["kera"][metric] or 0,
-                        c["summary"]["medians"]["kafka"][metric] or 0)
-                ax.text(x, h * 1.02 if h else top * 0.02, f"{r:.2f}x", ha="center", va="bottom",
-                        fontsize=8)
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels(labels, rotation=30 if len(configs) > 4 else 0, ha="right"
-                           if len(configs) > 4 else "center", fontsize=8)
-        positive = [v for v in kera + kafka if v > 0]
-        if positive and max(positive) / min(positive) > LOG_SCALE_SPAN:
-            ax.set_yscale("log")  # the two systems differ by orders of magnitude: show both
-            ax.set_ylim(min(positive) / 2, top * 3)
-            ylabel += " (log scale)"
-        else:
-            ax.set_ylim(0, top * 1.15)
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{title} — preset {results['preset']} (ratio kera/Kafka)", fontsize=10)
+        against = _draw_bars(ax, results, metric, ylabel)   # kera/Kafka or kera/kera@REF
+        ax.set_title(f"{title} — preset {results['preset']} (ratio kera/{against})", fontsize=10)
         ax.legend(fontsize=8)
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
@@ -222,3 +248,38 @@ def write_plots(out_dir: Path, results: dict) -> list[Path]:
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def _draw_bars(ax, results: dict, metric: str, ylabel: str) -> str:
+    """Bars of every plotted system, ratio labels, axes; returns what kera is compared with."""
+    configs = results["configurations"]
+    systems = _plot_systems(results)
+    width = 0.8 / len(systems)
+    xs = range(len(configs))
+    values = {s: [c["summary"]["medians"][s][metric] or 0.0 for c in configs] for s in systems}
+    for i, s in enumerate(systems):
+        name = "Apache Kafka" if s == "kafka" else system_label(results, s)
+        ax.bar([x + (i - (len(systems) - 1) / 2) * width for x in xs], values[s], width,
+               label=name, color=PLOT_COLORS[s])
+    every = [v for s in systems for v in values[s]]
+    top = max(every + [1e-9])
+    against, key = _plot_against(results, systems)
+    for x, c in zip(xs, configs):
+        r = (c["summary"].get(key) or {}).get(metric)
+        h = max(values[s][x] for s in systems)
+        if r is not None:
+            ax.text(x, h * 1.02 if h else top * 0.02, f"{r:.2f}x", ha="center", va="bottom",
+                    fontsize=8)
+    many = len(configs) > 4
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([c["workload"]["label"] for c in configs], rotation=30 if many else 0,
+                       ha="right" if many else "center", fontsize=8)
+    positive = [v for v in every if v > 0]
+    if positive and max(positive) / min(positive) > LOG_SCALE_SPAN:
+        ax.set_yscale("log")  # the systems differ by orders of magnitude: show them all
+        ax.set_ylim(min(positive) / 2, top * 3)
+        ylabel += " (log scale)"
+    else:
+        ax.set_ylim(0, top * 1.15)
+    ax.set_ylabel(ylabel)
+    return against

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .clients import kafka_consumer_settings, kafka_producer_settings, kera_producer_settings, \
     stream_name
+from .runner import run_trial
 from .workload import Workload
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,11 @@ class _System(abc.ABC):
     def client_env(self):
         """The environment the trial's worker processes are spawned with (they inherit it)."""
         yield
+
+    def trial(self, w: Workload, prefix: str, repeat: int = 0):
+        """One trial on this (`ensure`d) cluster. A system that is not a cluster here (the
+        `--baseline` one, bench/baseline.py) runs its trials its own way."""
+        return run_trial(self, w, prefix, repeat)
 
     def stop(self) -> None:
         if self.cluster is not None:
