@@ -45,10 +45,12 @@ class KeraProducerClient:
         self.p = Producer(bootstrap, **kera_producer_settings(w))
         self.prefix = prefix
         self.names: dict[int, str] = {}
+        # One header list per record of a send unit (send_batch takes them per record).
+        self.headers = [w.record_headers] * w.records_per_chunk if w.headers else None
 
     def send(self, stream: int, values: np.ndarray) -> None:
         name = self.names.get(stream) or self.names.setdefault(stream, stream_name(self.prefix, stream))
-        self.p.send_batch(name, values)
+        self.p.send_batch(name, values, headers=self.headers)
 
     def acked(self) -> int:
         return self.p.stats["records_acked"]
@@ -139,6 +141,7 @@ class KafkaProducerClient:
         self.produced = 0
         self.errors = 0
         self.names: dict[int, str] = {}
+        self.headers = w.record_headers or None
 
     def _on_error(self, err, msg) -> None:  # delivery.report.only.error: failures only
         if err is not None:
@@ -151,6 +154,9 @@ class KafkaProducerClient:
         blob = values.tobytes()
         size = self.record_size
         n = len(values)
+        if self.headers is not None:
+            self._produce_each(name, part, blob, n)
+            return
         messages = [{"value": blob[i * size:(i + 1) * size]} for i in range(n)]
         while True:
             queued = self.p.produce_batch(name, messages, partition=part)
@@ -163,6 +169,21 @@ class KafkaProducerClient:
                 raise RuntimeError(f"Kafka produce_batch failed: {other}")
             messages = [{"value": m["value"]} for m in failed]
             self.p.poll(KAFKA_QUEUE_FULL_POLL_S)
+        self.produced += n
+        self.p.poll(0)
+
+    def _produce_each(self, name: str, part: int, blob: bytes, n: int) -> None:
+        """produce() per record: confluent-kafka's produce_batch drops headers silently
+        (confluent-kafka-python#2320), so records with headers take the per-record API."""
+        size = self.record_size
+        for i in range(n):
+            while True:
+                try:
+                    self.p.produce(name, blob[i * size:(i + 1) * size], partition=part,
+                                   headers=self.headers)
+                    break
+                except BufferError:       # the queue (buffer_bytes) is full
+                    self.p.poll(KAFKA_QUEUE_FULL_POLL_S)
         self.produced += n
         self.p.poll(0)
 

@@ -15,6 +15,8 @@ MiB = 1024 * KiB
 
 CHUNK_HEADER_BYTES = 64 + 4        # kera chunk header + the producer's reserve (accumulator)
 RECORD_OVERHEAD_BYTES = 12         # kera: i64 timestamp + u32 value offset per record
+HEADERS_INDEX_BYTES = 4            # kera: a record's offset into the headers column
+HEADER_OVERHEAD_BYTES = 8          # kera: per header pair, its key and value offsets
 STAMP_BYTES = 8                    # send time (µs, little-endian i64) at the start of each value
 ONE_PER_SUB_PARTITION = 0          # virtual_logs value meaning "streams x streamlets x groups"
 # Default producer buffer: closed-loop producers keep it full, so it sets the queueing delay
@@ -48,6 +50,7 @@ class Workload:
     durability: str = "memory"          # kera backups ack from memory; Kafka acks from page cache
     compression: str = "none"           # both: none, lz4 or zstd (per kera chunk / Kafka batch)
     payload: str = "random"             # record bytes: random (incompressible) or text (words)
+    headers: int = 0                    # both: header pairs per record ("h<i>" -> 8 bytes)
     tags: dict = field(default_factory=dict, compare=False, hash=False)  # the swept values, for tables
 
     def __post_init__(self) -> None:
@@ -71,7 +74,21 @@ class Workload:
     @property
     def records_per_chunk(self) -> int:
         """Records of one send unit: what fills one kera chunk (and one Kafka batch)."""
-        return (self.chunk_size_bytes - CHUNK_HEADER_BYTES) // (self.record_size_bytes + RECORD_OVERHEAD_BYTES)
+        return (self.chunk_size_bytes - CHUNK_HEADER_BYTES) // (
+            self.record_size_bytes + RECORD_OVERHEAD_BYTES + self.record_header_bytes)
+
+    @property
+    def record_headers(self) -> list[tuple[str, bytes]]:
+        """The header pairs every record carries (the same for both systems)."""
+        return [(f"h{i}", b"%08d" % i) for i in range(self.headers)]
+
+    @property
+    def record_header_bytes(self) -> int:
+        """What a record's headers add to a kera chunk (index + key, value, offsets)."""
+        if not self.headers:
+            return 0
+        return HEADERS_INDEX_BYTES + sum(len(k) + len(v) + HEADER_OVERHEAD_BYTES
+                                         for k, v in self.record_headers)
 
     @property
     def producer_buffer_bytes(self) -> int:
@@ -216,5 +233,17 @@ def _compression() -> Preset:
                   "zstd, 64 KiB chunks, R=3", tuple(out))
 
 
+def _headers() -> Preset:
+    out = []
+    for pairs in (0, 2):
+        out.append(Workload(f"headers-{pairs}", producers=2, consumers=2, streams=1,
+                            streamlets=8, replication=3, chunk_size_bytes=16 * KiB,
+                            headers=pairs, warmup_s=2.0, duration_s=5.0,
+                            tags={"headers": pairs}))
+    return Preset("headers", "records without and with 2 headers each, 16 KiB chunks, R=3 "
+                  "(kera send_batch with headers; Kafka produce() per record, as produce_batch "
+                  "drops headers)", tuple(out))
+
+
 PRESETS = {p.name: p for p in (_quick(), _streams(), _clients(), _throughput(), _vlogs(),
-                               _compression())}
+                               _compression(), _headers())}

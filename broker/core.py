@@ -184,10 +184,13 @@ class Broker:
                     reload.install(self, stream, self.reloaded)
             else:
                 old = stream.info
-                if (old.streamlets, old.replication, old.durability) != (
-                        info.streamlets, info.replication, info.durability):
+                if (old.replication, old.durability) != (info.replication, info.durability) \
+                        or info.streamlets < old.streamlets:
                     log.warning("stream %s: layout change ignored", info.name)
                     continue
+                if info.streamlets > old.streamlets:
+                    log.info("stream %s (id %d): streamlets raised %d -> %d", info.name, info.id,
+                             old.streamlets, info.streamlets)
                 stream.info = info
         for sid in [sid for sid in self.streams if sid not in seen]:
             if sid in tombstones:
@@ -402,7 +405,7 @@ class Broker:
             check(info.name)
         sl = h.streamlet
         if sl >= info.streamlets:
-            raise BadRequest(f"stream {info.name!r} has no streamlet {sl}")
+            raise _streamlet_unknown(info, sl)
         if info.placement[sl] != self.broker_id:
             raise NotOwner(f"streamlet {sl} of {info.name!r} is on broker {info.placement[sl]}")
         if self.recovering and (info.id, sl) in self.recovering:
@@ -533,7 +536,7 @@ class Broker:
             raise UnknownStream(f"unknown stream id {sid}", retriable=True)
         info = stream.info
         if sl >= info.streamlets:
-            raise BadRequest(f"stream {info.name!r} has no streamlet {sl}")
+            raise _streamlet_unknown(info, sl)
         if info.placement[sl] != self.broker_id:
             raise NotOwner(f"streamlet {sl} of {info.name!r} is on broker {info.placement[sl]}")
         if self.recovering and (sid, sl) in self.recovering:
@@ -836,3 +839,10 @@ def parse_cursor(cursor) -> tuple[int, dict, bool, int | None]:
 def _check_int(value, name: str, hi: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
         raise BadRequest(f"'{name}' must be an integer in [0, {hi}]")
+
+
+def _streamlet_unknown(info: StreamInfo, sl: int) -> NotReady:
+    # Retriable: a client may know of a raised streamlet count before this broker applied it.
+    return NotReady(f"stream {info.name!r} has {info.streamlets} streamlets at metadata version "
+                    f"{info.version} here, no streamlet {sl}: the count may have been raised "
+                    f"since; ask the coordinator")

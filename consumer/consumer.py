@@ -66,7 +66,8 @@ class Consumer:
                  group: str | None = None, group_instance_id: str | None = None,
                  pattern: str | None = None, key_file: str | None = None,
                  session_timeout_ms: int = 10_000, auto_commit_interval_ms: int | None = 5_000,
-                 env: ClientEnv | None = None):
+                 env: ClientEnv | None = None,
+                 metadata_max_age_ms: int = config.DEFAULT_METADATA_MAX_AGE_MS):
         """`stream`: one stream name or a list of them, all read by this one consumer.
         `streamlets` / `member`+`members` choose streamlets of each stream (`streamlets=[]`:
         none until `assign()`, for a group-membership layer). `start`: "earliest", "latest" or
@@ -84,7 +85,12 @@ class Consumer:
         (None: off) save what was handed out. `group_instance_id`: static membership, a restart
         within `session_timeout_ms` gets the same streamlets back without a rebalance.
         `pattern` (with `group`): also every stream matching this glob ("clicks-*"), later
-        ones included (Kafka's subscribe(pattern)); `stream` may be []."""
+        ones included (Kafka's subscribe(pattern)); `stream` may be [].
+
+        Streamlets added to a stream later (`kera stream alter --streamlets`) are read from
+        their beginning once this consumer's descriptor is refreshed (at least every
+        `metadata_max_age_ms`) when it reads all streamlets or a `member`'s share; a group
+        assigns them on its own; an explicit `streamlets` list stays as given."""
         _check_options(group is not None and (streamlets is not None or member is not None),
                        cache_chunks_max, fetch_max_bytes, on_lost_position)
         self.streams = [stream] if isinstance(stream, str) else list(dict.fromkeys(stream))
@@ -97,7 +103,9 @@ class Consumer:
         self.on_assigned, self.on_revoked, self.group = on_assigned, on_revoked, group
         self._default_start = start if isinstance(start, str) else "earliest"
         self.key_file = key_file   # CURVE key (kera.keys): None is $KERA_KEY_FILE or plaintext
-        self._open_metadata(bootstrap, env)
+        # How new streamlets are taken up: (member, members) to share them, None: not at all.
+        self._follow = None if group is not None or streamlets is not None else (member, members)
+        self._open_metadata(bootstrap, env, metadata_max_age_ms)
         try:
             self._infos = {name: self._meta.stream(name) for name in self.streams}
             parts = [] if group is not None else [
@@ -107,14 +115,7 @@ class Consumer:
         except BaseException:
             self._meta.close()
             raise
-        self._consumed = {}
-        self._fetch = FetchState({name: info.id for name, info in self._infos.items()}, {},
-                                 fetch_max_bytes=fetch_max_bytes, request_timeout_s=request_timeout_s,
-                                 idle_wait_s=fetch_wait_ms / 1000, on_lost_position=on_lost_position)
-        self._tasks = TaskRunner(request_timeout_s)
-        # Guards _fetch and _tasks; taken before _lock when both are (the request thread's order).
-        # Re-entrant: a task's on_reply runs under it and may call assign/unassign/seek.
-        self._state_lock = threading.RLock()
+        self._init_fetching(fetch_max_bytes, fetch_wait_ms, on_lost_position)
         self._init_cache()
         self._set_cursors(starts)
         self._waker = self._env.waker()
@@ -126,9 +127,22 @@ class Consumer:
             self._join(group, group_instance_id, session_timeout_ms, auto_commit_interval_ms,
                        pattern)
 
-    def _open_metadata(self, bootstrap: str, env: ClientEnv | None) -> None:
+    def _init_fetching(self, fetch_max_bytes: int, fetch_wait_ms: float,
+                       on_lost_position: str) -> None:
+        self._consumed = {}
+        self._fetch = FetchState({name: info.id for name, info in self._infos.items()}, {},
+                                 fetch_max_bytes=fetch_max_bytes,
+                                 request_timeout_s=self.request_timeout_s,
+                                 idle_wait_s=fetch_wait_ms / 1000, on_lost_position=on_lost_position)
+        self._tasks = TaskRunner(self.request_timeout_s)
+        # Guards _fetch and _tasks; taken before _lock when both are (the request thread's order).
+        # Re-entrant: a task's on_reply runs under it and may call assign/unassign/seek.
+        self._state_lock = threading.RLock()
+
+    def _open_metadata(self, bootstrap: str, env: ClientEnv | None, max_age_ms: int) -> None:
         self._env = env or ClientEnv()   # clock, connections, wake-ups, thread (kera.client_env)
-        self._meta = Metadata(bootstrap, timeout_s=self.request_timeout_s, key_file=self.key_file)
+        self._meta = Metadata(bootstrap, timeout_s=self.request_timeout_s, key_file=self.key_file,
+                              max_age_s=max_age_ms / 1000)
         if self._env.prime is not None:
             self._env.prime(self._meta)
 
@@ -524,6 +538,8 @@ class Consumer:
         for stream in dict.fromkeys(st for st, _ in parts):
             self._add_stream(stream)
         for stream, sl in parts:
+            if sl >= self._infos[stream].streamlets:   # raised since we asked: ask again
+                self._infos[stream] = self._meta.refresh(stream)
             if not 0 <= sl < self._infos[stream].streamlets:
                 raise BadRequest(f"stream '{stream}' has {self._infos[stream].streamlets} "
                                  f"streamlets; no streamlet {sl}")
@@ -621,6 +637,21 @@ class Consumer:
     def wakeup(self) -> None:
         """Have the request thread look at its fetches and tasks again now."""
         self._wake()
+
+    def _grow(self, info) -> None:
+        """A refreshed descriptor (request thread, under the state lock): a raised streamlet
+        count; the new streamlets this consumer follows are read from their beginning."""
+        known = self._infos.get(info.name)
+        if known is None or known.id != info.id or info.streamlets <= known.streamlets:
+            return
+        self._infos[info.name] = info
+        if self._follow is None:
+            return
+        new = [(info.name, sl) for sl in _assigned(info.streamlets, None, *self._follow)
+               if sl >= known.streamlets]
+        log.info("stream '%s' now has %d streamlets: reading %s from their beginning",
+                 info.name, info.streamlets, [sl for _, sl in new])
+        self._set_cursors({part: (0, {}, None, True) for part in new})
 
     def _add_stream(self, stream: str) -> None:
         if stream in self._infos:

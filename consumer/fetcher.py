@@ -99,6 +99,8 @@ class Fetcher(RequestThread):
         with c._state_lock:
             known = state.stream_ids.get(name)
             if known is None or (isinstance(result, StreamInfo) and result.id == known):
+                if known is not None:
+                    c._grow(result)
                 return
             state.fatal = True
         c._push([ErrorItem(UnknownStream(f"stream '{name}' (id {known}) no longer exists"))])

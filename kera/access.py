@@ -54,6 +54,7 @@ RULES: dict[str, Rule] = {
     "cluster": Rule(open=True),
     "recovery_status": _acl("describe", "cluster", None),
     "deregister": _acl("alter", "cluster", None),      # an operator forgetting a dead daemon
+    "rebalance": _acl("alter", "cluster", None),       # an operator moving streamlets
     # coordinator: streams
     "create_stream": _acl("create", "stream", "name"),
     # ...and for the coordinator's own lag exporter (kera.coordinator.group_lag), which reads

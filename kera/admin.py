@@ -23,6 +23,11 @@ STATS_TIMEOUT_S_MAX = 2.0    # per daemon: a dead daemon must not stall `stats` 
 # streams; 4096 brokers' replica maps at 20,000 entries a page), so only a coordinator whose
 # cursor does not advance reaches it.
 PAGES_MAX = 1_000_000
+# `rebalance_all`: each step makes the spread of streamlets per broker strictly smaller, so a
+# few steps balance any cluster kera targets; this only stops a coordinator that never settles.
+REBALANCE_STEPS_MAX = 64
+REBALANCE_POLL_S = 0.2       # between looks at a step in progress
+DEFAULT_REBALANCE_TIMEOUT_S = 600.0   # all steps, their recoveries included
 
 
 def parse_bootstrap(bootstrap: str) -> str:
@@ -80,9 +85,11 @@ class Admin:
 
     def alter_stream(self, name: str, retention_ms: int | None = None,
                      retention_bytes: int | None = None, wait_ready: bool = True,
-                     retain_until_consumed: bool | None = None) -> dict:
-        """Change a stream's retention (None: leave as is, 0: no limit); returns the descriptor,
-        with `wait_ready` once every owning broker applies it."""
+                     retain_until_consumed: bool | None = None,
+                     streamlets: int | None = None) -> dict:
+        """Change a stream's retention (None: leave as is, 0: no limit) or raise its streamlet
+        count (never lowered; keys map over the new count from then on); returns the
+        descriptor, with `wait_ready` once every owning broker applies it."""
         deadline = time.monotonic() + self.timeout_s
         fields: dict = {"name": name}
         if retention_ms is not None:
@@ -91,6 +98,8 @@ class Admin:
             fields["retention_bytes"] = retention_bytes
         if retain_until_consumed is not None:
             fields["retain_until_consumed"] = retain_until_consumed
+        if streamlets is not None:
+            fields["streamlets"] = streamlets
         stream = self._call("alter_stream", fields)["stream"]
         if wait_ready:
             stream = self.wait_ready(name, deadline - time.monotonic(), stream)
@@ -158,6 +167,33 @@ class Admin:
         (bad_request, saying why) while it is alive or, for a broker, still owns streamlets
         or is a source of a streamlet being recovered. Returns the coordinator's reply."""
         return self._call("deregister", {"kind": kind, "daemon_id": daemon_id})
+
+    def rebalance(self, dry_run: bool = False) -> dict:
+        """One rebalance step (kera.coordinator.rebalance): the plan (`loads`, `broker` to
+        hand over or None when balanced, `after`, `busy`), and unless `dry_run` the step
+        started. Raises NotReady while a step is in progress."""
+        return self._call("rebalance", {"dry_run": dry_run})
+
+    def rebalance_all(self, timeout_s: float = DEFAULT_REBALANCE_TIMEOUT_S,
+                      progress=lambda reply: None) -> list[dict]:
+        """Steps until no step makes the spread smaller, each after the previous one's
+        recovery; `progress(reply)` sees every plan looked at. Returns the steps' replies;
+        raises Timeout (naming what is still in progress) after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        steps: list[dict] = []
+        while len(steps) < REBALANCE_STEPS_MAX:
+            reply = self.rebalance(dry_run=True)
+            progress(reply)
+            if reply["busy"] is None and reply["broker"] is None:
+                return steps
+            if reply["busy"] is None:
+                steps.append(self.rebalance())
+                progress(steps[-1])
+            elif time.monotonic() >= deadline:
+                raise Timeout(f"rebalance not done within {timeout_s:.0f} s: {reply['busy']}")
+            else:
+                time.sleep(REBALANCE_POLL_S)
+        raise Timeout(f"rebalance took {REBALANCE_STEPS_MAX} steps without settling")
 
     def stats(self) -> dict:
         """Counters of every live daemon: {"brokers": {id: stats}, "backups": {id: stats},

@@ -153,6 +153,9 @@ def _add_local(sub) -> None:
     p.add_argument("--backups", type=int, default=0, help="backups (default: %(default)s)")
     p.add_argument("--virtual-logs", type=int, default=None,
                    help="virtual logs per broker (replication capacity; default: broker's)")
+    p.add_argument("--no-auto-rebalance", action="store_true",
+                   help="the coordinator never moves streamlets to restarted brokers on its own "
+                        "(kera cluster rebalance still does)")
     p.add_argument("--heartbeat-interval-ms", type=int, default=None,
                    help="daemon heartbeat interval (default: coordinator's)")
     p.add_argument("--start-timeout-s", type=float, default=30.0,
@@ -193,11 +196,20 @@ def _add_stream(sub) -> None:
                    help="return once created, without waiting for the brokers")
     c.set_defaults(func=cmd_stream_create)
 
-    a = ssub.add_parser("alter", parents=opts, help="change a stream's retention",
-                        description="Change a stream's retention and wait until its brokers "
-                                    "apply it.")
+    a = ssub.add_parser("alter", parents=opts,
+                        help="change a stream's retention or raise its streamlet count",
+                        description="Change a stream's retention or raise its streamlet count, "
+                                    "and wait until its brokers apply it. New streamlets go to "
+                                    "the least loaded live brokers. As with Kafka partitions, "
+                                    "the count only grows, and keyed records map over the new "
+                                    "count: a key's later records may go to another streamlet "
+                                    "than its earlier ones, so per-key order holds only within "
+                                    "each side of the change.")
     a.add_argument("name", help="stream name")
     _retention_arguments(a, default=None)
+    a.add_argument("--streamlets", type=int, default=None, metavar="N",
+                   help="raise the streamlet count to N (clients use the new streamlets "
+                        "within their metadata max age, 30 s by default)")
     a.add_argument("--no-wait", action="store_true",
                    help="return once changed, without waiting for the brokers")
     a.set_defaults(func=cmd_stream_alter)
@@ -232,6 +244,22 @@ def _add_cluster(sub) -> None:
     which.add_argument("--broker", type=int, metavar="ID", help="the broker id to forget")
     which.add_argument("--backup", type=int, metavar="ID", help="the backup id to forget")
     d.set_defaults(func=cmd_cluster_deregister)
+    r = csub.add_parser("rebalance", parents=[_options_after_subcommand()],
+                        help="move streamlets to restarted or added brokers",
+                        description="Even out streamlets per broker. Each step hands one "
+                                    "loaded broker's replicated streamlets over as at a restart: "
+                                    "they spread over every live broker and are recovered from "
+                                    "their replicas (each answers not_ready, which clients retry, "
+                                    "for its recovery). Steps run one after another until no "
+                                    "step makes the spread smaller. R=1 streamlets never move. "
+                                    "The coordinator also does this on its own once brokers are "
+                                    "steady, unless started with --no-auto-rebalance.")
+    r.add_argument("--dry-run", action="store_true",
+                   help="show the next step's plan without moving anything")
+    r.add_argument("--wait-s", type=float, default=600.0, metavar="S",
+                   help="give up after this long, steps and recoveries included "
+                        "(default: %(default)s)")
+    r.set_defaults(func=cmd_cluster_rebalance)
 
 
 def _add_stats(sub) -> None:
@@ -396,11 +424,13 @@ def cmd_stream_alter(args) -> int:
         stream = admin.alter_stream(args.name, retention_ms=args.retention_ms,
                                     retention_bytes=args.retention_bytes,
                                     wait_ready=not args.no_wait,
-                                    retain_until_consumed=args.retain_until_consumed)
+                                    retain_until_consumed=args.retain_until_consumed,
+                                    streamlets=args.streamlets)
     if args.json:
         _print_json(stream)
     else:
-        print(f"altered stream '{stream['name']}': retention_ms {stream.get('retention_ms', 0)}, "
+        print(f"altered stream '{stream['name']}': {stream['streamlets']} streamlets, "
+              f"retention_ms {stream.get('retention_ms', 0)}, "
               f"retention_bytes {stream.get('retention_bytes', 0)}, "
               f"{'ready' if stream['ready'] else 'not ready yet'}")
     return 0
@@ -444,6 +474,42 @@ def cmd_cluster_deregister(args) -> int:
     else:
         print(f"deregistered {kind} {daemon_id}")
     return 0
+
+
+def cmd_cluster_rebalance(args) -> int:
+    with _admin(args) as admin:
+        if args.dry_run:
+            reply = admin.rebalance(dry_run=True)
+            _print_json(reply) if args.json else print(_rebalance_line(reply))
+            return 0
+        said: list = [None]
+
+        def progress(reply: dict) -> None:
+            line = _rebalance_line(reply)
+            if line != said[0] and not args.json:
+                print(line, flush=True)
+            said[0] = line
+
+        steps = admin.rebalance_all(args.wait_s, progress)
+    if args.json:
+        _print_json({"steps": steps})
+    else:
+        print(f"balanced after {len(steps)} step{'s' * (len(steps) != 1)}")
+    return 0
+
+
+def _rebalance_line(reply: dict) -> str:
+    loads = ", ".join(f"broker {b}: {n}" for b, n in reply["loads"].items())
+    if reply.get("started"):
+        return (f"step: broker {reply['broker']} hands {reply['moves']} streamlets over "
+                f"(spread {reply['spread']} -> {reply['spread_after']})")
+    if reply["busy"]:
+        return f"waiting: {reply['busy']}"
+    if reply["broker"] is None:
+        return f"streamlets per broker: {loads} (spread {reply['spread']}): balanced"
+    return (f"streamlets per broker: {loads} (spread {reply['spread']}); next step: broker "
+            f"{reply['broker']} hands {reply['moves']} streamlets over (spread -> "
+            f"{reply['spread_after']})")
 
 
 def cmd_stats(args) -> int:
@@ -651,7 +717,9 @@ def cmd_local(args) -> int:
                                backups=args.backups, virtual_logs=args.virtual_logs,
                                log_level=args.log_level,
                                heartbeat_interval_ms=args.heartbeat_interval_ms,
-                               start_timeout_s=args.start_timeout_s, secure=args.secure)
+                               start_timeout_s=args.start_timeout_s, secure=args.secure,
+                               extra_coordinator_args=["--no-auto-rebalance"]
+                               if args.no_auto_rebalance else [])
     except ClusterError as exc:
         raise CliError(f"the local cluster did not start: {exc}") from None
     try:

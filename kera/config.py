@@ -38,6 +38,10 @@ DEFAULT_BUFFER_BYTES = 64 * MiB
 DEFAULT_MAX_RECORD_BYTES = 4 * MiB
 DEFAULT_SEND_TIMEOUT_S = 30.0
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
+# A client asks the coordinator about each stream it uses at least this often even when nothing
+# failed, so a raised streamlet count reaches producers and consumers (Kafka's
+# metadata.max.age.ms is 5 minutes; streamlets added here should be used within a minute).
+DEFAULT_METADATA_MAX_AGE_MS = 30_000
 # A client request unanswered this long may be waiting on a dead broker: from then on the
 # owners of its streamlets are asked again every STALL_PROBE_INTERVAL_S, and once a new owner
 # is published (the coordinator declares a broker dead after 2 s by default) the request goes

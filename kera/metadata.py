@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
-from kera import rpc, schema
+from kera import config, rpc, schema
 from kera.errors import ClientClosed, UnknownStream
 from kera.coordinator_client import CoordinatorClient
 from kera.coordinators import CoordinatorList
@@ -24,12 +24,13 @@ parse_stream = schema.stream_descriptor
 
 class Metadata:
     def __init__(self, bootstrap: str, *, timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
-                 key_file: str | None = None):
+                 key_file: str | None = None,
+                 max_age_s: float = config.DEFAULT_METADATA_MAX_AGE_MS / 1000):
         self.coordinators = CoordinatorList(bootstrap)   # shared by every thread's client
         self.timeout_s = timeout_s
         self.key_file = key_file   # CURVE key (kera.keys): None is $KERA_KEY_FILE or plaintext
         self.lock = threading.Lock()   # around every use of `cache`
-        self.cache = StreamCache(self.coordinators, timeout_s)
+        self.cache = StreamCache(self.coordinators, timeout_s, max_age_s=max_age_s)
         self._local = threading.local()
         self._conns: list[CoordinatorClient] = []
         self._closed = False

@@ -2,7 +2,8 @@
 
 Every client (producer, consumer, the Spark reader and sink, the simulation's clients) keeps
 one StreamCache. Lookups are plain dict reads. A refresh is *wanted* (a broker said
-`not_owner`, a request timed out, a read met an unknown stream); `requests` turns wanted names
+`not_owner`, a request timed out, a read met an unknown stream, or its descriptor is older
+than `max_age_s`: a streamlet count may have been raised); `requests` turns wanted names
 into `describe_stream` requests for the owner to send, at most one in flight per name and at
 most one per name every `refresh_interval_s_min` (a burst of refused chunks must not flood the
 coordinator); `on_reply` applies the answer. A blocking caller uses `on_describe` directly
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from kera import schema, wire
+from kera import config, schema, wire
 from kera.coordinators import CoordinatorList
 from kera.errors import BadRequest, KeraError, Timeout, UnknownStream
 
@@ -39,10 +40,15 @@ class Describe:
 
 class StreamCache:
     def __init__(self, coordinators: CoordinatorList, request_timeout_s: float,
-                 refresh_interval_s_min: float = REFRESH_INTERVAL_S_MIN):
+                 refresh_interval_s_min: float = REFRESH_INTERVAL_S_MIN,
+                 max_age_s: float = config.DEFAULT_METADATA_MAX_AGE_MS / 1000):
+        if max_age_s <= 0:
+            raise ValueError(f"metadata max age must be positive, not {max_age_s} s")
         self.coordinators = coordinators   # asked in turn until the leader answers
         self.request_timeout_s = request_timeout_s
         self.refresh_interval_s_min = refresh_interval_s_min
+        self.max_age_s = max_age_s         # every known stream is asked about again this often
+        self._aged_at = float("inf")       # when the oldest descriptor reaches max_age_s
         self.by_name: dict[str, StreamInfo] = {}
         self.by_id: dict[int, StreamInfo] = {}
         self._fetched_at: dict[str, float] = {}
@@ -66,6 +72,7 @@ class StreamCache:
     def requests(self, now: float) -> list[Describe]:
         """The describe requests due now; report each as `sent` (or `failed`)."""
         self._expire(now)
+        self._age_out(now)
         asking = {a[0] for a in self._asked.values()}
         due = [n for n, t in self._wanted.items() if t <= now and n not in asking]
         for name in due:
@@ -101,7 +108,22 @@ class StreamCache:
         asking = {a[0] for a in self._asked.values()}
         times = [t for n, t in self._wanted.items() if n not in asking]
         times += [a[1] for a in self._asked.values()]
+        if self._aged_at != float("inf"):
+            times.append(self._aged_at)
         return min(times) if times else None
+
+    def _age_out(self, now: float) -> None:
+        """Want every descriptor older than max_age_s (scanned only when the oldest is due)."""
+        if now < self._aged_at:
+            return
+        # `fetched + max_age` exactly as `_aged_at` is computed: `now - max_age` may round
+        # the other way, leave the oldest name not due at its own due time, and spin.
+        for name, fetched in self._fetched_at.items():
+            if fetched + self.max_age_s <= now:
+                self._wanted.setdefault(name, now)
+        later = [t + self.max_age_s for t in self._fetched_at.values() if t + self.max_age_s > now]
+        # Names just wanted are looked at again after another max age if no reply comes.
+        self._aged_at = min(later, default=now + self.max_age_s)
 
     def _expire(self, now: float) -> None:
         for req_id in [r for r, a in self._asked.items() if a[1] <= now]:
@@ -133,6 +155,7 @@ class StreamCache:
         self.by_name[info.name] = info
         self.by_id[info.id] = info
         self._fetched_at[info.name] = now
+        self._aged_at = min(self._aged_at, now + self.max_age_s)
         if old is None or old.version != info.version:
             log.debug("stream '%s' (id %d) at version %d: placement %s", info.name, info.id,
                       info.version, info.placement)

@@ -53,6 +53,12 @@ class OpenChunk:
         self.futures: list | None = None  # (index, 1, DeliveryFuture) of records sent with one
 
 
+def header_bytes(headers) -> int:
+    """Bytes a record's (non-empty) headers take in a chunk body."""
+    return HEADERS_INDEX_BYTES + sum(len(k.encode()) + len(v) + HEADER_OVERHEAD_BYTES
+                                     for k, v in headers)
+
+
 class StreamState:
     """What the source side keeps per stream: its descriptor, open chunks and lanes."""
 
@@ -93,6 +99,17 @@ class Accumulator:
                  for sl in range(info.streamlets)]
         return StreamState(info, lanes)
 
+    def grow(self, st: StreamState, info: StreamInfo) -> None:
+        """The stream's streamlet count was raised: lanes and chunk slots for the new ones.
+        Keys now map over the larger count (records of a key go to a new streamlet from
+        here on, as in Kafka after partitions are added)."""
+        st.lanes += [self.pipeline.own_lane(info.name, info.id, sl, self.producer_id,
+                                            info.active_groups)
+                     for sl in range(st.streamlets, info.streamlets)]
+        st.open += [None] * (info.streamlets - st.streamlets)
+        st.info = info
+        st.streamlets = info.streamlets
+
     # ------------------------------------------------------------------ hot path
     def append(self, st: StreamState, value: bytes | None, key: bytes | None, timestamp: int | None,
                headers: list | None = None, streamlet: int | None = None, future=None) -> int:
@@ -101,8 +118,7 @@ class Accumulator:
         value_bytes = 0 if value is None else len(value)
         record_bytes = value_bytes if key is None else value_bytes + len(key)
         if headers:
-            record_bytes += HEADERS_INDEX_BYTES + sum(
-                len(k.encode()) + len(v) + HEADER_OVERHEAD_BYTES for k, v in headers)
+            record_bytes += header_bytes(headers)
         size = record_bytes + (RECORD_OVERHEAD_BYTES if key is None else KEYED_OVERHEAD_BYTES)
         if streamlet is not None:
             sl = streamlet

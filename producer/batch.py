@@ -15,7 +15,7 @@ import numpy as np
 
 from kera.errors import RecordTooLarge
 from kera.partitioner import streamlets_for_keys
-from kera.producer.accumulator import KEYED_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES
+from kera.producer.accumulator import KEYED_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES, header_bytes
 
 def _is_arrow(values) -> bool:
     return hasattr(values, "buffers") and hasattr(values, "offset") or type(values).__name__ == "ChunkedArray"
@@ -64,6 +64,22 @@ def as_list(values):
     if memoryview in set(map(type, values)):
         values = [bytes(v) if type(v) is memoryview else v for v in values]
     return values
+
+
+def normalize_headers(headers) -> list[tuple[str, bytes]]:
+    """A copy of `headers` as (str, bytes) pairs; TypeError naming the first bad pair."""
+    out = []
+    for pair in headers:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise TypeError(f"headers are (str key, bytes value) pairs, not {pair!r}")
+        out.append((pair[0], as_bytes(pair[1], f"header {pair[0]!r} value")))
+    return out
+
+
+def as_bytes(value, what: str) -> bytes:
+    if isinstance(value, (bytes, bytearray, memoryview)):  # a copy: the caller may reuse it
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes, not {type(value).__name__}")
 
 
 def take(values, idx: np.ndarray):
@@ -152,14 +168,17 @@ class Piece(NamedTuple):
     keys: list | None
     timestamps: object
     count: int
+    headers: list | None = None   # one list of (str, bytes) pairs (or None) per record
 
 
 def plan(values, keys, timestamps, *, streamlets: int, capacity: int, max_record_bytes: int,
-         keyless_streamlet: int) -> tuple[int, Iterator[Piece]]:
+         keyless_streamlet: int, headers=None) -> tuple[int, Iterator[Piece]]:
     """(record count, pieces) of a batch: keyless batches in input order, keyed batches
     grouped by streamlet (input order kept within each). Everything that can be refused is
     checked before the first piece is made, so a batch is refused whole or queued whole;
-    `keyless_streamlet` takes the None keys of a keyed batch."""
+    `keyless_streamlet` takes the None keys of a keyed batch. `headers`: None, or one list
+    of (str, bytes) pairs (or None) per record (a Python step per record: headers are
+    Python objects)."""
     values = as_list(values)
     if type(values).__name__ == "ChunkedArray":
         values = values.combine_chunks()
@@ -168,20 +187,35 @@ def plan(values, keys, timestamps, *, streamlets: int, capacity: int, max_record
     ts = timestamps_column(timestamps, n)
     klist = None if keys is None else normalize_keys(keys, n)
     klengths = None if klist is None else key_lengths(klist)
+    hlist = None if headers is None else headers_column(headers, n)
+    hsizes = 0 if hlist is None else np.fromiter((header_bytes(h) if h else 0 for h in hlist),
+                                                 dtype=np.int64, count=n)
     if n:
-        record_bytes = lengths if klengths is None else lengths + klengths
+        record_bytes = (lengths if klengths is None else lengths + klengths) + hsizes
         biggest = int(record_bytes.max())
         if biggest > max_record_bytes:
             raise RecordTooLarge(f"a record of {biggest} bytes exceeds max_record_bytes={max_record_bytes}")
-    sizes = record_sizes(lengths, klengths)
-    return n, _pieces(values, klist, ts, sizes, streamlets, capacity, keyless_streamlet)
+    sizes = record_sizes(lengths, klengths) + hsizes
+    return n, _pieces(values, klist, ts, sizes, streamlets, capacity, keyless_streamlet, hlist)
 
 
-def _pieces(values, klist, ts, sizes, streamlets, capacity, keyless_streamlet) -> Iterator[Piece]:
+def headers_column(headers, n: int) -> list | None:
+    """Headers as one normalized list (or None) per record; None when no record has any."""
+    if not isinstance(headers, list):
+        headers = list(headers)
+    if len(headers) != n:
+        raise ValueError(f"{len(headers)} header lists for {n} values")
+    out = [normalize_headers(h) if h else None for h in headers]
+    return out if any(out) else None
+
+
+def _pieces(values, klist, ts, sizes, streamlets, capacity, keyless_streamlet,
+            hlist=None) -> Iterator[Piece]:
     fixed_ts = ts is None or isinstance(ts, int)
     if klist is None:
         for a, b in split_by_size(sizes, capacity):
-            yield Piece(None, values[a:b], None, ts if fixed_ts else ts[a:b], b - a)
+            yield Piece(None, values[a:b], None, ts if fixed_ts else ts[a:b], b - a,
+                        None if hlist is None else hlist[a:b])
         return
     sls = streamlets_for_keys(klist, streamlets)
     sls[sls < 0] = keyless_streamlet
@@ -189,8 +223,10 @@ def _pieces(values, klist, ts, sizes, streamlets, capacity, keyless_streamlet) -
         sub_values = take(values, idx)
         sub_keys = [klist[i] for i in idx.tolist()]
         sub_ts = ts if fixed_ts else ts[idx]
+        sub_headers = None if hlist is None else [hlist[i] for i in idx.tolist()]
         for a, b in split_by_size(sizes[idx], capacity):
             keys = sub_keys[a:b]
             if all(k is None for k in keys):
                 keys = None
-            yield Piece(sl, sub_values[a:b], keys, sub_ts if fixed_ts else sub_ts[a:b], b - a)
+            yield Piece(sl, sub_values[a:b], keys, sub_ts if fixed_ts else sub_ts[a:b], b - a,
+                        None if sub_headers is None else sub_headers[a:b])

@@ -55,22 +55,6 @@ def failure_error(failures: list[Failure]) -> KeraError:
     return err
 
 
-def _headers(headers) -> list[tuple[str, bytes]]:
-    """A copy of `headers` as (str, bytes) pairs; TypeError naming the first bad pair."""
-    out = []
-    for pair in headers:
-        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
-            raise TypeError(f"headers are (str key, bytes value) pairs, not {pair!r}")
-        out.append((pair[0], _as_bytes(pair[1], f"header {pair[0]!r} value")))
-    return out
-
-
-def _as_bytes(value, what: str) -> bytes:
-    if isinstance(value, (bytes, bytearray, memoryview)):  # a copy: the caller may reuse it
-        return bytes(value)
-    raise TypeError(f"{what} must be bytes, not {type(value).__name__}")
-
-
 class Producer:
     """Appends records to streams; thread-safe (any thread may send, flush or close).
 
@@ -83,6 +67,8 @@ class Producer:
     unless given; give one only with a sequence space of its own (the broker drops a chunk
     whose (producer id, streamlet, sequence) it already holds as a duplicate): reusing an id
     in a new Producer on the same stream makes its first chunks look like duplicates.
+    Each stream's descriptor is asked for again at least every `metadata_max_age_ms`, so a
+    raised streamlet count is used within that time (keys then map over the new count).
     """
 
     def __init__(self, bootstrap: str, *,
@@ -97,7 +83,8 @@ class Producer:
                  producer_id: int | None = None,
                  retries_max: int = DEFAULT_RETRIES_MAX,
                  compression: str | None = None,
-                 key_file: str | None = None, env: ClientEnv | None = None):
+                 key_file: str | None = None, env: ClientEnv | None = None,
+                 metadata_max_age_ms: int = config.DEFAULT_METADATA_MAX_AGE_MS):
         if max_record_bytes + chunkcodec.HEADER_SIZE > chunkcodec.MAX_CHUNK_BYTES:
             raise ValueError(f"max_record_bytes={max_record_bytes} exceeds the chunk limit")
         if in_flight_per_broker < 1 or buffer_bytes < chunk_size_bytes:
@@ -113,7 +100,8 @@ class Producer:
         self.key_file = key_file
         # Clock, connections, wake-ups, thread (kera.client_env): real unless simulated.
         self._env = env or ClientEnv()
-        self._meta = Metadata(bootstrap, timeout_s=request_timeout_s, key_file=key_file)
+        self._meta = Metadata(bootstrap, timeout_s=request_timeout_s, key_file=key_file,
+                              max_age_s=metadata_max_age_ms / 1000)
         if self._env.prime is not None:
             self._env.prime(self._meta)
         self._pipe = Pipeline(request_size_bytes=request_size_bytes,
@@ -156,13 +144,13 @@ class Producer:
         if st is None:
             st = self._stream_state(stream)
         if value is not None and value.__class__ is not bytes:
-            value = _as_bytes(value, "value")
+            value = batching.as_bytes(value, "value")
         if headers:
-            headers = _headers(headers)
+            headers = batching.normalize_headers(headers)
         if streamlet is not None and not 0 <= streamlet < st.streamlets:
             raise BadRequest(f"stream '{stream}' has streamlets 0..{st.streamlets - 1}, not {streamlet}")
         if key is not None and key.__class__ is not bytes:
-            key = _as_bytes(key, "key")
+            key = batching.as_bytes(key, "key")
         if timestamp is not None and timestamp.__class__ is not int:
             timestamp = int(timestamp)
         future = DeliveryFuture()
@@ -177,7 +165,8 @@ class Producer:
                 self._wake()
         return future
 
-    def send_batch(self, stream: str, values, keys=None, timestamps=None) -> list[DeliveryFuture]:
+    def send_batch(self, stream: str, values, keys=None, timestamps=None,
+                   headers=None) -> list[DeliveryFuture]:
         """Queue many records with O(1) Python calls per chunk; returns one DeliveryFuture per
         chunk, resolving to RecordMetadata(count=its records, offset=its first record's).
         (`len()` of the list is no longer the record count: sum the futures' counts.)
@@ -185,12 +174,13 @@ class Producer:
         `values`: a list of bytes, a numpy 'S' array, a 2-D uint8 array (one row per value) or
         a pyarrow binary array. `keys`: None, or one bytes/None per value (numpy 'S' and
         pyarrow arrays too). `timestamps`: None (now), one int, or one int64 per value (µs).
+        `headers`: None, or one list of (str, bytes) pairs (or None) per value.
         """
         st = self._streams.get(stream) or self._stream_state(stream)
         n, pieces = batching.plan(values, keys, timestamps, streamlets=st.streamlets,
                                   capacity=self._acc.capacity,
                                   max_record_bytes=self._acc.max_record_bytes,
-                                  keyless_streamlet=st.sticky)
+                                  keyless_streamlet=st.sticky, headers=headers)
         return [self._queue_piece(st, piece) for piece in pieces]
 
     def _queue_piece(self, st: StreamState, piece: batching.Piece) -> DeliveryFuture:
@@ -205,7 +195,7 @@ class Producer:
             lane = st.lanes[sl]
             data = chunkcodec.encode(lane.producer_id, lane.next_sequence, st.info.id, sl,
                                      piece.values, piece.keys, piece.timestamps,
-                                     compression=self.compression)
+                                     headers=piece.headers, compression=self.compression)
             future = DeliveryFuture()
             self._pipe.add(lane, data, lane.next_sequence, piece.count, [(-1, piece.count, future)])
             self._batch_records += piece.count
@@ -355,6 +345,15 @@ class Producer:
             if st is None or st.info.id != info.id:
                 st = self._streams[name] = self._acc.stream_state(info)
             return st
+
+    def _grow(self, info) -> None:
+        """A refreshed descriptor (request thread): use a raised streamlet count from now on."""
+        with self._lock:
+            st = self._streams.get(info.name)
+            if st is not None and st.info.id == info.id and info.streamlets > st.streamlets:
+                log.info("stream '%s' now has %d streamlets (was %d)", info.name,
+                         info.streamlets, st.streamlets)
+                self._acc.grow(st, info)
 
     def _wait_for_room(self) -> None:
         """Called under the lock when the buffer is full (or the producer closed)."""

@@ -107,6 +107,8 @@ class Sender(RequestThread):
         self.want_describe(name for name, _ in streams)
 
     def on_stream(self, name: str, result: StreamInfo | KeraError) -> None:
+        if isinstance(result, StreamInfo):
+            self.p._grow(result)
         stream_id = self.refreshing.get(name)
         if stream_id is None:
             return

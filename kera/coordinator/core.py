@@ -38,6 +38,7 @@ from itertools import islice
 
 from kera import config, wire
 from kera.coordinator import acl_ops, groups, validate
+from kera.coordinator.rebalance import Rebalancer
 from kera.coordinator.recovery import Failover, parse_streamlets
 from kera.coordinator.validate import KINDS, StreamSpec
 from kera.errors import BadRequest, IdInUse, NotReady, StreamExists, UnknownStream, WrongCluster
@@ -129,7 +130,7 @@ class Stream:
 class Coordinator:
     def __init__(self, now: float, *, heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
                  heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX,
-                 state: dict | None = None, token_source=None):
+                 state: dict | None = None, token_source=None, auto_rebalance: bool = True):
         if heartbeat_interval_s <= 0 or heartbeat_missed_max < 1:
             raise ValueError("heartbeat interval and missed count must be positive")
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -154,6 +155,8 @@ class Coordinator:
         # Broker incarnations, failover of dead brokers' streamlets, recovery markers
         # (kera.coordinator.recovery).
         self.failover = Failover()
+        # Streamlets moved back to restarted or added brokers (kera.coordinator.rebalance).
+        self.rebalancer = Rebalancer(auto=auto_rebalance)
         # Which backups hold each virtual segment of each broker, as the brokers report them
         # (heartbeat `vsegs`): broker id -> {(vlog, vseg): [backup ids]}. Persisted; changes
         # count in `replica_changes` (not in `version`: daemons need not refetch metadata).
@@ -187,13 +190,14 @@ class Coordinator:
             "recovered": self._op_recovered,
             "recovery_status": self._op_recovery_status,
             "deregister": self._op_deregister,
+            "rebalance": self._op_rebalance,
         }
         self._ops.update(groups.ops(self.groups))
         self._ops.update(acl_ops.ops(self.access, self._bump))
 
     OPS = ("register", "heartbeat", "cluster", "create_stream", "describe_stream",
            "list_streams", "delete_stream", "alter_stream", "broker_streams", "replicas", "recovered",
-           "recovery_status", "deregister", "group_heartbeat", "group_commit", "group_offsets",
+           "recovery_status", "deregister", "rebalance", "group_heartbeat", "group_commit", "group_offsets",
            "group_list", "group_describe", "group_reset", "group_delete",
            "acl_add", "acl_remove", "acl_list", "quota_set", "quota_list")
 
@@ -242,6 +246,7 @@ class Coordinator:
             raise BadRequest(f"metadata_version {applied} was never issued (the current one "
                              f"is {self.version})")
         self.failover.check_heartbeat(self, kind, member_id, f, now)
+        self.rebalancer.check_heartbeat(kind, member_id)
         self.heartbeat(now, kind, member_id, applied, stats)
         # Also in heartbeats: after a restart from an older state, a daemon that only
         # heartbeats (its token is still valid) never registers again.
@@ -324,7 +329,7 @@ class Coordinator:
         return {"cleared": cleared}
 
     def _op_recovery_status(self, f: Fields, now: float) -> dict:
-        return self.failover.status()
+        return {**self.failover.status(), "rebalance": self.rebalancer.status(self, now)}
 
     def _op_deregister(self, f: Fields, now: float) -> dict:
         kind = validate.kind(f)
@@ -337,6 +342,9 @@ class Coordinator:
             raise BadRequest(f"{kind} {member_id} cannot be deregistered: {why}")
         self._forget_member(member, "deregistered")
         return {"metadata_version": self.version}
+
+    def _op_rebalance(self, f: Fields, now: float) -> dict:
+        return self.rebalancer.request(self, now, f.bool("dry_run", False))
 
     def _op_replicas(self, f: Fields, now: float) -> dict:
         after = f.list("after", None, max_len=3)
@@ -501,6 +509,7 @@ class Coordinator:
         # Dead brokers' streamlets move to live ones (a bump of their own when they do).
         self.failover.daemons_dead(self, dead, now)
         self.failover.tick(self, now)
+        self.rebalancer.tick(self, now)
         if now - self._expiry_checked_s >= MEMBER_EXPIRY_CHECK_S:
             self._expiry_checked_s = now
             self.expire_members(now)
@@ -679,21 +688,51 @@ class Coordinator:
         return page, start + len(page) < len(names)
 
     def alter_stream(self, name: str, **changes) -> dict:
-        """Change what may change after creation (retention_ms, retention_bytes): validated
-        as at creation; the descriptor's `version` moves, so it is `ready` again once every
-        owning broker has applied the change."""
+        """Change what may change after creation (retention, and the streamlet count, which
+        may only grow): validated as at creation; the descriptor's `version` moves, so it is
+        `ready` again once every owning broker has applied the change. New streamlets go to
+        the least loaded live brokers."""
         stream = self._stream(name)
         unknown = set(changes) - set(validate.ALTERABLE)
         if unknown:
             raise BadRequest(f"cannot alter {sorted(unknown)} of a stream (only "
                              f"{', '.join(validate.ALTERABLE)})")
         spec = replace(stream.spec, **changes)   # __post_init__ validates
-        if spec != stream.spec:
-            stream.spec = spec
-            self._bump()
-            stream.version = self.version
-            log.info("stream '%s' (id %d) altered: %s", name, stream.id, changes)
+        if spec == stream.spec:
+            return self.descriptor(stream)
+        added = self._added_streamlets(stream, spec.streamlets)
+        stream.spec = spec
+        stream.placement += added
+        self._bump()
+        stream.version = self.version
+        log.info("stream '%s' (id %d) altered: %s%s", name, stream.id, changes,
+                 f"; new streamlets on brokers {sorted(set(added))}" if added else "")
         return self.descriptor(stream)
+
+    def _added_streamlets(self, stream: Stream, streamlets: int) -> list[int]:
+        """Owners for the streamlets a raise to `streamlets` adds (least loaded live broker
+        first). Lowering is refused: records already placed by key would be orphaned."""
+        have = stream.spec.streamlets
+        if streamlets < have:
+            raise BadRequest(f"stream '{stream.spec.name}' has {have} streamlets: the count can "
+                             f"only be raised (as Kafka's partitions), not lowered to {streamlets}")
+        added = streamlets - have
+        if not added:
+            return []
+        total = sum(s.spec.streamlets for s in self.streams.values())
+        if total + added > validate.STREAMLETS_TOTAL_MAX:
+            raise BadRequest(f"{added} more streamlets would exceed the cluster's "
+                             f"{validate.STREAMLETS_TOTAL_MAX} ({total} exist)")
+        live = self.failover.live_brokers(self)
+        if not live:
+            raise NotReady("no live broker to place the new streamlets on")
+        loads = self.failover.loads(self, live)
+        owners = []
+        for _ in range(added):
+            target = min(loads, key=lambda b: (loads[b], b))
+            loads[target] += 1
+            owners.append(target)
+        return owners
 
     def delete_stream(self, name: str) -> None:
         stream = self._stream(name)

@@ -229,7 +229,7 @@ class Failover:
         return any(broker_id in s.placement for s in coord.streams.values()
                    if s.spec.replication > 1)
 
-    def _loads(self, coord: "Coordinator", live: list["Member"]) -> dict[int, int]:
+    def loads(self, coord: "Coordinator", live: list["Member"]) -> dict[int, int]:
         loads = {m.id: 0 for m in live}
         for s in coord.streams.values():
             for owner in s.placement:
@@ -245,9 +245,10 @@ class Failover:
         version = coord.version
         live = [m for m in self.live_brokers(coord) if m.id != broker_id or
                 self.epochs.get(broker_id) != epoch]
-        loads = self._loads(coord, live)
-        if broker_id in loads:   # registered again: its old streamlets are what moves
-            loads[broker_id] = 0
+        loads = self.loads(coord, live)
+        if broker_id in loads:   # registered again: it keeps only its R=1 streamlets
+            loads[broker_id] = sum(owner == broker_id for s in coord.streams.values()
+                                   if s.spec.replication == 1 for owner in s.placement)
         moved = 0
         targets: set[int] = set()
         for _, stream in sorted(coord.streams.items()):
@@ -282,7 +283,7 @@ class Failover:
         if not live:
             return False
         live_ids = {m.id for m in live}
-        loads = self._loads(coord, live)
+        loads = self.loads(coord, live)
         by_id = {s.id: s for s in coord.streams.values()}
         changes = []
         for sid, per in sorted(self.recovering.items()):

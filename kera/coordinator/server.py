@@ -49,7 +49,8 @@ class CoordinatorServer:
                  heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
                  heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX,
                  security: daemon_security.Security | None = None,
-                 env: DaemonEnv | None = None, store=None, leadership=None):
+                 env: DaemonEnv | None = None, store=None, leadership=None,
+                 auto_rebalance: bool = True):
         self.env = env = real_if_none(env)
         # kera.coordinator.leadership.Leadership when elected among several coordinators: the
         # store's commits are guarded by the leader key, and serving ends with the lease.
@@ -67,7 +68,7 @@ class CoordinatorServer:
         state = self.store.load()
         self.core = Coordinator(self.clock.monotonic(), heartbeat_interval_s=heartbeat_interval_s,
                                 heartbeat_missed_max=heartbeat_missed_max, state=state,
-                                token_source=env.new_token)
+                                token_source=env.new_token, auto_rebalance=auto_rebalance)
         if state is not None:
             log.info("loaded %d streams, %d brokers, %d backups from %s", len(self.core.streams),
                      len(self.core.members["broker"]), len(self.core.members["backup"]), self.where)
@@ -268,6 +269,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metadata-prefix", metavar="NAME", default=DEFAULT_PREFIX_NAME,
                         help="with --metadata: the cluster's keys are under /kera/NAME/ "
                              "(default: %(default)s)")
+    parser.add_argument("--no-auto-rebalance", action="store_true",
+                        help="never move streamlets to restarted or added brokers on its own "
+                             "(by default, once brokers have been steady for 30 s and one owns "
+                             "2 or more streamlets more than another, a loaded broker hands its "
+                             "replicated streamlets over; `kera cluster rebalance` does it on "
+                             "demand)")
     daemon_security.add_arguments(parser)
 
 
@@ -319,6 +326,7 @@ def _start(args: argparse.Namespace, leadership=None):
             args.dir, args.host, args.port, store=open_store(args), leadership=leadership,
             heartbeat_interval_s=args.heartbeat_interval_ms / 1000,
             heartbeat_missed_max=args.heartbeat_missed_max,
+            auto_rebalance=not args.no_auto_rebalance,
             security=daemon_security.from_args(args, "coordinator")))
     except Fenced as exc:
         log.warning("deposed while loading: %s: standing by", exc.message)

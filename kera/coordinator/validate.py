@@ -99,8 +99,8 @@ class StreamSpec:
         )
 
 
-# What `alter_stream` may change after creation.
-ALTERABLE = ("retention_ms", "retention_bytes", "retain_until_consumed")
+# What `alter_stream` may change after creation (`streamlets` only upwards).
+ALTERABLE = ("retention_ms", "retention_bytes", "retain_until_consumed", "streamlets")
 
 
 def alterations(f: Fields) -> dict:

@@ -34,6 +34,24 @@ def test_records_per_chunk_fit_a_kera_chunk():
         Workload("w", chunk_size_bytes=100, record_size_bytes=100)
 
 
+def test_records_with_headers_fill_exactly_one_kera_chunk():
+    from kera.producer import batch
+
+    w = Workload("w", chunk_size_bytes=16384, record_size_bytes=100, headers=2)
+    plain = Workload("w", chunk_size_bytes=16384, record_size_bytes=100)
+    assert 0 < w.records_per_chunk < plain.records_per_chunk
+    values = [b"x" * 100] * w.records_per_chunk
+    capacity = 16384 - 68
+    headers = [w.record_headers] * len(values)
+    n, pieces = batch.plan(values, None, None, streamlets=1, capacity=capacity,
+                           max_record_bytes=1 << 20, keyless_streamlet=0, headers=headers)
+    assert len(list(pieces)) == 1, "a send unit is one chunk, headers included"
+    _, pieces = batch.plan(values + [b"x" * 100], None, None, streamlets=1, capacity=capacity,
+                           max_record_bytes=1 << 20, keyless_streamlet=0,
+                           headers=headers + [w.record_headers])
+    assert len(list(pieces)) == 2, "and no more than one chunk holds"
+
+
 def test_layouts_for_replication():
     w = Workload("w", replication=3, streams=2, streamlets=4, active_groups=2,
                  virtual_logs=ONE_PER_SUB_PARTITION)

@@ -17,7 +17,7 @@ from kera.probe import PROBE_TIMEOUT_S
 COMMANDS = [
     [], ["coordinator"], ["broker"], ["backup"], ["local"], ["stream"], ["stream", "create"],
     ["stream", "describe"], ["stream", "list"], ["stream", "delete"], ["cluster"],
-    ["cluster", "deregister"], ["stats"],
+    ["cluster", "deregister"], ["cluster", "rebalance"], ["stream", "alter"], ["stats"],
     ["produce"], ["consume"],
 ]
 

@@ -44,10 +44,13 @@ def test_headers_tombstones_and_compression_round_trip(local_cluster, compressio
             headers = [("trace", b"%d" % i), ("é", b"\x00\xff")] if i % 2 else []
             p.send(stream, value, key=b"k%d" % (i % 5), headers=headers, streamlet=i % 3)
             sent.append((i % 3, value, tuple(headers)))
-        p.send_batch(stream, [b"batch"] * 50)
+        batch_headers = [[("b", b"%d" % i)] if i % 2 else None for i in range(50)]
+        p.send_batch(stream, [b"batch"] * 50, headers=batch_headers)
         p.flush()
     got = _consume(cluster.bootstrap, stream, len(sent) + 50, by_record)
     assert len(got) == len(sent) + 50
+    assert sorted(r.headers for r in got if r.value == b"batch") == sorted(
+        tuple(h or ()) for h in batch_headers)
     by_streamlet = {sl: [(sl, r.value, r.headers) for r in got if r.streamlet == sl and r.value != b"batch"]
                     for sl in range(3)}
     for sl in range(3):

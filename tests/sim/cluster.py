@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from kera import chunk, config
 from kera.backup.store import StoreConfig
 from kera.broker.core import BrokerConfig
+from kera.coordinator.rebalance import Plan
 
 from tests.sim.checker import Checker, DataLost, InvariantBroken, chunk_id
 from tests.sim.clients import SimAdmin, SimConsumer, SimProducer
@@ -124,7 +125,7 @@ class Profile:
             # A second fault that destroys copies (a backup's memory, a disk byte) on top of a
             # broker crash may lose acknowledged data legitimately (guarantee 5 is about one
             # process): those seeds crash the broker only.
-            kinds += ["backup_crash", "backup_crash", "disk_flips"]
+            kinds += ["backup_crash", "backup_crash", "disk_flips", "handover"]
         while rate:
             t += rng.expovariate(rate)
             if t >= duration_s:
@@ -415,7 +416,7 @@ class Cluster:
     def _fault(self, kind: str) -> None:
         rng = self.rng
         now = self.sched.now
-        if kind in ("backup_crash", "disk_flips") and self._unhealed():
+        if kind in ("backup_crash", "disk_flips", "handover") and self._unhealed():
             self._skip(kind)
             return
         self.counts["faults"] += 1
@@ -450,6 +451,8 @@ class Cluster:
                 # Ready no sooner than the restart (or the healing, which restarts it too).
                 self._fail("backup_crash", f"backup{victim.backup_id}",
                            min(now + down_s, self.profile.duration_s))
+        elif kind == "handover":
+            self._handover()
         elif kind == "coordinator_crash":
             if self.coordinator.up:
                 self.coordinator.crash()
@@ -467,6 +470,23 @@ class Cluster:
                 disk.slow_rate = rng.uniform(0.2, 1.0)
             self.sched.after(rng.uniform(0.1, 2.0), self._disk_healthy, disk,
                              self._flips if kind == "disk_flips" else None)
+
+    def _handover(self) -> None:
+        """An operator's rebalance step (kera.coordinator.rebalance) forced on a random live
+        broker, whatever the plan: it drops its replicated streams and registers again, its
+        process kept, and they are recovered from the backups. As risky as its restart."""
+        if not self.coordinator.up:
+            return
+        core, now = self.coordinator.core, self.coordinator.daemon.clock.monotonic()
+        live = [b for b in self.brokers if b.up and b.broker_id is not None and
+                core.members["broker"].get(b.broker_id) is not None and
+                core.members["broker"][b.broker_id].alive]
+        if not live or core.rebalancer.busy(core, now):
+            self._note("handover not started: no live broker or a step is in progress")
+            return
+        victim = self.rng.choice(live)
+        core.rebalancer.start(core, Plan({}, victim.broker_id, 0, {}), now, "simulated operator")
+        self._fail("handover", f"broker{victim.broker_id}", self.sched.now)
 
     # ------------------------------------------------------------ control-plane faults
     def _control_fault(self, kind: str, arg: float, dup: SimBroker | None) -> None:

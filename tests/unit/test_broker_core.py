@@ -128,8 +128,9 @@ def test_refusals_do_not_affect_other_chunks_of_the_request():
     huge = chunk.encode(1, 0, 1, 0, [b"x" * 70_000])
     results = b.produce("a", [make(sid=42), make(sl=1), huge, make(sl=5), make(seq=0)], 0.0)
     codes = [r[0] for r in results]
-    assert codes == ["unknown_stream", "not_owner", "record_too_large", "bad_request", 0]
-    assert results[0][2] is True and results[1][2] is True
+    # Streamlet 5 is beyond the count this broker knows: maybe raised since, so retriable.
+    assert codes == ["unknown_stream", "not_owner", "record_too_large", "not_ready", 0]
+    assert results[0][2] is True and results[1][2] is True and results[3][2] is True
     assert b.stats()["chunks_appended"] == 1
 
 
@@ -255,3 +256,16 @@ def test_bytes_behind_stops_at_the_durable_head():
     assert g.durable_bytes_from(9) == 0
     g.set_durable(12)
     assert g.durable_bytes_from(0) == 4 * len(data)
+
+
+def test_a_raised_streamlet_count_is_applied_and_a_lowered_one_ignored():
+    b = broker(desc(1, streamlets=2))
+    [res] = b.produce("a", [make(sl=3)], 0.0)
+    assert res[0] == "not_ready" and res[2] is True   # not known here yet
+    b.apply_metadata([desc(1, streamlets=4)], 2)
+    assert b.produce("a", [make(sl=3), make(sl=0)], 0.0) == [[0, 0, 0], [0, 0, 0]]
+    [got], _ = fetch_one(b, sl=3)
+    assert got.values() == [b"val"] * 3
+    b.apply_metadata([desc(1, streamlets=2)], 3)      # never lowered: streamlet 3 stays
+    assert b.streams[1].info.streamlets == 4
+    assert len(fetch_one(b, sl=3)[0]) == 1

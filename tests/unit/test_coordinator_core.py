@@ -460,3 +460,43 @@ def test_describe_shows_each_streamlets_state():
     c.tick(DEAD_AFTER_S + 0.5)                 # broker 1 dead; R=1: its streamlets stay put
     d = c.handle("describe_stream", {"name": "a"}, DEAD_AFTER_S + 0.5)["stream"]
     assert d["states"] == ["offline" if b == 1 else "serving" for b in d["placement"]]
+
+
+def test_raising_the_streamlet_count_places_new_streamlets_on_the_least_loaded_live_brokers():
+    c = make()
+    join(c, "broker", 3)
+    create(c, "busy", streamlets=4, replication=1)        # brokers 0,1,2,0
+    d = create(c, "s", streamlets=1, replication=1)        # broker 1
+    version = d["version"]
+    d = c.handle("alter_stream", {"name": "s", "streamlets": 4}, 0.0)["stream"]
+    assert d["streamlets"] == 4 and d["version"] > version and not d["ready"]
+    # Loads before: 0 -> 2, 1 -> 2, 2 -> 1; each new streamlet goes to the least loaded.
+    assert d["placement"] == [1, 2, 0, 1]
+    assert c.handle("alter_stream", {"name": "s", "streamlets": 4}, 0.0)["stream"]["version"] \
+        == d["version"]                                    # same count: nothing changes
+    with pytest.raises(BadRequest, match="only be raised"):
+        c.handle("alter_stream", {"name": "s", "streamlets": 2}, 0.0)
+    assert c.describe_stream("s")["placement"] == [1, 2, 0, 1]
+    # Dead brokers get none.
+    c.tick(DEAD_AFTER_S + 1)
+    c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 2,
+                           "metadata_version": c.version}, DEAD_AFTER_S + 1)
+    c.tick(DEAD_AFTER_S + 2)
+    assert [b["alive"] for b in c.cluster()["brokers"]] == [False, False, True]
+    d = c.handle("alter_stream", {"name": "s", "streamlets": 6}, DEAD_AFTER_S + 2)["stream"]
+    assert d["placement"][4:] == [2, 2]
+    # Kept across a restart; groups see the new count.
+    c2 = make(state=c.to_state())
+    assert c2.describe_stream("s")["placement"] == d["placement"]
+    assert c2._streamlets_of("s") == 6
+
+
+def test_raising_the_streamlet_count_respects_the_cluster_bound(monkeypatch):
+    from kera.coordinator import validate
+    c = make()
+    join(c, "broker", 1)
+    create(c, "s", streamlets=2, replication=1)
+    monkeypatch.setattr(validate, "STREAMLETS_TOTAL_MAX", 3)
+    with pytest.raises(BadRequest, match="exceed"):
+        c.handle("alter_stream", {"name": "s", "streamlets": 4}, 0.0)
+    assert c.describe_stream("s")["streamlets"] == 2

@@ -113,3 +113,40 @@ def test_bytes_like_items_of_a_list():
     c = encode(p)
     assert c.values() == [b"ab", b"cd", b"\x01\x00\x02\x00", b"e"]
     assert c.keys() == [b"k", None, b"m", b"n"]
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_headers_follow_their_records_into_pieces_and_count_toward_the_size(keyed):
+    n = 300
+    values = [b"v%03d" % i for i in range(n)]
+    keys = [b"k%d" % (i % 7) for i in range(n)] if keyed else None
+    headers = [[("trace", b"t%d" % i), ("n", b"x" * (i % 5))] if i % 3 else None
+               for i in range(n)]
+    _, plain = batch.plan(values, keys, 7, streamlets=3, capacity=CAP, max_record_bytes=1000,
+                          keyless_streamlet=0)
+    count, pieces = batch.plan(values, keys, 7, streamlets=3, capacity=CAP,
+                               max_record_bytes=1000, keyless_streamlet=0, headers=headers)
+    pieces, plain = list(pieces), list(plain)
+    assert count == n and len(pieces) > len(plain), "header bytes need more chunks"
+    seen = {}
+    for p in pieces:
+        c = chunk.Chunk(chunk.encode(1, 0, 1, p.streamlet or 0, p.values, p.keys, p.timestamps,
+                                     headers=p.headers))
+        assert len(c.buf) <= CAP + chunk.HEADER_SIZE + 4 + 64
+        for value, hs in zip(c.values(), c.headers()):
+            seen[value] = hs
+    assert len(seen) == n
+    for i, value in enumerate(values):
+        assert list(seen[value] or []) == (headers[i] or []), i
+
+
+def test_bad_headers_refuse_the_whole_batch():
+    with pytest.raises(ValueError, match="2 header lists for 3 values"):
+        batch.plan([b"a", b"b", b"c"], None, None, streamlets=1, capacity=CAP,
+                   max_record_bytes=1000, keyless_streamlet=0, headers=[None, None])
+    with pytest.raises(TypeError, match="pairs"):
+        batch.plan([b"a"], None, None, streamlets=1, capacity=CAP, max_record_bytes=1000,
+                   keyless_streamlet=0, headers=[[("k", b"v", b"extra")]])
+    with pytest.raises(RecordTooLarge):
+        batch.plan([b"a"], None, None, streamlets=1, capacity=CAP, max_record_bytes=100,
+                   keyless_streamlet=0, headers=[[("big", b"x" * 200)]])

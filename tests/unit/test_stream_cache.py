@@ -99,3 +99,32 @@ def test_coordinator_list_parses_and_rotates():
     assert not lst.failed("b:2", BadRequest("x")) and lst.current == "b:2"
     with pytest.raises(BadRequest, match="host:port"):
         CoordinatorList("a:1,nope")
+
+
+def test_every_known_stream_is_asked_again_once_its_descriptor_is_older_than_the_max_age():
+    c = StreamCache(CoordinatorList("a:1"), TIMEOUT_S, INTERVAL_S, max_age_s=10.0)
+    assert c.next_wake(0.0) is None                      # nothing known: nothing to do
+    c.on_describe("s", ok(1), 0.0)
+    c.on_describe("t", ok(2, name="t", sid=8), 4.0)
+    assert c.next_wake(5.0) == pytest.approx(10.0)
+    assert c.requests(9.9) == []
+    reqs = c.requests(10.0)
+    assert [r.name for r in reqs] == ["s"]               # only the one that aged
+    c.sent(reqs[0], 3, 10.0)
+    assert c.next_wake(10.0) == pytest.approx(min(10.0 + TIMEOUT_S, 14.0))
+    c.on_reply(ok(3), 10.1)
+    assert [r.name for r in c.requests(14.0)] == ["t"]
+    assert c.next_wake(14.0) == pytest.approx(20.1)     # s, refreshed at 10.1, is next
+    with pytest.raises(ValueError):
+        StreamCache(CoordinatorList("a:1"), TIMEOUT_S, max_age_s=0)
+
+
+def test_a_descriptor_is_due_exactly_when_the_next_wake_says_whatever_the_rounding():
+    # 0.311667333986474 + 30 - 30 != 0.311667333986474 in floating point: a due check made
+    # as `fetched <= now - max_age` left the name not due at its own wake time, forever.
+    fetched = 0.311667333986474
+    c = StreamCache(CoordinatorList("a:1"), TIMEOUT_S, INTERVAL_S, max_age_s=30.0)
+    c.on_describe("s", ok(1), fetched)
+    wake = c.next_wake(fetched)
+    assert [r.name for r in c.requests(wake)] == ["s"]
+    assert c.next_wake(wake) > wake
