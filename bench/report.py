@@ -36,8 +36,9 @@ def summarize(config: dict) -> dict:
     medians = {s: {m: median_of([t for t in trials if t.system == s], m) for m in METRICS}
                for s in SYSTEMS}
     ratios = _ratios(medians["kera"], medians["kafka"])
+    ran = [s for s in SYSTEMS if any(t.system == s for t in trials)]
     integrity = {s: all(t.drained and t.consumed == t.acked and t.failed == 0
-                        for t in trials if t.system == s) for s in SYSTEMS}
+                        for t in trials if t.system == s) for s in ran}
     return {"medians": medians, "ratios": ratios,
             "curve_ratios": _ratios(medians["kera-curve"], medians["kera"]),
             "baseline_ratios": _ratios(medians["kera"], medians["kera-baseline"]),

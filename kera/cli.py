@@ -24,6 +24,7 @@ import kera
 from kera import cli_groups, cli_security, config
 from kera import cli_outbox
 from kera import cli_deliver
+from kera.admin import DEFAULT_REBALANCE_TIMEOUT_S
 from kera.daemon_flags import LOG_LEVELS
 from kera.keys import KEY_FILE_ENV
 from kera.errors import KeraError
@@ -256,7 +257,7 @@ def _add_cluster(sub) -> None:
                                     "steady, unless started with --no-auto-rebalance.")
     r.add_argument("--dry-run", action="store_true",
                    help="show the next step's plan without moving anything")
-    r.add_argument("--wait-s", type=float, default=600.0, metavar="S",
+    r.add_argument("--wait-s", type=float, default=DEFAULT_REBALANCE_TIMEOUT_S, metavar="S",
                    help="give up after this long, steps and recoveries included "
                         "(default: %(default)s)")
     r.set_defaults(func=cmd_cluster_rebalance)

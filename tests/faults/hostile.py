@@ -14,7 +14,8 @@ member would, on live state:
   - `list_replicas` with `fence` naming a live or future epoch of a live broker (recovery does it);
   - `recovered` naming a live (broker id, epoch) (the new owner sends it);
   - `delete_stream`, and `alter_stream` with valid values, of the streams holding the data
-    (administrative ops an operator may legitimately send);
+    (administrative ops an operator may legitimately send), and a `rebalance` that is not a
+    dry run (an operator's step: safe, but it moves the streamlets the test watches);
   - valid chunks with checksums to the streams holding the data (a producer may write).
 Everything else, including a forged `register` or `heartbeat` of a live daemon id (issue 10
 item 1: incarnation tokens refuse it), must be refused by validation and lose nothing.
@@ -59,7 +60,9 @@ COORDINATOR_OPS = {
     "describe_stream": ["name"],
     "list_streams": ["after", "limit"],
     "delete_stream": ["name"],
-    "alter_stream": ["name", "retention_ms", "retention_bytes", "retain_until_consumed"],
+    "alter_stream": ["name", "retention_ms", "retention_bytes", "retain_until_consumed",
+                     "streamlets"],
+    "rebalance": ["dry_run"],
     "broker_streams": ["broker_id"],
     "replicas": ["broker_id", "backup_id", "after", "limit"],
     "recovered": ["broker_id", "token", "epoch", "streamlets"],
@@ -172,7 +175,7 @@ class HostileMessages:
             "positions": [[rng.choice(list(live.protected_streams)), rng.randrange(2),
                            [[rng.randrange(3), rng.randrange(100), None]]]],
             "acl_version": rng.randrange(-1, 5), "consumed_at": rng.randrange(-1, 5),
-            "retain_until_consumed": rng.random() < 0.5,
+            "retain_until_consumed": rng.random() < 0.5, "dry_run": True,
             "at": {"low": 0, "offsets": {}},
             "timestamp_us": rng.choice([0, 1, 2**62, int(1.7e15)]),
             # ACLs and quotas: enforced only in secure clusters, so plaintext fuzz changes
@@ -342,6 +345,8 @@ class HostileMessages:
         if op == "recovered" and any(fields.get("broker_id") == b and fields.get("epoch") == e
                                      for b, e in self.live.epochs.items()):
             fields["epoch"] = 0
+        if op == "rebalance" and isinstance(fields.get("dry_run"), bool):
+            fields["dry_run"] = True
         if op in ("delete_stream", "alter_stream", "create_stream") and \
                 any(fields.get("name") == name for name in self.live.protected_streams):
             fields["name"] = f"nobody-{self.rng.randrange(10**6)}"
