@@ -239,10 +239,21 @@ def test_a_coordinator_on_etcd_needs_no_directory(etcd_cluster, tmp_path):
                                  "--metadata", etcd.url, "--metadata-prefix", "nodir"],
                                 cwd=tmp_path, stdout=logf, stderr=subprocess.STDOUT)
     try:
-        with Admin(f"127.0.0.1:{port}") as admin:
+        # A loaded machine may take seconds to start the process and reach etcd: the admin
+        # call waits as long as the other tests here give a coordinator to settle.
+        with Admin(f"127.0.0.1:{port}", timeout_s=SETTLE_TIMEOUT_S) as admin:
+            until(lambda: _answers(admin), "the coordinator answers")
             admin.add_acls([ACL])
         assert '"alice"' in stored_keys(etcd.url, "nodir")["/kera/nodir/meta/acls"]
     finally:
         proc.kill()
         proc.wait(EXIT_TIMEOUT_S)
     assert list(tmp_path.iterdir()) == [tmp_path / "coordinator.log"], "nothing else written"
+
+
+def _answers(admin: Admin) -> bool:
+    try:
+        admin.cluster()
+        return True
+    except KeraError:
+        return False
