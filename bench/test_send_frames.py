@@ -1,0 +1,86 @@
+"""A daemon's send of chunk frames (issue 15): pyzmq's default copy threshold (64 KiB) against
+kera.server.ZERO_COPY_MIN_BYTES, for 4 KiB and 64 KiB chunks taken from a segment-like mmap.
+
+    python -m pytest bench/test_send_frames.py -q --benchmark-enable
+
+Each round sends FRAMES_PER_ROUND frames, FRAMES_PER_MESSAGE per message (a replication write
+carries several chunks), from a DEALER to a ROUTER drained by a thread; the timed part is the
+sender's `send_multipart` calls and the wait until the receiver has them all. The figure to
+read is the time per round at each threshold: no assertion on it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+
+import pytest
+import zmq
+
+from kera.server import ZERO_COPY_MIN_BYTES
+
+FRAMES_PER_ROUND = 2000
+FRAMES_PER_MESSAGE = 4
+SEGMENT_BYTES = 64 * 1024 * 1024
+ROUNDS = 5
+DRAIN_TIMEOUT_S = 60.0
+
+
+class Link:
+    """A connected DEALER -> ROUTER pair; a thread counts the frames that arrive."""
+
+    def __init__(self):
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer.connect(f"tcp://127.0.0.1:{port}")
+        self.received = threading.Semaphore(0)
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        try:
+            while True:
+                self.router.recv_multipart(copy=False)
+                self.received.release()
+        except zmq.ContextTerminated:
+            self.router.close(linger=0)   # term() waits for every socket of the context
+
+    def close(self) -> None:
+        self.dealer.close(linger=0)
+        self.ctx.term()   # the drain thread's recv ends with ContextTerminated
+
+
+@pytest.fixture(scope="module")
+def segment():
+    buf = mmap.mmap(-1, SEGMENT_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf.write(b"x" * SEGMENT_BYTES)   # touched once: the bench times sends, not page faults
+    yield memoryview(buf)
+
+
+@pytest.mark.parametrize("chunk_bytes", [4 * 1024, 64 * 1024 - 512])
+@pytest.mark.parametrize("threshold", ["pyzmq-default", "kera"])
+def test_send_chunk_frames(benchmark, segment, chunk_bytes, threshold):
+    link = Link()
+    link.dealer.copy_threshold = zmq.COPY_THRESHOLD if threshold == "pyzmq-default" else ZERO_COPY_MIN_BYTES
+    messages = FRAMES_PER_ROUND // FRAMES_PER_MESSAGE
+
+    def run():
+        offset = 0
+        for _ in range(messages):
+            frames = [b"header"]
+            for _ in range(FRAMES_PER_MESSAGE):
+                if offset + chunk_bytes > SEGMENT_BYTES:
+                    offset = 0
+                frames.append(segment[offset:offset + chunk_bytes])
+                offset += chunk_bytes
+            link.dealer.send_multipart(frames, copy=False)
+        for _ in range(messages):
+            assert link.received.acquire(timeout=DRAIN_TIMEOUT_S)
+
+    try:
+        benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    finally:
+        link.close()
+    benchmark.extra_info.update(chunk_bytes=chunk_bytes, copy_threshold=link.dealer.copy_threshold,
+                                frames_per_round=FRAMES_PER_ROUND)
