@@ -57,3 +57,8 @@ def test_reply_frames_arrive_intact_on_both_sides_of_the_threshold(shell, size):
         client.close(linger=0)
     assert wire.unpack_header(header)["id"] == 1
     assert payload == bytes([0xAB]) * size
+
+
+def test_the_broker_packs_exactly_the_runs_the_server_would_copy():
+    from kera.broker import virtual_log
+    assert virtual_log.PACK_RUN_BYTES_MAX == kera_server.ZERO_COPY_MIN_BYTES
