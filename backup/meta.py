@@ -79,7 +79,8 @@ def decode_numbered(buf: bytes) -> tuple[int, Meta]:
     """(seq, record) of one record; a version-1 record is seq 0. Raises CorruptMeta."""
     body = {SIZE: _BODY, SIZE_SINGLE: _BODY_SINGLE}.get(len(buf))
     if body is None:
-        raise CorruptMeta(f"metadata record of {len(buf)} bytes is neither {SIZE} nor {SIZE_SINGLE}")
+        raise CorruptMeta(f"metadata record of {len(buf)} bytes is neither {SIZE} nor "
+                          f"{SIZE_SINGLE}")
     (crc,) = _CRC.unpack_from(buf, body.size)
     if crc32c(buf[:body.size]) != crc:
         raise CorruptMeta("metadata record checksum mismatch")

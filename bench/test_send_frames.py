@@ -1,5 +1,7 @@
 """A daemon's send of chunk frames (issue 15): pyzmq's default copy threshold (64 KiB) against
-kera.server.ZERO_COPY_MIN_BYTES, for 4 KiB and 64 KiB chunks taken from a segment-like mmap.
+kera.server.ZERO_COPY_MIN_BYTES, for 4 KiB and 64 KiB chunks taken from a segment-like mmap;
+and short non-adjacent chunks sent one frame each against packed into one frame
+(kera.broker.virtual_log._pack).
 
     python -m pytest bench/test_send_frames.py -q --benchmark-enable
 
@@ -17,6 +19,7 @@ import threading
 import pytest
 import zmq
 
+from kera.broker.virtual_log import _pack
 from kera.server import ZERO_COPY_MIN_BYTES
 
 FRAMES_PER_ROUND = 2000
@@ -62,7 +65,8 @@ def segment():
 @pytest.mark.parametrize("threshold", ["pyzmq-default", "kera"])
 def test_send_chunk_frames(benchmark, segment, chunk_bytes, threshold):
     link = Link()
-    link.dealer.copy_threshold = zmq.COPY_THRESHOLD if threshold == "pyzmq-default" else ZERO_COPY_MIN_BYTES
+    default = threshold == "pyzmq-default"
+    link.dealer.copy_threshold = zmq.COPY_THRESHOLD if default else ZERO_COPY_MIN_BYTES
     messages = FRAMES_PER_ROUND // FRAMES_PER_MESSAGE
 
     def run():
@@ -84,3 +88,35 @@ def test_send_chunk_frames(benchmark, segment, chunk_bytes, threshold):
         link.close()
     benchmark.extra_info.update(chunk_bytes=chunk_bytes, copy_threshold=link.dealer.copy_threshold,
                                 frames_per_round=FRAMES_PER_ROUND)
+
+
+@pytest.mark.parametrize("chunks_per_write", [4, 16, 64])
+@pytest.mark.parametrize("layout", ["frame-per-chunk", "packed"])
+def test_send_short_chunks(benchmark, segment, chunks_per_write, layout):
+    """4000-byte chunks 8 KiB apart (never adjacent, as chunks of different groups in one
+    replication write), at kera's threshold."""
+    link = Link()
+    link.dealer.copy_threshold = ZERO_COPY_MIN_BYTES
+    messages = FRAMES_PER_ROUND // chunks_per_write
+    stride, size = 8192, 4000
+
+    def run():
+        offset = 0
+        for _ in range(messages):
+            views = []
+            for _ in range(chunks_per_write):
+                if offset + stride > SEGMENT_BYTES:
+                    offset = 0
+                views.append(segment[offset:offset + size])
+                offset += stride
+            frames = views if layout == "frame-per-chunk" else _pack(views)
+            link.dealer.send_multipart([b"header", *frames], copy=False)
+        for _ in range(messages):
+            assert link.received.acquire(timeout=DRAIN_TIMEOUT_S)
+
+    try:
+        benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    finally:
+        link.close()
+    benchmark.extra_info.update(chunks_per_write=chunks_per_write,
+                                chunks_per_round=messages * chunks_per_write)

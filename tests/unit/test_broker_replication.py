@@ -115,7 +115,8 @@ def test_reply_only_once_every_backup_has_the_chunk():
 
 def big(producer=1, seq=0, sid=1):
     """A chunk of at least PACK_RUN_BYTES_MAX: sent as a view of its segment."""
-    return chunk.encode(producer, seq, sid, 0, [b"v" * 1000] * (vlog_mod.PACK_RUN_BYTES_MAX // 1000 + 1))
+    records = vlog_mod.PACK_RUN_BYTES_MAX // 1000 + 1
+    return chunk.encode(producer, seq, sid, 0, [b"v" * 1000] * records)
 
 
 def test_long_runs_are_views_of_the_segments_not_copies():
@@ -169,7 +170,8 @@ def test_a_write_after_an_error_packs_the_same_bytes_again():
         if writes:
             break
     [w2] = writes
-    assert w2.fields["offset"] == 0 and [bytes(f) for f in w2.frames] == [bytes(f) for f in w1.frames]
+    assert w2.fields["offset"] == 0
+    assert [bytes(f) for f in w2.frames] == [bytes(f) for f in w1.frames]
     ack(b, fb, [w2])
 
 
