@@ -213,7 +213,7 @@ def test_r3_acked_chunks_are_in_both_backups_memory_then_on_their_disks(fresh_cl
         for (vlog, vseg), cs in in_memory[i].items():
             data = b"".join(cs)
             assert seg_file(cluster, i, vlog, vseg).read_bytes() == data
-            meta = meta_codec.decode(seg_file(cluster, i, vlog, vseg, "meta").read_bytes())
+            meta = meta_codec.decode_file(seg_file(cluster, i, vlog, vseg, "meta").read_bytes())
             assert (meta.broker_id, meta.vlog, meta.vseg, meta.length) == (BROKER_ID, vlog, vseg, len(data))
     writer.close()
 

@@ -6,6 +6,7 @@ import struct
 import pytest
 
 from kera import chunk
+from kera.broker import virtual_log as vlog_mod
 from kera.broker.core import Broker, BrokerConfig
 from kera.chunk import crc32c
 from kera.errors import BadRequest, StorageError, Throttled
@@ -112,11 +113,17 @@ def test_reply_only_once_every_backup_has_the_chunk():
     assert b.stats()["durable_lag_bytes"] == 0
 
 
-def test_frames_are_views_of_the_segments_not_copies():
+def big(producer=1, seq=0, sid=1):
+    """A chunk of at least PACK_RUN_BYTES_MAX: sent as a view of its segment."""
+    records = vlog_mod.PACK_RUN_BYTES_MAX // 1000 + 1
+    return chunk.encode(producer, seq, sid, 0, [b"v" * 1000] * records)
+
+
+def test_long_runs_are_views_of_the_segments_not_copies():
     b = broker(desc(1), desc(2))
-    b.produce("a", [make(seq=0), make(seq=0, producer=2)], 0.0)
-    b.produce("b", [make(sid=2)], 0.0)
-    b.produce("c", [make(seq=1)], 0.0)
+    b.produce("a", [big(seq=0), big(seq=0, producer=2)], 0.0)
+    b.produce("b", [big(sid=2)], 0.0)
+    b.produce("c", [big(seq=1)], 0.0)
     [w] = b.sync(0.0)
     seg1 = b.streams[1].streamlets[0].groups[0].segments[0]
     seg2 = b.streams[2].streamlets[0].groups[0].segments[0]
@@ -127,6 +134,45 @@ def test_frames_are_views_of_the_segments_not_copies():
     assert [chunk.read_header(c).sequence for c in chunks_of(w)] == [0, 0, 0, 1]
     assert w.fields == {"broker_id": ME, "vlog": 0, "vseg": 0, "offset": 0,
                         "durability": "memory", "close": False, "reset": True}
+
+
+def test_short_runs_are_packed_in_order_into_one_frame():
+    b = broker(desc(1), desc(2))
+    b.produce("a", [make(seq=0), make(seq=0, producer=2)], 0.0)
+    b.produce("b", [make(sid=2)], 0.0)
+    b.produce("c", [big(seq=1)], 0.0)           # a long run ends the packed frame
+    b.produce("d", [make(seq=1, sid=2)], 0.0)   # a lone short run: a view
+    [w] = b.sync(0.0)
+    assert [type(f) for f in w.frames] == [bytes, memoryview, memoryview]
+    assert [len(split(f)) for f in w.frames] == [3, 1, 1] and w.chunks == 5
+    assert [(chunk.read_header(c).producer_id, chunk.read_header(c).sequence)
+            for c in chunks_of(w)] == [(1, 0), (2, 0), (1, 0), (1, 1), (1, 1)]
+
+
+def test_packed_frames_are_bounded_and_a_lone_short_run_is_not_copied(monkeypatch):
+    runs = [memoryview(bytes([i]) * 100) for i in range(7)]
+    monkeypatch.setattr(vlog_mod, "PACKED_FRAME_BYTES_MAX", 250)
+    frames = vlog_mod._pack(runs)
+    assert [len(f) for f in frames] == [200, 200, 200, 100]
+    assert b"".join(frames) == b"".join(runs)
+    assert frames[-1] is runs[-1]
+    assert vlog_mod._pack([]) == []
+
+
+def test_a_write_after_an_error_packs_the_same_bytes_again():
+    b = broker(desc(1), desc(2))
+    fb = FakeBackups()
+    b.produce("a", [make(seq=0), make(sid=2), make(seq=1)], 0.0)
+    [w1] = b.sync(0.0)
+    b.write_done(w1, None, StorageError("disk full"), 0.0)
+    for _ in range(50):
+        writes = b.sync(10.0)
+        if writes:
+            break
+    [w2] = writes
+    assert w2.fields["offset"] == 0
+    assert [bytes(f) for f in w2.frames] == [bytes(f) for f in w1.frames]
+    ack(b, fb, [w2])
 
 
 def test_chunks_accumulate_while_a_write_is_in_flight():

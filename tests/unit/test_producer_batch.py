@@ -23,6 +23,34 @@ def test_split_by_size_fills_pieces_greedily():
     assert batch.split_by_size(np.array([], dtype=np.int64), CAP) == []
 
 
+def greedy(sizes, capacity):
+    """The cut split_by_size promises, one record at a time."""
+    ranges, start, used = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and used + size > capacity:
+            ranges.append((start, i))
+            start, used = i, 0
+        used += size
+    if len(sizes):
+        ranges.append((start, len(sizes)))
+    return ranges
+
+
+@pytest.mark.parametrize("size", [1, 137, CAP // 4, CAP // 3, CAP - 1, CAP, CAP + 1, 3 * CAP])
+@pytest.mark.parametrize("n", [1, 2, 7, 100, 1001])
+def test_records_of_one_size_are_cut_as_the_greedy_loop_cuts_them(n, size):
+    sizes = np.full(n, size, dtype=np.int64)
+    assert batch.split_by_size(sizes, CAP) == greedy(sizes.tolist(), CAP)
+
+
+def test_mixed_sizes_still_take_the_greedy_loop():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        sizes = rng.integers(1, 2 * CAP, size=rng.integers(1, 60)).astype(np.int64)
+        sizes[-1] = sizes[0]      # equal ends, unequal middle: not the uniform case
+        assert batch.split_by_size(sizes, CAP) == greedy(sizes.tolist(), CAP)
+
+
 @pytest.mark.parametrize("kind", ["list", "tuple", "numpy_s", "uint8_2d", "arrow", "arrow_large", "chunked"])
 def test_value_containers_plan_to_the_same_records(kind):
     rng = np.random.default_rng(1)

@@ -1,0 +1,122 @@
+"""A daemon's send of chunk frames (issue 15): pyzmq's default copy threshold (64 KiB) against
+kera.server.ZERO_COPY_MIN_BYTES, for 4 KiB and 64 KiB chunks taken from a segment-like mmap;
+and short non-adjacent chunks sent one frame each against packed into one frame
+(kera.broker.virtual_log._pack).
+
+    python -m pytest bench/test_send_frames.py -q --benchmark-enable
+
+Each round sends FRAMES_PER_ROUND frames, FRAMES_PER_MESSAGE per message (a replication write
+carries several chunks), from a DEALER to a ROUTER drained by a thread; the timed part is the
+sender's `send_multipart` calls and the wait until the receiver has them all. The figure to
+read is the time per round at each threshold: no assertion on it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+
+import pytest
+import zmq
+
+from kera.broker.virtual_log import _pack
+from kera.server import ZERO_COPY_MIN_BYTES
+
+FRAMES_PER_ROUND = 2000
+FRAMES_PER_MESSAGE = 4
+SEGMENT_BYTES = 64 * 1024 * 1024
+ROUNDS = 5
+DRAIN_TIMEOUT_S = 60.0
+
+
+class Link:
+    """A connected DEALER -> ROUTER pair; a thread counts the frames that arrive."""
+
+    def __init__(self):
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer.connect(f"tcp://127.0.0.1:{port}")
+        self.received = threading.Semaphore(0)
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        try:
+            while True:
+                self.router.recv_multipart(copy=False)
+                self.received.release()
+        except zmq.ContextTerminated:
+            self.router.close(linger=0)   # term() waits for every socket of the context
+
+    def close(self) -> None:
+        self.dealer.close(linger=0)
+        self.ctx.term()   # the drain thread's recv ends with ContextTerminated
+
+
+@pytest.fixture(scope="module")
+def segment():
+    buf = mmap.mmap(-1, SEGMENT_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf.write(b"x" * SEGMENT_BYTES)   # touched once: the bench times sends, not page faults
+    yield memoryview(buf)
+
+
+@pytest.mark.parametrize("chunk_bytes", [4 * 1024, 64 * 1024 - 512])
+@pytest.mark.parametrize("threshold", ["pyzmq-default", "kera"])
+def test_send_chunk_frames(benchmark, segment, chunk_bytes, threshold):
+    link = Link()
+    default = threshold == "pyzmq-default"
+    link.dealer.copy_threshold = zmq.COPY_THRESHOLD if default else ZERO_COPY_MIN_BYTES
+    messages = FRAMES_PER_ROUND // FRAMES_PER_MESSAGE
+
+    def run():
+        offset = 0
+        for _ in range(messages):
+            frames = [b"header"]
+            for _ in range(FRAMES_PER_MESSAGE):
+                if offset + chunk_bytes > SEGMENT_BYTES:
+                    offset = 0
+                frames.append(segment[offset:offset + chunk_bytes])
+                offset += chunk_bytes
+            link.dealer.send_multipart(frames, copy=False)
+        for _ in range(messages):
+            assert link.received.acquire(timeout=DRAIN_TIMEOUT_S)
+
+    try:
+        benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    finally:
+        link.close()
+    benchmark.extra_info.update(chunk_bytes=chunk_bytes, copy_threshold=link.dealer.copy_threshold,
+                                frames_per_round=FRAMES_PER_ROUND)
+
+
+@pytest.mark.parametrize("chunks_per_write", [4, 16, 64])
+@pytest.mark.parametrize("layout", ["frame-per-chunk", "packed"])
+def test_send_short_chunks(benchmark, segment, chunks_per_write, layout):
+    """4000-byte chunks 8 KiB apart (never adjacent, as chunks of different groups in one
+    replication write), at kera's threshold."""
+    link = Link()
+    link.dealer.copy_threshold = ZERO_COPY_MIN_BYTES
+    messages = FRAMES_PER_ROUND // chunks_per_write
+    stride, size = 8192, 4000
+
+    def run():
+        offset = 0
+        for _ in range(messages):
+            views = []
+            for _ in range(chunks_per_write):
+                if offset + stride > SEGMENT_BYTES:
+                    offset = 0
+                views.append(segment[offset:offset + size])
+                offset += stride
+            frames = views if layout == "frame-per-chunk" else _pack(views)
+            link.dealer.send_multipart([b"header", *frames], copy=False)
+        for _ in range(messages):
+            assert link.received.acquire(timeout=DRAIN_TIMEOUT_S)
+
+    try:
+        benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    finally:
+        link.close()
+    benchmark.extra_info.update(chunks_per_write=chunks_per_write,
+                                chunks_per_round=messages * chunks_per_write)

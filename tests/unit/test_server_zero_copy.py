@@ -1,0 +1,64 @@
+"""kera.server: frames of ZERO_COPY_MIN_BYTES or more leave zero-copy, shorter ones are copied;
+either way the bytes that arrive are the bytes handed over, even when the sender drops its
+buffer right after the send (zmq keeps its own reference until the frame is out)."""
+
+from __future__ import annotations
+
+import mmap
+import time
+
+import pytest
+import zmq
+
+from kera import server as kera_server
+from kera import wire
+
+RECEIVE_TIMEOUT_S = 10.0
+
+
+@pytest.fixture
+def shell():
+    s = kera_server.Server("test")
+    yield s
+    s.close()
+
+
+def test_router_and_peers_send_large_frames_zero_copy(shell):
+    assert shell.router.copy_threshold == kera_server.ZERO_COPY_MIN_BYTES
+    peer = shell.peer(f"127.0.0.1:{shell.port}")
+    assert peer.sock.copy_threshold == kera_server.ZERO_COPY_MIN_BYTES
+    # below pyzmq's own default (64 KiB): a 64 KiB chunk must not be copied
+    assert kera_server.ZERO_COPY_MIN_BYTES < zmq.COPY_THRESHOLD
+
+
+def _segment_like(size: int, fill: int) -> tuple[mmap.mmap, memoryview]:
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf.write(bytes([fill]) * size)
+    return buf, memoryview(buf)
+
+
+@pytest.mark.parametrize("size", [kera_server.ZERO_COPY_MIN_BYTES - 1,
+                                  kera_server.ZERO_COPY_MIN_BYTES, 64 * 1024, 1024 * 1024])
+def test_reply_frames_arrive_intact_on_both_sides_of_the_threshold(shell, size):
+    def handler(req):
+        _buf, view = _segment_like(size, 0xAB)
+        return {}, [view]          # the handler's buffer goes out of scope at once
+
+    shell.handlers["get"] = handler
+    client = shell.ctx.socket(zmq.DEALER)
+    try:
+        client.connect(f"tcp://127.0.0.1:{shell.port}")
+        client.send_multipart([wire.request("get", 1)])
+        deadline = time.monotonic() + RECEIVE_TIMEOUT_S
+        while not client.poll(0) and time.monotonic() < deadline:
+            shell.run_once(0.01)
+        header, payload = client.recv_multipart()
+    finally:
+        client.close(linger=0)
+    assert wire.unpack_header(header)["id"] == 1
+    assert payload == bytes([0xAB]) * size
+
+
+def test_the_broker_packs_exactly_the_runs_the_server_would_copy():
+    from kera.broker import virtual_log
+    assert virtual_log.PACK_RUN_BYTES_MAX == kera_server.ZERO_COPY_MIN_BYTES
