@@ -69,7 +69,7 @@ def test_send_chunk_frames(benchmark, segment, chunk_bytes, threshold):
     link.dealer.copy_threshold = zmq.COPY_THRESHOLD if default else ZERO_COPY_MIN_BYTES
     messages = FRAMES_PER_ROUND // FRAMES_PER_MESSAGE
 
-    def run():
+    def send_round():
         offset = 0
         for _ in range(messages):
             frames = [b"header"]
@@ -79,13 +79,8 @@ def test_send_chunk_frames(benchmark, segment, chunk_bytes, threshold):
                 frames.append(segment[offset:offset + chunk_bytes])
                 offset += chunk_bytes
             link.dealer.send_multipart(frames, copy=False)
-        for _ in range(messages):
-            assert link.received.acquire(timeout=DRAIN_TIMEOUT_S)
 
-    try:
-        benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    finally:
-        link.close()
+    _measure(benchmark, link, send_round, messages)
     benchmark.extra_info.update(chunk_bytes=chunk_bytes, copy_threshold=link.dealer.copy_threshold,
                                 frames_per_round=FRAMES_PER_ROUND)
 
@@ -100,7 +95,7 @@ def test_send_short_chunks(benchmark, segment, chunks_per_write, layout):
     messages = FRAMES_PER_ROUND // chunks_per_write
     stride, size = 8192, 4000
 
-    def run():
+    def send_round():
         offset = 0
         for _ in range(messages):
             views = []
@@ -111,6 +106,16 @@ def test_send_short_chunks(benchmark, segment, chunks_per_write, layout):
                 offset += stride
             frames = views if layout == "frame-per-chunk" else _pack(views)
             link.dealer.send_multipart([b"header", *frames], copy=False)
+
+    _measure(benchmark, link, send_round, messages)
+    benchmark.extra_info.update(chunks_per_write=chunks_per_write,
+                                chunks_per_round=messages * chunks_per_write)
+
+
+def _measure(benchmark, link: Link, send_round, messages: int) -> None:
+    """Time rounds of `send_round` plus the wait until the receiver has its `messages`."""
+    def run():
+        send_round()
         for _ in range(messages):
             assert link.received.acquire(timeout=DRAIN_TIMEOUT_S)
 
@@ -118,5 +123,3 @@ def test_send_short_chunks(benchmark, segment, chunks_per_write, layout):
         benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
     finally:
         link.close()
-    benchmark.extra_info.update(chunks_per_write=chunks_per_write,
-                                chunks_per_round=messages * chunks_per_write)
