@@ -198,9 +198,7 @@ def plan(values, keys, timestamps, *, streamlets: int, capacity: int, max_record
     ts = timestamps_column(timestamps, n)
     klist = None if keys is None else normalize_keys(keys, n)
     klengths = None if klist is None else key_lengths(klist)
-    hlist = None if headers is None else headers_column(headers, n)
-    hsizes = 0 if hlist is None else np.fromiter((header_bytes(h) if h else 0 for h in hlist),
-                                                 dtype=np.int64, count=n)
+    hlist, hsizes = (None, 0) if headers is None else headers_column(headers, n)
     if n:
         record_bytes = (lengths if klengths is None else lengths + klengths) + hsizes
         biggest = int(record_bytes.max())
@@ -210,14 +208,27 @@ def plan(values, keys, timestamps, *, streamlets: int, capacity: int, max_record
     return n, _pieces(values, klist, ts, sizes, streamlets, capacity, keyless_streamlet, hlist)
 
 
-def headers_column(headers, n: int) -> list | None:
-    """Headers as one normalized list (or None) per record; None when no record has any."""
+def headers_column(headers, n: int) -> tuple[list | None, np.ndarray | int]:
+    """(one normalized header list or None per record, or None when no record has any;
+    the bytes each record's headers take in a chunk). A list object given for many records
+    (the usual case: the same headers on a whole batch) is normalized and measured once."""
     if not isinstance(headers, list):
         headers = list(headers)
     if len(headers) != n:
         raise ValueError(f"{len(headers)} header lists for {n} values")
-    out = [normalize_headers(h) if h else None for h in headers]
-    return out if any(out) else None
+    seen: dict[int, tuple] = {}   # id -> (normalized, bytes, the object: keeps the id its own)
+    out, sizes = [], np.zeros(n, dtype=np.int64)
+    for i, h in enumerate(headers):
+        if not h:
+            out.append(None)
+            continue
+        known = seen.get(id(h))
+        if known is None:
+            norm = normalize_headers(h)
+            known = seen[id(h)] = (norm, header_bytes(norm), h)
+        out.append(known[0])
+        sizes[i] = known[1]
+    return (out, sizes) if seen else (None, 0)
 
 
 def _pieces(values, klist, ts, sizes, streamlets, capacity, keyless_streamlet,

@@ -178,3 +178,15 @@ def test_bad_headers_refuse_the_whole_batch():
     with pytest.raises(RecordTooLarge):
         batch.plan([b"a"], None, None, streamlets=1, capacity=CAP, max_record_bytes=100,
                    keyless_streamlet=0, headers=[[("big", b"x" * 200)]])
+
+
+def test_a_header_list_shared_by_many_records_is_copied_once_for_all_of_them():
+    value = bytearray(b"v1")
+    shared = [("trace", value)]
+    n, pieces = batch.plan([b"a"] * 500, None, None, streamlets=1, capacity=CAP,
+                           max_record_bytes=1000, keyless_streamlet=0,
+                           headers=[shared] * 250 + [None] * 250)
+    value[:] = b"XX"                                 # the caller reuses its buffer
+    got = [h for p in pieces for h in p.headers]
+    assert got[:250] == [[("trace", b"v1")]] * 250 and got[250:] == [None] * 250
+    assert len({id(h) for h in got[:250]}) == 1, "normalized once, shared"
