@@ -74,7 +74,7 @@ def read_all(cluster, stream: str, count: int) -> list[int]:
             r = c.poll(timeout_s=0.2)
             if r is not None:
                 values.append(int(r.value))
-        time.sleep(0.5)
+        time.sleep(0.5)   # a duplicate would arrive after the count: give it the chance
         while (r := c.poll(timeout_s=0.2)) is not None:
             values.append(int(r.value))
     return values
@@ -98,7 +98,7 @@ def test_a_restarted_broker_gets_streamlets_back_and_nothing_is_lost(fresh_clust
         assert 2 not in admin.describe_stream("r")["placement"]
     sending = Sending(cluster, "r")
     try:
-        time.sleep(0.5)
+        until(lambda: len(sending.acked) >= 100, "records acknowledged before the restart")
         cluster.restart_broker(2)
         if how == "command":
             plan = kera(cluster, "cluster", "rebalance", "--dry-run")
@@ -120,7 +120,9 @@ def test_a_restarted_broker_gets_streamlets_back_and_nothing_is_lost(fresh_clust
             until(spread_out, "streamlets spread over the three brokers, serving",
                   SETTLE_TIMEOUT_S + rebalance.AUTO_STEADY_S)
             placement = admin.describe_stream("r")["placement"]
-        time.sleep(0.5)
+        moved = len(sending.acked)
+        until(lambda: len(sending.acked) >= moved + 100,
+              "records acknowledged on the new placement")
     finally:
         sending.stop()
     assert 2 in placement, placement

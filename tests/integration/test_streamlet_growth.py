@@ -80,7 +80,7 @@ def test_a_raised_streamlet_count_reaches_running_producers_and_consumers(cluste
         total = next(numbers)
         while min(len(seen[0]), len(seen[1])) < total:
             drain([everything, member], seen, deadline)
-        time.sleep(0.5)
+        time.sleep(0.5)   # a duplicate would arrive after the count: give it the chance
         drain([everything, member], seen, deadline)
 
     for got in seen.values():
