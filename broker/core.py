@@ -25,7 +25,7 @@ from kera.broker.time_index import streamlet_cursor_at
 from kera.stream_traffic import StreamTraffic
 from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
-from kera.chunk import HEADER_SIZE, check_columns, verify
+from kera.chunk import check_columns, verify
 from kera.errors import (BadRequest, CorruptChunk, KeraError, NotOwner, NotReady, OffsetOutOfRange,
                          PositionLost, RecordTooLarge, ReplicationFailed, SequenceGap,
                          StorageError, Throttled, Timeout, UnknownStream)
@@ -392,8 +392,8 @@ class Broker:
     def _append(self, buf, waits: list, check=None) -> list:
         h = verify(buf)
         size = len(buf)
-        if HEADER_SIZE + h.body_len != size:
-            raise CorruptChunk(f"frame of {size} bytes holds a {HEADER_SIZE + h.body_len}-byte chunk")
+        if h.size != size:
+            raise CorruptChunk(f"frame of {size} bytes holds a {h.size}-byte chunk")
         if h.record_count == 0:
             raise CorruptChunk("chunk holds no records")
         check_columns(buf, h)
@@ -447,7 +447,7 @@ class Broker:
         else:
             vlog.add(seg, idx, size)
             waits.append((group, group.head))
-        return [group.id, seg.number, base]
+        return _stored(group, seg.number, base)
 
     def _duplicate(self, streamlet: Streamlet, key, entry: Entry, seq: int, waits: list) -> list:
         self.duplicates += 1
@@ -466,7 +466,7 @@ class Broker:
         # have been answered replication_failed while its chunk was still being replicated.
         if group is not None and group.durable < end:
             waits.append((group, end))
-        return [g, segno, base]
+        return _stored(group, segno, base) if group is not None else [g, segno, base]
 
     # ------------------------------------------------------------------ durability
     def _durable(self, updates: dict) -> None:
@@ -839,6 +839,13 @@ def parse_cursor(cursor) -> tuple[int, dict, bool, int | None]:
 def _check_int(value, name: str, hi: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
         raise BadRequest(f"'{name}' must be an integer in [0, {hi}]")
+
+
+def _stored(group: Group, segment: int, base: int) -> list:
+    """A stored chunk's produce result: where it is and, when known, its first record number."""
+    if group.number_base is None:
+        return [group.id, segment, base]
+    return [group.id, segment, base, group.number_base + base]
 
 
 def _streamlet_unknown(info: StreamInfo, sl: int) -> NotReady:

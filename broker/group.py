@@ -1,6 +1,7 @@
 """A group: a fixed-size sub-partition of a streamlet, up to G segments of whole chunks.
 
-Record offsets are dense from 0 within a group. The group has two heads: `head` (records
+Record offsets are dense from 0 within a group; the record numbers of its slot (kera.broker.streamlet)
+continue from the previous group of the slot: record `offset` is number `number_base + offset`. The group has two heads: `head` (records
 appended) and `durable` (records stored on every copy the stream asks for); readers never see
 past `durable`. A chunk that does not fit the last segment of a full group closes the group.
 """
@@ -20,7 +21,7 @@ _tiebreak = itertools.count()  # orders waiters with equal offsets without compa
 class Group:
     __slots__ = ("id", "slot", "max_segments", "segment_size_bytes", "segments", "seg_bases",
                  "head", "durable", "closed", "vlog", "waiters", "stream_id", "streamlet",
-                 "created_ms", "last_ms", "time_index")
+                 "created_ms", "last_ms", "time_index", "number_base")
 
     def __init__(self, group_id: int, slot: int, max_segments: int, segment_size_bytes: int,
                  stream_id: int = 0, streamlet: int = 0):
@@ -44,6 +45,9 @@ class Group:
         self.last_ms = 0
         # Seeking by time (kera.broker.time_index.GroupTimeIndex), built on the first query.
         self.time_index = None
+        # The record number of offset 0 in the slot's dense numbering; None when unknown (a
+        # placeholder, or data written before record numbers): its chunks keep what they carry.
+        self.number_base: int | None = None
 
 
     # ------------------------------------------------------------------ append
@@ -60,7 +64,9 @@ class Group:
             seg = Segment(self, len(self.segments), self.segment_size_bytes)
             self.segments.append(seg)
             self.seg_bases.append(self.head)
-        index = seg.append(chunk, size, self.id, self.head, count)
+        base = self.number_base
+        index = seg.append(chunk, size, self.id, self.head, count,
+                           None if base is None else base + self.head)
         self.head += count
         return seg, index
 

@@ -106,6 +106,10 @@ class StreamletRebuild:
     def _place(self, gb: _GroupBuild, chunk, h: ChunkHeader, durable: bool) -> None:
         group = gb.group
         size = len(chunk)
+        if group.number_base is None and h.number is not None:
+            # Every chunk of a group carries base + offset: the first one placed gives the base,
+            # and appending re-stamps each chunk with the number it already carries.
+            group.number_base = h.number - h.base_offset
         loc = group.append(chunk, size, h.record_count)
         if loc is None:
             # Full by this broker's arithmetic though the dead one found room: keep every chunk
@@ -312,6 +316,7 @@ def install(core, rebuild: StreamletRebuild) -> Installed | None:
         done.chunks += len(gb.pids)
         done.bytes += sum(s.used_bytes for s in group.segments)
         done.readable_records += group.durable
+    streamlet.adopt_numbers()
     for pid, entry in rebuild.newest_entries().items():
         core.producers.put((pid, info.id, sl), entry)
     return done

@@ -35,6 +35,8 @@ from kera.broker.producers import Entry
 from kera.broker.segment import Segment
 from kera.broker.streamlet import Streamlet
 from kera.broker.tier_files import CorruptSegment, LoadedSegment
+from kera.chunk import read_header
+from kera.errors import CorruptChunk
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,7 @@ def _streamlet(broker, info, sl: int, segs: list[LoadedSegment], first_recorded:
     for gid in range(first, last + 1):
         group = _group(broker, info, sl, gid, by_group.get(gid, []), newest)
         streamlet.groups.append(group)
+    streamlet.adopt_numbers()
     for pid, entry in newest.items():
         broker.producers.put((pid, info.id, sl), entry)
     log.info("stream %s streamlet %d: reloaded groups %d..%d from disk", info.name, sl, first, last)
@@ -144,6 +147,8 @@ def _group(broker, info, sl: int, gid: int, segs: list[LoadedSegment], newest: d
             newest[pid] = Entry(seq, gid, number, seg.bases[i], seg.end_offset(i))
     if not group.segments:
         log.warning("stream %s streamlet %d group %d: no segment on disk (lost)", info.name, sl, gid)
+    else:
+        group.number_base = _first_number(group.segments[0])
     group.head = group.durable = end
     now = broker.wall_ms
     if now:
@@ -152,3 +157,15 @@ def _group(broker, info, sl: int, gid: int, segs: list[LoadedSegment], newest: d
         group.created_ms = min(group.created_ms, now)
         group.last_ms = min(group.last_ms, now)
     return group
+
+
+def _first_number(seg: Segment) -> int | None:
+    """The record number of a group's first record, from its first chunk's header (None: not
+    readable, or written before record numbers)."""
+    view = seg.view(0) if len(seg) else None
+    if view is None:
+        return None
+    try:
+        return read_header(view).number
+    except CorruptChunk:
+        return None

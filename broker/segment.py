@@ -62,15 +62,16 @@ class Segment:
     def fits(self, size: int) -> bool:
         return self.used_bytes + size <= self.capacity_bytes
 
-    def append(self, chunk, size: int, group_id: int, base_offset: int, count: int) -> int:
-        """Copy a verified chunk of `size` bytes in, stamp it, index it; returns its index.
-        The caller checked `fits`."""
+    def append(self, chunk, size: int, group_id: int, base_offset: int, count: int,
+               number: int | None = None) -> int:
+        """Copy a verified chunk of `size` bytes in, stamp it (with the record `number` of its
+        first record, when known), index it; returns its index. The caller checked `fits`."""
         pos = self.used_bytes
         end = pos + size
         assert end <= self.capacity_bytes, "chunk overflows its segment"
         view = self.mv[pos:end]
         view[:] = chunk
-        stamp(view, group_id, self.number, base_offset)
+        stamp(view, group_id, self.number, base_offset, number)
         self.used_bytes = end
         self.positions.append(pos)
         self.sizes.append(size)

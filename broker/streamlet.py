@@ -3,6 +3,12 @@
 Q slots are open to appends at once; a producer's chunks go to slot `producer_id % Q`, so one
 producer's chunks to a streamlet stay in one group at a time, in order. Groups are created
 lazily as data arrives; a full group closes and a new one takes its slot.
+
+A slot is the streamlet's ordered unit: its records are numbered densely from 0 across its
+groups, in append order (the number is stamped into each chunk, so recovery and reload find
+it again; kera.broker.rebuild keeps a gap-free prefix of each slot). A group's numbers continue
+from the slot's previous group; the first group of a slot, and the first after a recovery or
+reload, continues from `next_numbers[slot]`.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ class GroupListener(Protocol):
 
 class Streamlet:
     __slots__ = ("stream_id", "index", "active_groups", "group_segments", "segment_size_bytes",
-                 "groups", "slots", "listener", "first_group", "epoch")
+                 "groups", "slots", "listener", "first_group", "epoch", "next_numbers")
 
     def __init__(self, stream_id: int, index: int, active_groups: int, group_segments: int,
                  segment_size_bytes: int, listener: GroupListener | None = None):
@@ -64,6 +70,9 @@ class Streamlet:
         # Which history of this streamlet the groups are (kera.broker.history_epoch): fetches
         # carrying another epoch are refused, not read at the same group numbers.
         self.epoch = 0
+        # Per slot, the number of its next record when its previous group is not in `slots`
+        # (set from the recovered or reloaded groups by adopt_numbers).
+        self.next_numbers = [0] * active_groups
 
     def append(self, chunk, size: int, count: int, producer_id: int) -> tuple[Group, Segment, int]:
         """Store a verified chunk in its producer's slot; returns (group, segment, index)."""
@@ -80,9 +89,26 @@ class Streamlet:
             assert loc is not None, "a chunk no larger than a segment fits a new group"
         return group, loc[0], loc[1]
 
+    def next_number(self, slot: int) -> int:
+        """The record number the next record appended to `slot` gets."""
+        prev = self.slots[slot]
+        if prev is not None and prev.number_base is not None:
+            return prev.number_base + prev.head
+        return self.next_numbers[slot]
+
+    def adopt_numbers(self) -> None:
+        """Continue each slot's numbering after the groups it holds (recovered or reloaded)."""
+        for group in self.groups:
+            # An empty group (a placeholder, or one a rebuild cut to nothing) says nothing.
+            if group.number_base is not None and group.head:
+                end = group.number_base + group.head
+                if end > self.next_numbers[group.slot]:
+                    self.next_numbers[group.slot] = end
+
     def _open_group(self, slot: int) -> Group:
         group = Group(self.first_group + len(self.groups), slot, self.group_segments,
                       self.segment_size_bytes, self.stream_id, self.index)
+        group.number_base = self.next_number(slot)
         self.groups.append(group)
         self.slots[slot] = group
         if self.listener is not None:

@@ -72,6 +72,18 @@ class Batch:
     def offsets(self) -> np.ndarray:
         return np.arange(self.offset, self.offset + len(self), dtype=np.int64)
 
+    @property
+    def first_number(self) -> int | None:
+        """The record number of this batch's first record (the rest follow densely); None for
+        data written before record numbers."""
+        first = self.chunk.first_number
+        return None if first is None else first + self.skip
+
+    @property
+    def numbers(self) -> np.ndarray | None:
+        first = self.first_number
+        return None if first is None else np.arange(first, first + len(self), dtype=np.int64)
+
     def value_list(self) -> list[bytes | None]:
         return self.chunk.values()[self.skip:]
 
@@ -83,6 +95,7 @@ class Batch:
 
     def records(self) -> Iterator[Record]:
         s, sl, g, base = self.stream, self.streamlet, self.group, self.offset
+        first = self.first_number
         rows = zip(self.keys(), self.value_list(), self.timestamps.tolist(), self.headers())
         for i, (k, v, t, h) in enumerate(rows):
-            yield Record(k, v, t, s, sl, g, base + i, tuple(h))
+            yield Record(k, v, t, s, sl, g, base + i, tuple(h), None if first is None else first + i)

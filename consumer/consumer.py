@@ -280,9 +280,11 @@ class Consumer:
                     if i < len(values):
                         self._cur_idx = i + 1
                         self.records_consumed += 1
+                        first = cur.chunk.first_number
                         return Record(keys[i], values[i], stamps[i], cur.stream, cur.streamlet,
                                       cur.group, cur.first + i,
-                                      tuple(headers[i]) if headers is not None else ())
+                                      tuple(headers[i]) if headers is not None else (),
+                                      None if first is None else first + cur.skip + i)
                     self._finish_current()
                 item = self._next_item(deadline)
                 if item is None:

@@ -18,6 +18,8 @@ Layout (all integers little-endian, fixed width)::
      48  u32 group            52 u32 segment          56 u64 base_offset
          (group/segment/base_offset are stamped by the broker on append; 0xFFFFFFFF / 2**64-1
           until then. Stamping rewrites only the header CRC: the body CRC never changes.)
+     64  u64 number       (version 3: the dense record number of the first record in its
+                           ordered unit, the streamlet's slot; stamped on append with the rest)
     body, for n records
       i64[n]    timestamps (microseconds since the epoch)
       u32[n+1]  value offsets into the value bytes
@@ -30,8 +32,9 @@ Layout (all integers little-endian, fixed width)::
       u32[m+1]  header key offsets, u32[m+1] header value offsets, key bytes, value bytes
                 (m = idx[n]; keys are UTF-8)
 
-Version 2 is written only when one of its flags is used, so plain chunks stay version 1 and
-both are read. A compressed chunk's stored body is u32 plain length + the lz4 frame or zstd
+Version 3 is what this kera writes: version 2's flags and a 72-byte header that carries the
+record number (kera.broker.streamlet numbers the records of each slot densely from 0). Versions
+1 and 2 (64-byte headers, no numbers: written by kera before record numbers) are still read. A compressed chunk's stored body is u32 plain length + the lz4 frame or zstd
 frame of the plain body above; both checksums are over what is stored (the compressed bytes),
 so brokers and backups verify and keep it as-is and only consumers decompress.
 """
@@ -50,7 +53,8 @@ from kera.errors import CorruptChunk, RecordTooLarge
 MAGIC = 0x4B45
 VERSION = 1
 VERSION_2 = 2  # value nulls, headers, compression
-VERSIONS = (VERSION, VERSION_2)
+VERSION_3 = 3  # the record number in a 72-byte header
+VERSIONS = (VERSION, VERSION_2, VERSION_3)
 FLAG_KEYS = 0x01
 FLAG_VALUE_NULLS = 0x02
 FLAG_HEADERS = 0x04
@@ -63,8 +67,11 @@ FLAGS_KNOWN = FLAG_KEYS | FLAGS_V2
 ZSTD_LEVEL = 3
 PLAIN_LEN = struct.Struct("<I")
 HEADER = struct.Struct("<HBBIIIQQQIIIIQ")
-HEADER_SIZE = HEADER.size
-assert HEADER_SIZE == 64
+HEADER_SIZE_V1 = HEADER.size   # versions 1 and 2
+assert HEADER_SIZE_V1 == 64
+NUMBER = struct.Struct("<Q")
+NUMBER_AT = 64
+HEADER_SIZE = HEADER_SIZE_V1 + NUMBER.size   # version 3: every chunk this kera writes
 ATTRS = struct.Struct("<IIQ")  # group, segment, base_offset
 ATTRS_AT = 48
 UNSET_U32 = 0xFFFFFFFF
@@ -89,10 +96,16 @@ class ChunkHeader(NamedTuple):
     group: int
     segment: int
     base_offset: int
+    version: int = VERSION_3
+    number: int | None = None   # of the first record; None: unstamped, or written before v3
+
+    @property
+    def header_size(self) -> int:
+        return HEADER_SIZE if self.version == VERSION_3 else HEADER_SIZE_V1
 
     @property
     def size(self) -> int:
-        return HEADER_SIZE + self.body_len
+        return self.header_size + self.body_len
 
     @property
     def has_keys(self) -> bool:
@@ -101,30 +114,36 @@ class ChunkHeader(NamedTuple):
 
 def read_header(buf) -> ChunkHeader:
     """Parse and sanity-check the header; raises CorruptChunk on anything off."""
-    if len(buf) < HEADER_SIZE:
-        raise CorruptChunk(f"chunk of {len(buf)} bytes is shorter than its {HEADER_SIZE}-byte header")
+    if len(buf) < HEADER_SIZE_V1:
+        raise CorruptChunk(f"chunk of {len(buf)} bytes is shorter than its {HEADER_SIZE_V1}-byte header")
     (magic, version, flags, header_crc, body_crc, body_len, producer_id, sequence, stream_id,
      streamlet, count, group, segment, base_offset) = HEADER.unpack_from(buf, 0)
     if magic != MAGIC:
         raise CorruptChunk(f"bad chunk magic 0x{magic:04x}")
     if version not in VERSIONS:
         raise CorruptChunk(f"unsupported chunk version {version}: upgrade this kera to read it")
-    if flags & ~(FLAGS_KNOWN if version == VERSION_2 else FLAG_KEYS):
+    if flags & ~(FLAG_KEYS if version == VERSION else FLAGS_KNOWN):
         raise CorruptChunk(f"unknown flags 0x{flags:02x} in a version {version} chunk")
-    if HEADER_SIZE + body_len > len(buf):
-        raise CorruptChunk(f"chunk body of {body_len} bytes is truncated to {len(buf) - HEADER_SIZE}")
+    hsize = HEADER_SIZE if version == VERSION_3 else HEADER_SIZE_V1
+    if hsize + body_len > len(buf):
+        raise CorruptChunk(f"chunk body of {body_len} bytes is truncated to {len(buf) - hsize}")
     if flags & COMPRESSION_MASK:
         if body_len < PLAIN_LEN.size:
             raise CorruptChunk(f"compressed chunk body of {body_len} bytes has no length prefix")
     elif _fixed_columns_size(count, flags) > body_len:
         raise CorruptChunk(f"{count} records cannot fit a {body_len}-byte body")
+    number = None
+    if version == VERSION_3:
+        number, = NUMBER.unpack_from(buf, NUMBER_AT)
+        number = None if number == UNSET_U64 else number
     return ChunkHeader(flags, header_crc, body_crc, body_len, producer_id, sequence, stream_id,
-                       streamlet, count, group, segment, base_offset)
+                       streamlet, count, group, segment, base_offset, version, number)
 
 
 def chunk_size(buf, at: int = 0) -> int:
     """Total size of the chunk starting at `at`, from its header alone."""
-    return HEADER_SIZE + struct.unpack_from("<I", buf, at + 12)[0]
+    version = buf[at + 2]
+    return (HEADER_SIZE if version == VERSION_3 else HEADER_SIZE_V1) + struct.unpack_from("<I", buf, at + 12)[0]
 
 
 def verify(buf) -> ChunkHeader:
@@ -134,22 +153,27 @@ def verify(buf) -> ChunkHeader:
     mv = memoryview(buf)
     if header_crc(mv) != header.header_crc:
         raise CorruptChunk("chunk header checksum mismatch")
-    if crc32c(mv[HEADER_SIZE:HEADER_SIZE + header.body_len]) != header.body_crc:
+    hsize = header.header_size
+    if crc32c(mv[hsize:hsize + header.body_len]) != header.body_crc:
         raise CorruptChunk("chunk body checksum mismatch")
     return header
 
 
-def stamp(buf, group: int, segment: int, base_offset: int) -> None:
+def stamp(buf, group: int, segment: int, base_offset: int, number: int | None = None) -> None:
     """Write the broker's append attributes into a writable chunk buffer and re-seal the
-    header checksum (the body checksum is untouched)."""
+    header checksum (the body checksum is untouched). `number` (of the first record) is
+    written into version 3 chunks; older ones have no room for it."""
     ATTRS.pack_into(buf, ATTRS_AT, group, segment, base_offset)
+    if number is not None and buf[2] == VERSION_3:
+        NUMBER.pack_into(buf, NUMBER_AT, number)
     struct.pack_into("<I", buf, 4, header_crc(buf))
 
 
 def header_crc(buf) -> int:
     """The header checksum: every header byte but the checksum field itself."""
     mv = memoryview(buf)
-    return crc32c(mv[8:HEADER_SIZE], crc32c(mv[0:4]))
+    end = HEADER_SIZE if mv[2] == VERSION_3 else HEADER_SIZE_V1
+    return crc32c(mv[8:end], crc32c(mv[0:4]))
 
 
 def _fixed_columns_size(count: int, flags: int) -> int:
@@ -217,7 +241,8 @@ def check_columns(buf, h: ChunkHeader) -> None:
     if h.flags & COMPRESSION_MASK:
         return
     n = h.record_count
-    at = HEADER_SIZE + 8 * n
+    hsize = h.header_size
+    at = hsize + 8 * n
     first, = PLAIN_LEN.unpack_from(buf, at)
     size = 12 * n + 4 + PLAIN_LEN.unpack_from(buf, at + 4 * n)[0]
     at += 4 * (n + 1)
@@ -229,7 +254,7 @@ def check_columns(buf, h: ChunkHeader) -> None:
     if h.flags & FLAG_VALUE_NULLS:
         size += n
     if h.flags & FLAG_HEADERS:
-        size += _headers_size(buf, HEADER_SIZE + size, n, HEADER_SIZE + h.body_len)
+        size += _headers_size(buf, hsize + size, n, hsize + h.body_len)
     if first != 0 or size != h.body_len:
         raise CorruptChunk("chunk columns do not add up to its body length")
 
@@ -397,9 +422,9 @@ def _headers_columns(headers) -> list[bytes]:
 def seal(flags: int, body: bytes, producer_id: int, sequence: int, stream_id: int,
          streamlet: int, count: int) -> bytes:
     header = bytearray(HEADER_SIZE)
-    version = VERSION_2 if flags & FLAGS_V2 else VERSION
-    HEADER.pack_into(header, 0, MAGIC, version, flags, 0, crc32c(body), len(body), producer_id,
+    HEADER.pack_into(header, 0, MAGIC, VERSION_3, flags, 0, crc32c(body), len(body), producer_id,
                      sequence, stream_id, streamlet, count, UNSET_U32, UNSET_U32, UNSET_U64)
+    NUMBER.pack_into(header, NUMBER_AT, UNSET_U64)
     struct.pack_into("<I", header, 4, header_crc(header))
     return bytes(header) + body
 
@@ -435,13 +460,14 @@ class Chunk:
         self.buf = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
         h = verify(self.buf) if check else read_header(self.buf)
         self.header = h
+        hsize = h.header_size
         if h.flags & COMPRESSION_MASK:  # decompress once; the columns then view the plain copy
-            stored = self.buf[HEADER_SIZE:HEADER_SIZE + h.body_len]
-            self.buf = memoryview(bytes(self.buf[:HEADER_SIZE]) + decompress(stored, h.flags))
-            if _fixed_columns_size(h.record_count, h.flags) > len(self.buf) - HEADER_SIZE:
+            stored = self.buf[hsize:hsize + h.body_len]
+            self.buf = memoryview(bytes(self.buf[:hsize]) + decompress(stored, h.flags))
+            if _fixed_columns_size(h.record_count, h.flags) > len(self.buf) - hsize:
                 raise CorruptChunk(f"{h.record_count} records cannot fit a decompressed body")
         n = h.record_count
-        base = HEADER_SIZE
+        base = hsize
         self.timestamps = np.frombuffer(self.buf, dtype="<i8", count=n, offset=base)
         base += 8 * n
         self.value_offsets = np.frombuffer(self.buf, dtype="<u4", count=n + 1, offset=base)
@@ -461,7 +487,7 @@ class Chunk:
         if h.flags & FLAG_VALUE_NULLS:
             self._vnulls_at, tail = tail, tail + n
         self._headers_at = -1
-        end = len(self.buf) if h.flags & COMPRESSION_MASK else HEADER_SIZE + h.body_len
+        end = len(self.buf) if h.flags & COMPRESSION_MASK else hsize + h.body_len
         if h.flags & FLAG_HEADERS:
             self._headers_at = tail
             tail += _headers_size(self.buf, tail, n, end)
@@ -471,6 +497,12 @@ class Chunk:
 
     def __len__(self) -> int:
         return self.header.record_count
+
+    @property
+    def first_number(self) -> int | None:
+        """The record number of the first record (the others follow densely); None for a
+        chunk not yet appended, or written before record numbers."""
+        return self.header.number
 
     @property
     def values_blob(self) -> memoryview:
@@ -582,7 +614,7 @@ class Chunk:
             keys = pa.Array.from_buffers(
                 pa.binary(), n, [pa.py_buffer(valid), pa.py_buffer(self.key_offsets.astype(np.int32)),
                                  buf.slice(self._keys_at, self._nulls_at - self._keys_at)])
-        ts = pa.Array.from_buffers(pa.int64(), n, [None, buf.slice(HEADER_SIZE, 8 * n)])
+        ts = pa.Array.from_buffers(pa.int64(), n, [None, buf.slice(self.header.header_size, 8 * n)])
         return pa.RecordBatch.from_arrays([keys, values, ts], names=["key", "value", "timestamp"])
 
 

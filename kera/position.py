@@ -31,6 +31,10 @@ class Record(NamedTuple):
     group: int
     offset: int
     headers: tuple = ()  # (str key, bytes value) pairs, in the order sent
+    # Dense and gap-free within the record's slot of its streamlet (with one active group per
+    # streamlet, the default: within the streamlet), assigned at append and kept across
+    # failover (kera.broker.streamlet). None for data written before record numbers.
+    number: int | None = None
 
     @property
     def timestamp_ms(self) -> int:

@@ -276,12 +276,13 @@ def stream_descriptor(descriptor) -> StreamInfo:
 POSITION_MAX = 2**64 - 1
 
 
-def produce_result(result) -> KeraError | tuple[int, int, int]:
-    """One chunk's entry of a `produce` reply: `[g, segment, base_offset]` when stored, or
-    `[code, message, retriable]` when refused (returned as the error). A malformed entry is a
-    retriable error: the chunk is resent, never taken as stored."""
-    if isinstance(result, list) and len(result) == 3:
-        if isinstance(result[0], str):
+def produce_result(result) -> KeraError | tuple[int, ...]:
+    """One chunk's entry of a `produce` reply: `[g, segment, base_offset, number]` when stored
+    (`number`, the record number of the chunk's first record, is absent when the broker does
+    not know it), or `[code, message, retriable]` when refused (returned as the error). A
+    malformed entry is a retriable error: the chunk is resent, never taken as stored."""
+    if isinstance(result, list) and len(result) in (3, 4):
+        if isinstance(result[0], str) and len(result) == 3:
             return result_error(result)
         if all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= POSITION_MAX
                for x in result):

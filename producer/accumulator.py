@@ -82,8 +82,10 @@ class Accumulator:
         self.pipeline = pipeline
         self.producer_id = producer_id
         self.chunk_size_bytes = chunk_size_bytes
-        # Room for records in a chunk: the header and the extra (n+1-th) value offset excluded.
-        self.capacity = chunk_size_bytes - chunkcodec.HEADER_SIZE - 4
+        # Room for records in a chunk: the header and the extra (n+1-th) value and key offsets
+        # excluded (the key one only exists with keys, but which chunk gets keys is not known
+        # when it opens; without it a keyed chunk could overrun chunk_size_bytes by 4).
+        self.capacity = chunk_size_bytes - chunkcodec.HEADER_SIZE - 8
         self.max_record_bytes = max_record_bytes
         self.linger_s = linger_s
         self.clock = clock

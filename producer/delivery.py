@@ -28,6 +28,9 @@ class RecordMetadata(NamedTuple):
     group: int | None
     offset: int | None
     count: int = 1
+    # The record number of the (first) record, dense in its slot of the streamlet; None when
+    # unknown (as `offset`, or a broker that did not say).
+    number: int | None = None
 
 
 class DeliveryFuture:
@@ -85,7 +88,7 @@ def on_delivery_callback(on_delivery: Callable) -> Callable[[DeliveryFuture], No
 def settle(outcomes: list) -> None:
     """Settle (futures, stream, streamlet, result, error) outcomes from the pipeline:
     `futures` is a list of (index in chunk or -1 for the whole chunk, count, future);
-    `result` the broker's (group, segment, base_offset) or None."""
+    `result` the broker's (group, segment, base_offset[, number]) or None."""
     calls = []
     with _settled:
         for futures, stream, streamlet, result, error in outcomes:
@@ -94,7 +97,8 @@ def settle(outcomes: list) -> None:
                 if error is None:
                     group = None if result is None else result[0]
                     offset = None if result is None else result[2] + max(index, 0)
-                    md = RecordMetadata(stream, streamlet, group, offset, count)
+                    number = None if result is None or len(result) < 4 else result[3] + max(index, 0)
+                    md = RecordMetadata(stream, streamlet, group, offset, count, number)
                 calls += [(cb, fut) for cb in fut._set(md, error)]
         _settled.notify_all()
     for cb, fut in calls:

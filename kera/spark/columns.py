@@ -16,13 +16,14 @@ from kera import chunk as kchunk
 from kera.errors import RecordTooLarge
 
 SCHEMA_DDL = ("key binary, value binary, stream string, streamlet int, `group` int, "
-              "offset long, timestamp timestamp, headers array<struct<key: string, value: binary>>")
+              "offset long, timestamp timestamp, headers array<struct<key: string, value: binary>>, "
+              "number long")
 TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
 # What Spark expects a Python source to yield for SCHEMA_DDL (every field nullable).
 ARROW_SCHEMA = pa.schema([
     ("key", pa.binary()), ("value", pa.binary()), ("stream", pa.string()),
     ("streamlet", pa.int32()), ("group", pa.int32()), ("offset", pa.int64()),
-    ("timestamp", TIMESTAMP_TYPE), ("headers", kchunk.HEADERS_ARROW_TYPE)])
+    ("timestamp", TIMESTAMP_TYPE), ("headers", kchunk.HEADERS_ARROW_TYPE), ("number", pa.int64())])
 
 
 def chunk_rows(c: kchunk.Chunk, lo: int, hi: int, stream: str, streamlet: int, group: int,
@@ -41,7 +42,15 @@ def chunk_rows(c: kchunk.Chunk, lo: int, hi: int, stream: str, streamlet: int, g
         pa.array(np.full(n, streamlet, dtype=np.int32)),
         pa.array(np.full(n, group, dtype=np.int32)),
         pa.array(np.arange(base_offset + lo, base_offset + hi, dtype=np.int64)),
-        ts.view(TIMESTAMP_TYPE), headers], schema=ARROW_SCHEMA)
+        ts.view(TIMESTAMP_TYPE), headers, _numbers(c, lo, hi)], schema=ARROW_SCHEMA)
+
+
+def _numbers(c: kchunk.Chunk, lo: int, hi: int) -> pa.Array:
+    """Record numbers [lo, hi) of chunk `c`; nulls for a chunk written before numbers."""
+    first = c.first_number
+    if first is None:
+        return pa.nulls(hi - lo, pa.int64())
+    return pa.array(np.arange(first + lo, first + hi, dtype=np.int64))
 
 
 def concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:

@@ -4,7 +4,8 @@
     spark.read.format("kera").option("bootstrap", "127.0.0.1:7000").option("stream", "clicks").load()
 
 Schema (as Spark's Kafka source): key binary, value binary, stream string, streamlet int,
-group int, offset long, timestamp timestamp.
+group int, offset long, timestamp timestamp, headers, and number long (the record number,
+dense within the record's slot of its streamlet; null for data written before record numbers).
 
 Planning (offsets, partitions) runs on the driver and talks to the coordinator and brokers;
 `read` runs in executors and opens its own connections: nothing holding a socket is pickled.

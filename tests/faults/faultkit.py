@@ -184,8 +184,31 @@ def check_exactly_once(read: list[tuple[int, int, int]], acked: list[int], uncer
           f"{len(extra)} beyond the last acknowledgement")
 
 
-def read_everything(bootstrap: str, stream: str, expected: int, timeout_s: float = WAIT_S):
-    """A fresh consumer from the beginning, until `expected` records (then a little more)."""
+def numbers(batch, active_groups: int) -> list[tuple[int, int, int]]:
+    """(streamlet, slot, record number) of each record of a Batch."""
+    slot = batch.chunk.header.producer_id % active_groups
+    assert batch.numbers is not None, "a record without a number"
+    return [(batch.streamlet, slot, int(n)) for n in batch.numbers]
+
+
+def check_numbers_dense(numbered: list[tuple[int, int, int]], who: str) -> None:
+    """Each (streamlet, slot)'s record numbers, read back whole, are exactly 0..N-1: dense,
+    gap-free and never given twice, whatever failed over meanwhile."""
+    by_unit: dict[tuple[int, int], list[int]] = {}
+    for sl, slot, n in numbered:
+        by_unit.setdefault((sl, slot), []).append(n)
+    for unit, ns in sorted(by_unit.items()):
+        ns.sort()
+        assert ns == list(range(len(ns))), (
+            f"{who}: streamlet {unit[0]} slot {unit[1]}: {len(ns)} records numbered "
+            f"{ns[:3]}..{ns[-3:]}, not 0..{len(ns) - 1}")
+    print(f"{who}: {len(numbered)} record numbers dense in {len(by_unit)} slots")
+
+
+def read_everything(bootstrap: str, stream: str, expected: int, timeout_s: float = WAIT_S,
+                    numbered: tuple[list, int] | None = None):
+    """A fresh consumer from the beginning, until `expected` records (then a little more).
+    `numbered` = (list, active groups): the records' numbers are added to the list."""
     out: list = []
     with Consumer(bootstrap, stream, request_timeout_s=3.0) as c:
         deadline = time.monotonic() + timeout_s
@@ -194,6 +217,8 @@ def read_everything(bootstrap: str, stream: str, expected: int, timeout_s: float
             got = c.poll_batch(timeout_s=0.3)
             for b in got:
                 out.extend(decode(b))
+                if numbered is not None:
+                    numbered[0].extend(numbers(b, numbered[1]))
             now = time.monotonic()
             if len(out) >= expected:
                 quiet_until = quiet_until or now + 1.0

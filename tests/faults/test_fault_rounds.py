@@ -1,7 +1,8 @@
 """Several rounds of kill -9 under continuous produce and consume with R=3: a broker, a backup
 or the coordinator, one at a time, at random moments. Afterwards every acknowledged record is
 read exactly once and in per-producer order, and nothing unacknowledged is read twice: by the
-consumer that ran through the faults, and by a fresh one reading everything back."""
+consumer that ran through the faults, and by a fresh one reading everything back, whose record
+numbers are dense per slot (kera.broker.streamlet) however often the streamlets failed over."""
 
 from __future__ import annotations
 
@@ -91,7 +92,10 @@ def test_kill_nine_rounds_keep_every_acknowledged_record_exactly_once(fresh_clus
     work.drain()
     assert not work.errors, work.errors
     fk.check_exactly_once(work.read, work.acked, work.uncertain, "consumer through the faults")
-    everything = fk.read_everything(cluster.bootstrap, STREAM, sum(work.acked))
+    numbered: list = []
+    everything = fk.read_everything(cluster.bootstrap, STREAM, sum(work.acked),
+                                    numbered=(numbered, 2))
     fk.check_exactly_once(everything, work.acked, work.uncertain, "fresh consumer")
+    fk.check_numbers_dense(numbered, "fresh consumer")
     st = status(cluster)
     assert st["failed"] and st["recovering"] == []   # failovers happened, all recovered

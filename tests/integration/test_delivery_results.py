@@ -32,16 +32,23 @@ def test_futures_resolve_to_the_positions_consumers_read(local_cluster):
     assert sum(f.result(RESULT_TIMEOUT_S).count for f in batch_futures) == 5
     consumer = Consumer(cluster.bootstrap, "delivered", start="earliest")
     try:
-        read = {}
+        read, numbers = {}, {}
         while len(read) < 15:
             r = consumer.poll(timeout_s=RESULT_TIMEOUT_S)
             assert r is not None
             read[(r.streamlet, r.group, r.offset)] = r.value
+            numbers[(r.streamlet, r.group, r.offset)] = r.number
     finally:
         consumer.close()
     for i, md in enumerate(got):
         assert (md.stream, md.streamlet) == ("delivered", i % 2)
         assert read[(md.streamlet, md.group, md.offset)] == b"v%d" % i
+        # The record number the producer is told is the one consumers read.
+        assert numbers[(md.streamlet, md.group, md.offset)] == md.number
+    # One active group per streamlet: each streamlet's records are numbered 0..N-1.
+    for sl in (0, 1):
+        assert sorted(n for (s, _, _), n in numbers.items() if s == sl) == list(
+            range(sum(1 for k in numbers if k[0] == sl)))
 
 
 def test_flush_names_the_dead_streamlet_and_the_rest_are_delivered(fresh_cluster):

@@ -14,6 +14,11 @@ Where each is checked, at the moment it could first break:
 4. *A retried chunk is stored once.* A broker must answer every attempt of (producer id,
    stream, streamlet, sequence) with one position; after the run, no two stored chunks share
    that identity.
+
+Record numbers (issue 16): a broker's produce reply names the chunk's first record number,
+which must be what the stored chunk carries and the same on every answer for that chunk
+(across failovers); after healing, each slot of each streamlet is numbered densely, chunk
+after chunk, from 0 (or from wherever retention left its first group).
 6. *Bad input never crashes a daemon.* The shell fails the run on anything but a KeraError.
 
 After healing: every record a producer saw acknowledged is read by every consumer exactly once
@@ -81,6 +86,8 @@ class Checker:
         # (producer id, stream, streamlet, sequence) -> (g, base): where brokers said it went.
         # Global: a new owner that recovered a streamlet must answer with the same positions.
         self._positions: dict[tuple, tuple] = {}
+        # ... -> the record number brokers said its first record has.
+        self._numbers: dict[tuple, int | None] = {}
         self.produced: dict[tuple, set] = defaultdict(set)    # (client, sid, sl) -> acked n
         self.failed: dict[tuple, set] = defaultdict(set)      # ... reported failed
         self.read: dict[str, dict] = defaultdict(lambda: defaultdict(set))
@@ -145,9 +152,9 @@ class Checker:
         """A broker sends a produce reply: every chunk it acknowledges is stored and on R copies."""
         core = broker.core
         for h, r in zip(headers, results):
-            if h is None or not (isinstance(r, list) and len(r) == 3 and isinstance(r[0], int)):
+            if h is None or not (isinstance(r, list) and len(r) in (3, 4) and isinstance(r[0], int)):
                 continue
-            g, segno, base = r
+            g, segno, base = r[:3]
             stored, group, stream = self._stored_chunk(core, h.stream_id, h.streamlet, g, base)
             where = (f"broker {broker.address} acknowledged chunk (producer {h.producer_id}, seq "
                      f"{h.sequence}, stream {h.stream_id}/{h.streamlet}) at group {g} offset {base}")
@@ -171,8 +178,20 @@ class Checker:
                 self.fail(f"{where}, but acknowledged the same chunk at group {before[0]} offset "
                           f"{before[1]} before: stored twice or answered with another position "
                           f"(guarantee 4)")
+            self._check_number(where, ident, r, stored)
             self.acked_chunks.setdefault(cid, (broker.address, broker.incarnation, replication))
             self.counts["chunks_acked_by_brokers"] += 1
+
+    def _check_number(self, where: str, ident: tuple, r: list, stored) -> None:
+        number = r[3] if len(r) == 4 else None
+        if number != stored.number:
+            self.fail(f"{where} with record number {number}, but the stored chunk carries "
+                      f"{stored.number}")
+        before = self._numbers.setdefault(ident, number)
+        if before != number and (ident[1], ident[2]) not in self.lossy:
+            self.fail(f"{where} with record number {number}, but answered {before} for the "
+                      f"same chunk before: numbers must survive failover")
+        self.counts["numbers_acked"] += number is not None
 
     @staticmethod
     def _stored_chunk(core, sid: int, sl: int, g: int, base: int):
@@ -282,3 +301,19 @@ class Checker:
                                     self.fail(f"broker {b.address} stores chunk {ident} twice: "
                                               f"group {seen[ident]} and {group.id} (guarantee 4)")
                                 seen[ident] = group.id
+                    self.check_numbers_dense(b.address, sid, sl, streamlet)
+
+    def check_numbers_dense(self, address: str, sid: int, sl: int, streamlet) -> None:
+        """Each slot's stored chunks carry numbers that follow on, chunk after chunk, from 0
+        when the streamlet still holds its first group."""
+        nxt: dict[int, int] = {}
+        for group in streamlet.groups:
+            for seg in group.segments:
+                for i in range(len(seg)):
+                    h = chunk.read_header(seg.view(i))
+                    expect = nxt.get(group.slot, 0 if streamlet.first_group == 0 else h.number)
+                    if h.number != expect:
+                        self.fail(f"broker {address} stream {sid} streamlet {sl} group "
+                                  f"{group.id} offset {h.base_offset}: record number {h.number}, "
+                                  f"expected {expect} (slot {group.slot} numbered densely)")
+                    nxt[group.slot] = h.number + h.record_count

@@ -80,7 +80,7 @@ def test_batch_round_trip_exact(spark, cluster):
     back = read_all(spark, cluster, "rt")
     assert back.schema.simpleString() == (
         "struct<key:binary,value:binary,stream:string,streamlet:int,group:int,offset:bigint,"
-        "timestamp:timestamp,headers:array<struct<key:string,value:binary>>>")
+        "timestamp:timestamp,headers:array<struct<key:string,value:binary>>,number:bigint>")
     got = back.collect()
     assert Counter((r.key.decode(), r.value.decode()) for r in got) == Counter(rows)
     assert {r.stream for r in got} == {"rt"}
@@ -90,6 +90,11 @@ def test_batch_round_trip_exact(spark, cluster):
         by_group.setdefault((r.streamlet, r.group), []).append(r.offset)
     for offs in by_group.values():
         assert sorted(offs) == list(range(len(offs)))
+    # record numbers: within a group they follow the offsets (the slot's numbering goes on
+    # across its groups), and the streamlet's first groups start at 0
+    bases = {(r.streamlet, r.group, r.number - r.offset) for r in got}
+    assert len(bases) == len(by_group)
+    assert {sl for sl, g, base in bases if base == 0} == {r.streamlet for r in got}
     assert all(len({r.streamlet for r in got if r.key == k}) == 1 for k in {r.key for r in got})
     # one writer task per input partition, so per key the rows of one task stay in order
     ordered = sorted(got, key=lambda r: (r.streamlet, r.group, r.offset))

@@ -43,8 +43,8 @@ def fetch_one(b, sid=1, sl=0, cur=None, max_bytes=1 << 20):
 
 def test_produce_then_fetch_round_trip():
     b = broker()
-    assert b.produce("r1", [make(seq=0, n=3), make(seq=0, sl=1, n=2)], 0.0) == [[0, 0, 0], [0, 0, 0]]
-    assert b.produce("r2", [make(seq=1, n=4)], 0.0) == [[0, 0, 3]]
+    assert b.produce("r1", [make(seq=0, n=3), make(seq=0, sl=1, n=2)], 0.0) == [[0, 0, 0, 0], [0, 0, 0, 0]]
+    assert b.produce("r2", [make(seq=1, n=4)], 0.0) == [[0, 0, 3, 3]]
     chunks, groups = fetch_one(b)
     assert [(c.header.group, c.header.base_offset, len(c)) for c in chunks] == [(0, 0, 3), (0, 3, 4)]
     assert chunks[0].values() == [b"val"] * 3
@@ -58,7 +58,7 @@ def test_duplicate_is_acknowledged_with_its_position_and_not_stored():
     b = broker()
     first = b.produce("a", [make(seq=0)], 0.0)
     b.produce("b", [make(seq=1)], 0.0)
-    assert b.produce("c", [make(seq=1)], 0.0) == [[0, 0, 3]]     # the last one again
+    assert b.produce("c", [make(seq=1)], 0.0) == [[0, 0, 3, 3]]     # the last one again
     assert b.produce("d", [make(seq=0)], 0.0) == first           # an older one: found by scan
     assert b.stats()["chunks_appended"] == 2 and b.stats()["duplicates"] == 2
     assert len(fetch_one(b)[0]) == 2
@@ -71,7 +71,7 @@ def test_sequence_gap_and_new_producer_must_start_at_zero():
     b.produce("b", [make(producer=5, seq=0)], 0.0)
     [res] = b.produce("c", [make(producer=5, seq=2)], 0.0)
     assert res[0] == "sequence_gap"
-    assert b.produce("d", [make(producer=5, seq=1)], 0.0) == [[0, 0, 3]]
+    assert b.produce("d", [make(producer=5, seq=1)], 0.0) == [[0, 0, 3, 3]]
     assert b.stats()["chunks_appended"] == 2
 
 
@@ -112,13 +112,13 @@ def test_corrupt_chunk_is_refused_with_nothing_appended(damage):
     assert res[0] == "corrupt_chunk" and res[2] is False
     assert b.stats()["chunks_appended"] == 0 and b.offsets(1, 0) == []
     # The producer's sequence was not consumed: the good chunk is still sequence 0.
-    assert b.produce("b", [good], 0.0) == [[0, 0, 0]]
+    assert b.produce("b", [good], 0.0) == [[0, 0, 0, 0]]
 
 
 def test_keyed_chunks_are_stored():
     b = broker()
     c = chunk.encode(1, 0, 1, 0, [b"a", b"bb"], keys=[b"k", None])
-    assert b.produce("a", [c], 0.0) == [[0, 0, 0]]
+    assert b.produce("a", [c], 0.0) == [[0, 0, 0, 0]]
     [got], _ = fetch_one(b)
     assert got.keys() == [b"k", None] and got.values() == [b"a", b"bb"]
 
@@ -206,7 +206,7 @@ def test_metadata_adds_moves_and_deletes_streams():
     assert res[0] == "unknown_stream"
     [res] = b.produce("c", [make(sid=1, sl=0)], 0.0)
     assert res[0] == "not_owner"
-    assert b.produce("d", [make(sid=1, sl=1)], 0.0) == [[0, 0, 0]]
+    assert b.produce("d", [make(sid=1, sl=1)], 0.0) == [[0, 0, 0, 0]]
 
 
 def test_forgotten_producer_is_found_in_the_stored_chunks():
@@ -216,7 +216,7 @@ def test_forgotten_producer_is_found_in_the_stored_chunks():
         b.produce("a", [make(producer=p, seq=1)], 0.0)
     assert len(b.producers) == 2 and b.producers.evictions > 0
     assert b.produce("b", [make(producer=0, seq=1)], 0.0)[0][0] == 0    # duplicate, recognised
-    assert b.produce("c", [make(producer=0, seq=2)], 0.0) == [[0, 0, 24]]
+    assert b.produce("c", [make(producer=0, seq=2)], 0.0) == [[0, 0, 24, 24]]
     [res] = b.produce("d", [make(producer=55, seq=4)], 0.0)              # truly unknown
     assert res[0] == "sequence_gap"
     assert b.stats()["chunks_appended"] == 9
@@ -224,7 +224,7 @@ def test_forgotten_producer_is_found_in_the_stored_chunks():
 
 def test_acks_false_answers_at_once():
     b = broker(desc(1, R=2))
-    assert b.produce("a", [make()], 0.0, acks=False) == [[0, 0, 0]]
+    assert b.produce("a", [make()], 0.0, acks=False) == [[0, 0, 0, 0]]
     assert b.stats()["pending_produce"] == 0
 
 
@@ -263,7 +263,7 @@ def test_a_raised_streamlet_count_is_applied_and_a_lowered_one_ignored():
     [res] = b.produce("a", [make(sl=3)], 0.0)
     assert res[0] == "not_ready" and res[2] is True   # not known here yet
     b.apply_metadata([desc(1, streamlets=4)], 2)
-    assert b.produce("a", [make(sl=3), make(sl=0)], 0.0) == [[0, 0, 0], [0, 0, 0]]
+    assert b.produce("a", [make(sl=3), make(sl=0)], 0.0) == [[0, 0, 0, 0], [0, 0, 0, 0]]
     [got], _ = fetch_one(b, sl=3)
     assert got.values() == [b"val"] * 3
     b.apply_metadata([desc(1, streamlets=2)], 3)      # never lowered: streamlet 3 stays

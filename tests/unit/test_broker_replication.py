@@ -108,7 +108,7 @@ def test_reply_only_once_every_backup_has_the_chunk():
     ack(b, fb, writes[:1])
     assert b.take_replies() == [] and fetched(b) == []
     ack(b, fb, writes[1:])
-    assert b.take_replies() == [("req", [[0, 0, 0]])]
+    assert b.take_replies() == [("req", [[0, 0, 0, 0]])]
     assert fetched(b) == [0]
     assert b.stats()["durable_lag_bytes"] == 0
 
@@ -228,7 +228,7 @@ def test_backup_timeout_rereplicates_everything_from_offset_zero_without_early_a
     ack(b, fb, [w2])                               # the late answer of the replaced backup
     assert b.take_replies() == [] and fetched(b) == [0]
     ack(b, fb, [w3])
-    assert b.take_replies() == [("b", [[0, 0, 4]])]
+    assert b.take_replies() == [("b", [[0, 0, 4, 4]])]
     assert fetched(b) == [0, 1]
     assert b.stats()["replica_failures"] == 1
 
@@ -242,7 +242,7 @@ def test_backup_error_replaces_it(error):
     [w2] = b.sync(0.1)
     assert w2.backup_id != w1.backup_id and w2.fields["offset"] == 0
     ack(b, FakeBackups(), [w2])
-    assert b.take_replies() == [("a", [[0, 0, 0]])]
+    assert b.take_replies() == [("a", [[0, 0, 0, 0]])]
 
 
 def test_a_lone_backup_that_times_out_is_retried_from_what_it_acknowledged():
@@ -259,7 +259,7 @@ def test_a_lone_backup_that_times_out_is_retried_from_what_it_acknowledged():
     [w3] = b.sync(1.5 + TIMEOUT)
     assert w3.backup_id == 1 and w3.fields["offset"] == w1.end_bytes
     ack(b, fb, [w3])
-    assert b.take_replies() == [("b", [[0, 0, 4]])]
+    assert b.take_replies() == [("b", [[0, 0, 4, 4]])]
 
 
 def test_a_lone_backup_that_lost_its_replica_is_restarted_from_zero():
@@ -273,7 +273,7 @@ def test_a_lone_backup_that_lost_its_replica_is_restarted_from_zero():
     [w3] = b.sync(1.0)
     assert w3.backup_id == 1 and w3.fields["offset"] == 0 and w3.chunks == 2
     ack(b, fb, [w3])
-    assert b.take_replies()[-1] == ("b", [[0, 0, 4]])
+    assert b.take_replies()[-1] == ("b", [[0, 0, 4, 4]])
 
 
 def test_wrong_length_in_the_reply_is_a_failure():
@@ -300,7 +300,7 @@ def test_throttled_backup_is_retried_from_what_it_acknowledged():
     [w3] = b.sync(0.1)
     assert w3.backup_id == w1.backup_id and w3.fields["offset"] == w1.end_bytes
     ack(b, fb, [w3])
-    assert b.take_replies() == [("b", [[0, 0, 4]])]
+    assert b.take_replies() == [("b", [[0, 0, 4, 4]])]
 
 
 def test_no_backup_fails_the_request_retriably_and_a_retry_waits_for_durability():
@@ -318,7 +318,7 @@ def test_no_backup_fails_the_request_retriably_and_a_retry_waits_for_durability(
     b.set_backups(backup_list(1), 7.0)
     [w] = b.sync(7.0)
     ack(b, fb, [w], 7.1)
-    assert b.take_replies() == [("a2", [[0, 0, 0]])]
+    assert b.take_replies() == [("a2", [[0, 0, 0, 0]])]
     assert b.stats()["chunks_appended"] == 1 and fetched(b) == [0]
 
 
@@ -432,7 +432,7 @@ def test_deleting_a_stream_fails_its_waiting_requests():
     assert token == "a" and err.code == "unknown_stream"
     fb = FakeBackups()
     ack(b, fb, b.sync(0.0))           # the deleted stream's chunk is simply not sent
-    assert b.take_replies() == [("b", [[0, 0, 0]])]
+    assert b.take_replies() == [("b", [[0, 0, 0, 0]])]
     assert b.stats()["durable_lag_bytes"] == 0
 
 

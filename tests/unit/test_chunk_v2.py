@@ -42,12 +42,49 @@ def test_tombstone_is_none_and_distinct_from_empty_value():
     assert c.values() == [None, b"", b"x"]
 
 
-def test_plain_chunks_stay_version_1_and_new_features_write_version_2():
-    plain = chunk.encode(1, 0, 1, 0, [b"a"], [b"k"])
-    assert plain[2] == chunk.VERSION
-    assert chunk.encode(1, 0, 1, 0, [None])[2] == chunk.VERSION_2
-    assert chunk.encode(1, 0, 1, 0, [b"a"], headers=[[("h", b"v")]])[2] == chunk.VERSION_2
-    assert chunk.encode(1, 0, 1, 0, [b"a"], compression="zstd")[2] == chunk.VERSION_2
+def _legacy(buf: bytes, version: int) -> bytes:
+    """The same chunk as kera wrote it before record numbers: a 64-byte header, no number."""
+    out = bytearray(buf[:chunk.HEADER_SIZE_V1]) + buf[chunk.HEADER_SIZE:]
+    out[2] = version
+    out[4:8] = chunk.header_crc(out).to_bytes(4, "little")
+    return bytes(out)
+
+
+def test_new_chunks_are_version_3_with_a_number_slot_left_unset_until_stamped():
+    buf = chunk.encode(1, 0, 1, 0, [b"a", b"b"], [b"k", None])
+    assert buf[2] == chunk.VERSION_3
+    h = chunk.verify(buf)
+    assert h.header_size == chunk.HEADER_SIZE == 72 and h.number is None
+    stamped = bytearray(buf)
+    chunk.stamp(stamped, 4, 0, 10, number=1234)
+    h = chunk.verify(stamped)
+    assert (h.group, h.base_offset, h.number) == (4, 10, 1234)
+    assert chunk.Chunk(stamped).first_number == 1234
+
+
+def test_the_header_checksum_covers_the_number():
+    stamped = bytearray(chunk.encode(1, 0, 1, 0, [b"a"]))
+    chunk.stamp(stamped, 0, 0, 0, number=5)
+    stamped[chunk.NUMBER_AT] ^= 1
+    with pytest.raises(CorruptChunk, match="header checksum"):
+        chunk.verify(stamped)
+
+
+@pytest.mark.parametrize("version,kwargs", [
+    (chunk.VERSION, {"keys": [b"k", None]}),
+    (chunk.VERSION_2, {"headers": [[("h", b"v")], None], "compression": "zstd"}),
+])
+def test_chunks_written_before_record_numbers_are_still_read(version, kwargs):
+    buf = _legacy(chunk.encode(1, 0, 1, 0, [b"a", None if version == 2 else b"b"], **kwargs),
+                  version)
+    h = chunk.verify(buf)
+    assert (h.version, h.header_size, h.number) == (version, 64, None)
+    assert chunk.chunk_size(buf) == len(buf) == h.size
+    stamped = bytearray(buf)
+    chunk.stamp(stamped, 2, 0, 7, number=99)   # no room for a number: the rest is stamped
+    c = chunk.Chunk(stamped)
+    assert (c.header.group, c.header.base_offset, c.first_number) == (2, 7, None)
+    assert c.values()[0] == b"a"
 
 
 def test_compression_shrinks_repetitive_values_and_checksums_cover_stored_bytes():
@@ -76,7 +113,7 @@ def test_corrupt_compressed_chunk_is_refused():
 
 
 def test_unknown_flag_in_version_1_chunk_is_refused():
-    buf = bytearray(chunk.encode(1, 0, 1, 0, [b"a"]))
+    buf = bytearray(_legacy(chunk.encode(1, 0, 1, 0, [b"a"]), chunk.VERSION))
     buf[3] |= chunk.FLAG_HEADERS
     buf[4:8] = chunk.header_crc(buf).to_bytes(4, "little")
     with pytest.raises(CorruptChunk, match="unknown flags"):

@@ -270,7 +270,7 @@ class BrokerModel:
         if h.sequence != last + 1:
             return ["sequence_gap", "gap", True]
         self.last[key] = h.sequence
-        self.stored.setdefault((h.stream_id, h.streamlet), []).append((h.producer_id, h.sequence, bytes(data[64:])))
+        self.stored.setdefault((h.stream_id, h.streamlet), []).append((h.producer_id, h.sequence, bytes(data[chunk.HEADER_SIZE:])))
         return [0, 0, 0]
 
 
@@ -290,7 +290,7 @@ def test_simulated_losses_never_store_twice_nor_out_of_order(seed):
         if step < 2000 and rng.random() < 0.3:
             sl = rng.randrange(4)
             (c,) = add(pipe, sl, 1, records=rng.randint(1, 5), size=rng.randint(1, 50))
-            bodies[sl].append(c.data[64:])
+            bodies[sl].append(c.data[chunk.HEADER_SIZE:])
         pipe.expire(now)
         for o in pipe.build(now, owners(mapping)):
             rid = next(req_ids)

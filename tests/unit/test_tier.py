@@ -86,9 +86,9 @@ def test_memory_stays_under_the_limit_and_everything_reads_back(tmp_path):
     for seq in range(200):           # ~170 KiB of chunks, several times the budget
         c = make(seq)
         sent.append(c)
-        assert b.produce(seq, [c], 0.0) == [[b.producers.get((1, 1, 0)).group,
-                                            b.producers.get((1, 1, 0)).segment,
-                                            b.producers.get((1, 1, 0)).base_offset]]
+        [stored] = b.produce(seq, [c], 0.0)
+        last = b.producers.get((1, 1, 0))
+        assert stored == [last.group, last.segment, last.base_offset, 8 * seq]   # 8 records each
         run_jobs(b, tmp_path)
         assert b.tier.memory_bytes <= 64 * KiB
     stats = b.stats()
@@ -96,9 +96,9 @@ def test_memory_stays_under_the_limit_and_everything_reads_back(tmp_path):
     files = sorted(p.name for p in (tmp_path / "segments").rglob("*.seg"))
     assert files and files == sorted(files)   # zero-padded: ls order is log order
     got = read_all(b)
-    # Stamped in place, so compare everything but the stamps (header bytes 48..64 and the CRC).
+    # Stamped in place, so compare everything but the stamps (header bytes 48..72 and the CRC).
     assert len(got) == len(sent)
-    assert all(g[64:] == s[64:] and g[16:48] == s[16:48] for g, s in zip(got, sent))
+    assert all(g[chunk.HEADER_SIZE:] == s[chunk.HEADER_SIZE:] and g[16:48] == s[16:48] for g, s in zip(got, sent))
     assert b.tier.maps and len(b.tier.maps) <= b.tier.cfg.maps_max
 
 
@@ -194,9 +194,13 @@ def test_restart_reloads_every_durable_chunk(tmp_path):
     # to a new group.
     last = b2.producers.get((1, 1, 0))
     assert last.sequence == 29
-    assert b2.produce("dup", [make(29, producer=1)], 0.0) == [[last.group, last.segment, last.base_offset]]
-    [[g, _, base]] = b2.produce("new", [make(30, producer=1)], 0.0)
+    assert b2.produce("dup", [make(29, producer=1)], 0.0)[0][:3] == [last.group, last.segment, last.base_offset]
+    [[g, _, base, _]] = b2.produce("new", [make(30, producer=1)], 0.0)
     assert g == len(groups_before) and base == 0
+    # Its records are numbered on from the reloaded ones of its slot (producer 1: slot 1).
+    slot1 = [chunk.read_header(c) for c in before if chunk.read_header(c).producer_id == 1]
+    new = chunk.read_header(b2.streams[1].streamlets[0].groups[-1].segments[0].view(0))
+    assert new.number == sum(h.record_count for h in slot1) == slot1[-1].number + 8
 
 
 def test_reload_skips_a_damaged_file(tmp_path):
