@@ -25,10 +25,11 @@ from kera.broker.time_index import streamlet_cursor_at
 from kera.stream_traffic import StreamTraffic
 from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
-from kera.chunk import check_columns, verify
-from kera.errors import (BadRequest, CorruptChunk, KeraError, NotOwner, NotReady, OffsetOutOfRange,
-                         PositionLost, RecordTooLarge, ReplicationFailed, SequenceGap,
-                         StorageError, Throttled, Timeout, UnknownStream)
+from kera.chunk import FLAG_CONDITION, Chunk, check_columns, read_condition, verify
+from kera.errors import (BadRequest, CorruptChunk, KeraError, LockConflict, NotOwner, NotReady,
+                         OffsetOutOfRange, PositionLost, RecordTooLarge, ReplicationFailed,
+                         SequenceGap, StorageError, Throttled, Timeout, UnknownStream,
+                         lock_conflict_message)
 from kera.metrics import Counters
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ FETCH_CURSOR_GROUPS_MAX = 4096           # entries in one cursor's `offsets`
 
 NO_BROKER = -1   # placement of a streamlet on no broker this one knows (a disowned stream)
 TOMBSTONES_MAX = 1 << 20   # entries accepted in a `deleted` list (the coordinator sends <= 4096)
+# Locks one conditional append may name: a transaction touching more rows than this is better
+# split, and it bounds the per-chunk work of the check.
+LOCKS_PER_APPEND_MAX = 1024
 
 
 def _tombstones(deleted: list) -> dict[int, int]:
@@ -428,10 +432,15 @@ class Broker:
             last = "none" if entry is None else entry.sequence
             raise SequenceGap(f"producer {pid}: sequence {seq} after {last}")
         assert verdict == APPEND
+        locks = None
+        if h.flags & FLAG_CONDITION:
+            locks = self._check_condition(info, streamlet, buf)
         self._admit(stream, streamlet, sl, pid, size)
         group, seg, idx = streamlet.append(buf, size, h.record_count, pid)
         if idx == 0:
             self.tier.opened(seg)
+        if locks is not None:
+            streamlet.lock_table().record(locks, group.number_base + group.head - 1)
 
         group.last_ms = self.wall_ms
         base = group.head - h.record_count
@@ -448,6 +457,24 @@ class Broker:
             vlog.add(seg, idx, size)
             waits.append((group, group.head))
         return _stored(group, seg.number, base)
+
+    def _check_condition(self, info, streamlet: Streamlet, buf) -> tuple[int, ...]:
+        """A conditional append's locks, once checked against the streamlet's lock table
+        (kera.broker.locks); LockConflict, with nothing stored, when one was written after
+        the writer's high-water mark."""
+        if info.active_groups != 1:
+            raise BadRequest(f"conditional appends need one ordered unit per streamlet: "
+                             f"{info.name!r} has {info.active_groups} active groups per "
+                             f"streamlet; create the stream with active_groups=1")
+        locks, high_water_mark = read_condition(Chunk(buf, check=False))
+        if len(locks) > LOCKS_PER_APPEND_MAX:
+            raise BadRequest(f"{len(locks)} locks in one conditional append, at most "
+                             f"{LOCKS_PER_APPEND_MAX}")
+        hit = streamlet.lock_table().conflict(locks, high_water_mark)
+        if hit is not None:
+            self.counters.add("lock_conflicts")
+            raise LockConflict(lock_conflict_message(hit[0], hit[1], high_water_mark))
+        return locks
 
     def _duplicate(self, streamlet: Streamlet, key, entry: Entry, seq: int, waits: list) -> list:
         self.duplicates += 1

@@ -8,7 +8,8 @@ already placed is another copy of the same chunk and is dropped. `finish` then d
 streamlet holds and `install` hands it to the broker: every group closed (appends go to new
 groups, numbered after the last), the recovered chunks referenced by the broker's own virtual
 logs (re-replicated under its incarnation), and the duplicate-detection table rebuilt from the
-chunk headers, so a producer retrying an unacknowledged chunk is not stored twice.
+chunk headers, so a producer retrying an unacknowledged chunk is not stored twice; and the
+lock table of conditional appends (kera.broker.locks) replayed from the kept conditional chunks.
 
 What is kept is a consistent prefix of each slot's history, never invented data:
 
@@ -36,14 +37,15 @@ from array import array
 from kera.broker.group import Group
 from kera.broker.producers import Entry
 from kera.broker.streamlet import Streamlet
-from kera.chunk import UNSET_U32, UNSET_U64, ChunkHeader
+from kera.chunk import FLAG_CONDITION, UNSET_U32, UNSET_U64, Chunk, ChunkHeader, read_condition
+from kera.errors import CorruptChunk
 
 log = logging.getLogger(__name__)
 
 
 
 class _GroupBuild:
-    __slots__ = ("group", "pending", "pids", "seqs", "durable_end", "durable_open")
+    __slots__ = ("group", "pending", "pids", "seqs", "durable_end", "durable_open", "conditions")
 
     def __init__(self, group: Group):
         self.group = group
@@ -52,6 +54,7 @@ class _GroupBuild:
         self.seqs = array("Q")                 # its sequence
         self.durable_end = 0                   # end of the leading run of readable chunks
         self.durable_open = True               # the run has not been broken yet
+        self.conditions: list = []             # (end offset, lock ids) of conditional chunks
 
 
 class StreamletRebuild:
@@ -117,6 +120,8 @@ class StreamletRebuild:
             group.closed = False
             group.max_segments = len(group.segments) + 1
             loc = group.append(chunk, size, h.record_count)
+        if h.flags & FLAG_CONDITION:
+            gb.conditions.append((group.head, _locks_of(chunk)))
         gb.pids.append(h.producer_id)
         gb.seqs.append(h.sequence)
         if durable and gb.durable_open:
@@ -317,9 +322,41 @@ def install(core, rebuild: StreamletRebuild) -> Installed | None:
         done.bytes += sum(s.used_bytes for s in group.segments)
         done.readable_records += group.durable
     streamlet.adopt_numbers()
+    _replay_locks(streamlet, groups, rebuild)
     for pid, entry in rebuild.newest_entries().items():
         core.producers.put((pid, info.id, sl), entry)
     return done
+
+
+def _locks_of(chunk) -> tuple[int, ...] | None:
+    """A kept conditional chunk's lock ids; None when unreadable (then every lock is taken as
+    written at the slot's end: conservative)."""
+    try:
+        return read_condition(Chunk(chunk, check=False))[0]
+    except CorruptChunk:
+        return None
+
+
+def _replay_locks(streamlet: Streamlet, groups: list[Group], rebuild: StreamletRebuild) -> None:
+    """The lock table the dead owner had, from the kept conditional chunks in number order.
+    Locks written in groups retention deleted are unknown: the floor is then the number
+    before the first kept record (kera.broker.locks)."""
+    replay = []
+    for group in groups:
+        for end, locks in rebuild.groups[group.id].conditions:
+            if end <= group.head and group.number_base is not None:
+                replay.append((group.number_base + end - 1, locks))
+    first = next((g for g in groups if g.head and g.number_base is not None), None)
+    if not replay and (first is None or first.id == 0):
+        return
+    table = streamlet.lock_table()
+    if first is not None and first.id > 0:
+        table.floor = first.number_base - 1
+    for number, locks in sorted(replay, key=lambda r: r[0]):
+        if locks is None:
+            table.floor = max(table.floor, number)
+        else:
+            table.record(locks, number)
 
 
 def _not_ready():

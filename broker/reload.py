@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 from kera.broker import history_epoch, tier_files
 from kera.broker.group import Group
+from kera.broker.locks import LockTable
 from kera.broker.producers import Entry
 from kera.broker.segment import Segment
 from kera.broker.streamlet import Streamlet
@@ -115,6 +116,10 @@ def _streamlet(broker, info, sl: int, segs: list[LoadedSegment], first_recorded:
         group = _group(broker, info, sl, gid, by_group.get(gid, []), newest)
         streamlet.groups.append(group)
     streamlet.adopt_numbers()
+    if info.active_groups == 1 and streamlet.next_numbers[0]:
+        # Which locks the reloaded records wrote is not read back (that would read every chunk
+        # on disk): every lock counts as written by the last one (kera.broker.locks).
+        streamlet.locks = LockTable(floor=streamlet.next_numbers[0] - 1)
     for pid, entry in newest.items():
         broker.producers.put((pid, info.id, sl), entry)
     log.info("stream %s streamlet %d: reloaded groups %d..%d from disk", info.name, sl, first, last)

@@ -17,6 +17,7 @@ import struct
 from typing import Protocol
 
 from kera.broker.group import Group
+from kera.broker.locks import LockTable
 from kera.broker.segment import Segment
 
 _PRODUCER_SEQ = struct.Struct("<QQ")  # producer_id, sequence at byte 16 of a chunk header
@@ -53,7 +54,7 @@ class GroupListener(Protocol):
 
 class Streamlet:
     __slots__ = ("stream_id", "index", "active_groups", "group_segments", "segment_size_bytes",
-                 "groups", "slots", "listener", "first_group", "epoch", "next_numbers")
+                 "groups", "slots", "listener", "first_group", "epoch", "next_numbers", "locks")
 
     def __init__(self, stream_id: int, index: int, active_groups: int, group_segments: int,
                  segment_size_bytes: int, listener: GroupListener | None = None):
@@ -73,6 +74,8 @@ class Streamlet:
         # Per slot, the number of its next record when its previous group is not in `slots`
         # (set from the recovered or reloaded groups by adopt_numbers).
         self.next_numbers = [0] * active_groups
+        # Conditional appends' locks (kera.broker.locks), made at the first one.
+        self.locks: LockTable | None = None
 
     def append(self, chunk, size: int, count: int, producer_id: int) -> tuple[Group, Segment, int]:
         """Store a verified chunk in its producer's slot; returns (group, segment, index)."""
@@ -95,6 +98,11 @@ class Streamlet:
         if prev is not None and prev.number_base is not None:
             return prev.number_base + prev.head
         return self.next_numbers[slot]
+
+    def lock_table(self) -> LockTable:
+        if self.locks is None:
+            self.locks = LockTable()
+        return self.locks
 
     def adopt_numbers(self) -> None:
         """Continue each slot's numbering after the groups it holds (recovered or reloaded)."""

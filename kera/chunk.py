@@ -63,6 +63,14 @@ COMPRESSION_MASK = 0x18
 COMPRESSIONS = {None: 0, "lz4": 1, "zstd": 2}
 FLAGS_V2 = FLAG_VALUE_NULLS | FLAG_HEADERS | COMPRESSION_MASK
 FLAGS_KNOWN = FLAG_KEYS | FLAGS_V2
+# Version 3: a conditional append (kera.conditional). Its first record carries the lock ids
+# (CONDITION_LOCKS_HEADER: u64 little-endian each) and the writer's high-water mark
+# (CONDITION_HWM_HEADER: i64, -1 for none); the broker that owns the streamlet reads them, and
+# only them, to check and record the locks (kera.broker.locks).
+FLAG_CONDITION = 0x20
+FLAGS_KNOWN_V3 = FLAGS_KNOWN | FLAG_CONDITION
+CONDITION_LOCKS_HEADER = "kera-locks"
+CONDITION_HWM_HEADER = "kera-high-water-mark"
 # zstd level 3 is the library's default: most of the ratio at a fraction of the CPU of higher levels.
 ZSTD_LEVEL = 3
 PLAIN_LEN = struct.Struct("<I")
@@ -122,7 +130,8 @@ def read_header(buf) -> ChunkHeader:
         raise CorruptChunk(f"bad chunk magic 0x{magic:04x}")
     if version not in VERSIONS:
         raise CorruptChunk(f"unsupported chunk version {version}: upgrade this kera to read it")
-    if flags & ~(FLAG_KEYS if version == VERSION else FLAGS_KNOWN):
+    if flags & ~(FLAG_KEYS if version == VERSION else FLAGS_KNOWN if version == VERSION_2
+                 else FLAGS_KNOWN_V3):
         raise CorruptChunk(f"unknown flags 0x{flags:02x} in a version {version} chunk")
     hsize = HEADER_SIZE if version == VERSION_3 else HEADER_SIZE_V1
     if hsize + body_len > len(buf):
@@ -344,24 +353,50 @@ def _as_u32_offsets(offsets: np.ndarray) -> np.ndarray:
 
 def encode(producer_id: int, sequence: int, stream_id: int, streamlet: int, values,
            keys: Sequence[bytes | None] | None = None, timestamps=None, headers=None,
-           compression: str | None = None) -> bytes:
+           compression: str | None = None, condition: tuple | None = None) -> bytes:
     """Build one chunk. `values` as for values_columns, or a list whose None entries are
     tombstones; `keys` a sequence of bytes or None (same length as values) or None for no
     keys; `timestamps` None (now), an int (all the same) or an int64 sequence, in
     microseconds; `headers` None or one sequence of (str, bytes) pairs (or None) per record;
-    `compression` None, "lz4" or "zstd"."""
+    `compression` None, "lz4" or "zstd"; `condition` None or (lock ids, high-water mark) for a
+    conditional append (FLAG_CONDITION)."""
+    if condition is not None:
+        headers = _with_condition(headers, len(values), *condition)
     value_nulls = None
     if isinstance(values, (list, tuple)) and None in values:
         value_nulls = np.fromiter((v is None for v in values), dtype=np.uint8, count=len(values))
         values = [b"" if v is None else v for v in values]
     blob, offsets = values_columns(values)
     return encode_columns(producer_id, sequence, stream_id, streamlet, blob, offsets, keys,
-                          timestamps, value_nulls, headers, compression)
+                          timestamps, value_nulls, headers, compression,
+                          FLAG_CONDITION if condition is not None else 0)
+
+
+def _with_condition(headers, n: int, locks, high_water_mark: int) -> list:
+    """`headers` with the condition's two headers first on record 0."""
+    if n == 0:
+        raise ValueError("a conditional append needs at least one record")
+    out = list(headers) if headers is not None else [None] * n
+    packed = np.asarray(list(locks), dtype="<u8").tobytes()
+    out[0] = [(CONDITION_LOCKS_HEADER, packed),
+              (CONDITION_HWM_HEADER, struct.pack("<q", high_water_mark)), *(out[0] or ())]
+    return out
+
+
+def read_condition(c: "Chunk") -> tuple[tuple[int, ...], int]:
+    """(lock ids, high-water mark) of a conditional chunk; CorruptChunk if they are missing
+    or malformed."""
+    first = c.headers()[0] if len(c) and c.has_headers else []
+    found = dict(first[:2])
+    locks, hwm = found.get(CONDITION_LOCKS_HEADER), found.get(CONDITION_HWM_HEADER)
+    if locks is None or hwm is None or len(locks) % 8 or len(hwm) != 8:
+        raise CorruptChunk("conditional chunk without well-formed lock and high-water-mark headers")
+    return tuple(np.frombuffer(locks, dtype="<u8").tolist()), struct.unpack("<q", hwm)[0]
 
 
 def encode_columns(producer_id: int, sequence: int, stream_id: int, streamlet: int, blob,
                    offsets: np.ndarray, keys=None, timestamps=None, value_nulls=None,
-                   headers=None, compression: str | None = None) -> bytes:
+                   headers=None, compression: str | None = None, extra_flags: int = 0) -> bytes:
     n = len(offsets) - 1
     ts = _timestamps_column(timestamps, n)
     parts = [ts.tobytes(), offsets.tobytes()]
@@ -384,7 +419,7 @@ def encode_columns(producer_id: int, sequence: int, stream_id: int, streamlet: i
         parts.append(koffsets.tobytes())
         key_tail = [kblob, nulls.tobytes()]
     v2_tail, v2_flags = _v2_columns(n, value_nulls, headers)
-    flags |= v2_flags | (COMPRESSIONS.get(compression, 0) << COMPRESSION_SHIFT)
+    flags |= v2_flags | extra_flags | (COMPRESSIONS.get(compression, 0) << COMPRESSION_SHIFT)
     body = compress(b"".join([*parts, blob, *key_tail, *v2_tail]), compression)
     if len(body) + HEADER_SIZE > MAX_CHUNK_BYTES:
         raise RecordTooLarge(f"chunk of {len(body) + HEADER_SIZE} bytes exceeds {MAX_CHUNK_BYTES}")

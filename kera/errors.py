@@ -9,6 +9,8 @@ where a stream lives may be stale: fetch metadata before retrying).
 
 from __future__ import annotations
 
+import re
+
 
 class KeraError(Exception):
     code = "internal"
@@ -248,3 +250,32 @@ class TargetFailed(KeraError):
     backoff from the target's own last-applied positions; fix the target (its log says why)."""
     code = "target_failed"
     retriable = True
+
+
+class LockConflict(KeraError):
+    """A conditional append (kera.conditional) was refused, nothing stored: one of its locks
+    was written by a record numbered after the writer's high-water mark. Read the stream up to
+    `number`, re-execute the transaction against what you read, and append again with the new
+    high-water mark."""
+    code = "lock_conflict"
+
+    def __init__(self, message: str = "", *, retriable: bool | None = None):
+        super().__init__(message, retriable=retriable)
+        # The broker's message names them (lock_conflict_message); parsed back so that the
+        # wire keeps one error shape, [code, message, retriable].
+        found = _LOCK_CONFLICT.search(self.message)
+        self.lock: int | None = int(found[1]) if found else None
+        self.number: int | None = int(found[2]) if found else None
+        self.high_water_mark: int | None = int(found[3]) if found else None
+
+
+_LOCK_CONFLICT = re.compile(r"lock (\d+) was written at record number (\d+), after the "
+                            r"high-water mark (-?\d+)")
+
+
+def lock_conflict_message(lock: int, number: int, high_water_mark: int) -> str:
+    return (f"lock {lock} was written at record number {number}, after the high-water mark "
+            f"{high_water_mark}: read up to {number}, re-execute and append again")
+
+
+_BY_CODE[LockConflict.code] = LockConflict

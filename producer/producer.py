@@ -117,6 +117,8 @@ class Producer:
         self._stopping = False
         self._fatal: BaseException | None = None
         self._batch_records = 0
+        self._bootstrap = bootstrap
+        self._appender = None   # kera.conditional.ConditionalAppender, made at the first append
         # The request thread sleeps in a zmq poll; a byte on this pipe wakes it (`_idle` says
         # whether it is asleep, so a busy thread is not woken once per chunk).
         self._waker = self._env.waker()
@@ -250,6 +252,20 @@ class Producer:
             sequence += 1
         return sequence
 
+    def append(self, stream: str, values, *, locks=(), high_water_mark: int = -1, keys=None,
+               headers=None, streamlet: int | None = None, key: bytes | None = None):
+        """A conditional append (Waltz's optimistic locking; kera.conditional): `values` are
+        stored as one chunk only if none of `locks` was written by a record numbered after
+        `high_water_mark`. Blocks until stored (returns RecordMetadata with its `number`) or
+        refused (raises LockConflict, nothing stored). Independent of send()'s ordering."""
+        if self._appender is None:
+            from kera.conditional import ConditionalAppender
+            self._appender = ConditionalAppender(self._bootstrap, key_file=self.key_file,
+                                                 request_timeout_s=self.request_timeout_s,
+                                                 timeout_s=self.send_timeout_s)
+        return self._appender.append(stream, values, locks=locks, high_water_mark=high_water_mark,
+                                     keys=keys, headers=headers, streamlet=streamlet, key=key)
+
     # ------------------------------------------------------------------ flush and close
     def flush(self, timeout: float | None = None) -> None:
         """Return once every record sent before this call is acknowledged; raises the failures
@@ -299,6 +315,8 @@ class Producer:
                 self._wake()
             self._sender.join(self.request_timeout_s + 5)
             self._meta.close()
+            if self._appender is not None:
+                self._appender.close()
             with self._lock:
                 self._waker.close()
 
