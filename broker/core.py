@@ -583,6 +583,19 @@ class Broker:
             return 0, {}
         return streamlet_cursor_at(streamlet, timestamp_us)
 
+    def cursor_at_number(self, sid: int, sl: int, number: int) -> tuple[int, dict[int, int]]:
+        """(low, offsets): a reader's cursor at the record numbered `number` (or the first
+        retained one, when retention deleted it; or the end, when it is not written yet).
+        Numbers are per slot: streams with one active group per streamlet only."""
+        streamlet = self._streamlet_for_read(sid, sl)
+        self.counters.add("offsets_for_number_requests")
+        if streamlet is None:
+            return 0, {}
+        if streamlet.active_groups != 1:
+            raise BadRequest(f"seeking by record number needs one active group per streamlet; "
+                             f"this stream has {streamlet.active_groups}")
+        return streamlet.cursor_at_number(number)
+
     def bytes_behind(self, sid: int, sl: int, low: int, offsets: dict[int, int]) -> int:
         """Durable chunk bytes past a reader's cursor (`low`, `offsets` as in a fetch read):
         its lag in bytes over the retained groups."""

@@ -77,6 +77,7 @@ class BrokerDaemon:
         self.server.on("fetch", self._on_fetch)
         self.server.on("offsets", self._on_offsets)
         self.server.on("offsets_for_time", self._on_offsets_for_time)
+        self.server.on("offsets_for_number", self._on_offsets_for_number)
         self.server.on("stats", self._on_stats)
         if advertise is None:
             advertise = self.server.address
@@ -163,6 +164,15 @@ class BrokerDaemon:
         if check is not None:
             self.core.check_stream(q.sid, check)
         low, offsets = self.core.cursor_at_time(q.sid, q.sl, q.timestamp_us)
+        return {"low": low, "offsets": offsets, "first_group": self.core.first_group(q.sid, q.sl),
+                "epoch": self.core.history_epoch(q.sid, q.sl)}
+
+    def _on_offsets_for_number(self, req: Request):
+        q = schema.offsets_for_number(req.fields)
+        check = self._checker(req, "describe")
+        if check is not None:
+            self.core.check_stream(q.sid, check)
+        low, offsets = self.core.cursor_at_number(q.sid, q.sl, q.number)
         return {"low": low, "offsets": offsets, "first_group": self.core.first_group(q.sid, q.sl),
                 "epoch": self.core.history_epoch(q.sid, q.sl)}
 

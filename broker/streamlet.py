@@ -99,6 +99,20 @@ class Streamlet:
             return prev.number_base + prev.head
         return self.next_numbers[slot]
 
+    def cursor_at_number(self, number: int) -> tuple[int, dict[int, int]]:
+        """(low, offsets) of the record numbered `number` in a one-slot streamlet: in the group
+        holding it; the first retained record when it was deleted; the end when not written."""
+        last = None
+        for group in self.groups:
+            if group.number_base is None or group.head == 0:
+                continue
+            last = group
+            if number < group.number_base + group.head:
+                return group.id, {group.id: max(0, number - group.number_base)}
+        if last is None:
+            return self.first_group, {}
+        return last.id, {last.id: last.head}
+
     def lock_table(self) -> LockTable:
         if self.locks is None:
             self.locks = LockTable()

@@ -450,16 +450,50 @@ class Consumer:
                 conn.close()
 
     def _time_cursor(self, part: tuple, timestamp_us: int, conns: dict) -> tuple:
-        header, address = self._part_call(part, "offsets_for_time",
-                                          {"timestamp_us": timestamp_us}, conns)
+        return self._cursor_reply(part, "offsets_for_time", {"timestamp_us": timestamp_us}, conns)
+
+    def _cursor_reply(self, part: tuple, op: str, fields: dict, conns: dict) -> tuple:
+        """(low, offsets, epoch, earliest): the cursor a broker's `op` answers for `part`."""
+        header, address = self._part_call(part, op, fields, conns)
         try:
             c = schema.time_cursor(header)
         except BadRequest as err:
-            raise KeraError(f"malformed offsets_for_time reply from {address}: {err.message}",
+            raise KeraError(f"malformed {op} reply from {address}: {err.message}",
                             retriable=True) from None
         # From the first retained group on: read from the first retained group, even if
         # retention deletes that one before the first fetch.
         return c.low, c.offsets, c.epoch, c.low <= c.first_group
+
+    # ------------------------------------------------------------------ seeking by number
+    def offsets_for_number(self, stream: str, streamlet: int, number: int) -> list[Position]:
+        """Positions of the record numbered `number` in `streamlet` (record numbers are dense
+        per streamlet in a stream with one active group per streamlet): reading from them gets
+        that record and the ones after it. A Waltz-style service that applied everything up to
+        its high-water mark N reads on from number N + 1. A number retention deleted gives the
+        first retained record; one not written yet gives the end. Any stream may be asked."""
+        if not 0 <= streamlet < self._info_of(stream).streamlets:
+            raise BadRequest(f"stream '{stream}' has streamlets 0..{self._infos[stream].streamlets - 1}, "
+                             f"not {streamlet}")
+        low, offsets, epoch, _ = self._number_cursor((stream, streamlet), number)
+        return ConsumedCursor(streamlet, low, offsets, epoch).positions(stream)
+
+    def seek_to_number(self, stream: str, streamlet: int, number: int) -> None:
+        """Read `streamlet` of `stream` (assigned to this consumer) from the record numbered
+        `number` on (see offsets_for_number); takes effect on the next poll."""
+        part = (stream, streamlet)
+        self._check_assigned([part])
+        self._set_cursors({part: self._number_cursor(part, number)})
+        self._wake()
+
+    def _number_cursor(self, part: tuple, number: int) -> tuple:
+        if not 0 <= number <= schema.NUMBER_MAX:
+            raise BadRequest(f"record number {number} is outside 0..{schema.NUMBER_MAX}")
+        conns: dict = {}
+        try:
+            return self._cursor_reply(part, "offsets_for_number", {"number": number}, conns)
+        finally:
+            for conn in conns.values():
+                conn.close()
 
     def _check_assigned(self, parts) -> None:
         with self._lock:

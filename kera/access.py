@@ -82,6 +82,7 @@ RULES: dict[str, Rule] = {
     "fetch": _acl("read", "stream"),
     "offsets": Rule(frozenset({"coordinator"}), "describe", "stream"),
     "offsets_for_time": _acl("describe", "stream"),   # Kafka's ListOffsets needs Describe too
+    "offsets_for_number": _acl("describe", "stream"),
     # every daemon
     "stats": Rule(frozenset(MEMBERS), "describe", "cluster", None),
     # backup: replicas, for brokers only (and bound to their broker id: kera.backup)

@@ -320,6 +320,24 @@ def offsets_for_time(header) -> OffsetsForTime:
                           f.int("timestamp_us", hi=TIMESTAMP_US_MAX))
 
 
+# ---------------------------------------------------------------------- offsets_for_number
+# Record numbers are u64 (kera.chunk); the reply is a cursor as offsets_for_time's.
+NUMBER_MAX = 2**64 - 2
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsForNumber:
+    sid: int
+    sl: int
+    number: int
+
+
+def offsets_for_number(header) -> OffsetsForNumber:
+    f = _fields(header)
+    return OffsetsForNumber(f.int("sid", hi=STREAM_ID_MAX), f.int("sl", hi=STREAMLETS_MAX),
+                            f.int("number", hi=NUMBER_MAX))
+
+
 @dataclass(frozen=True, slots=True)
 class TimeCursor:
     low: int                   # groups below are finished and wholly before the time

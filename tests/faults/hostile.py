@@ -84,7 +84,8 @@ COORDINATOR_OPS = {
     "quota_list": [],
 }
 BROKER_OPS = {"produce": ["acks"], "fetch": ["reads"], "offsets": ["sid", "sl", "at"], "stats": [],
-              "offsets_for_time": ["sid", "sl", "timestamp_us"]}
+              "offsets_for_time": ["sid", "sl", "timestamp_us"],
+              "offsets_for_number": ["sid", "sl", "number"]}
 BACKUP_OPS = {
     "replicate": ["broker_id", "vlog", "vseg", "offset", "durability", "close", "reset"],
     "list_replicas": ["broker_id", "fence"],

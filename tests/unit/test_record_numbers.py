@@ -117,3 +117,15 @@ def test_written_before_numbers_a_slot_starts_numbering_at_zero():
     _, got = rebuilt(legacy, Q=1)
     assert all(g.number_base is None for g in got.groups)
     assert got.next_number(0) == 0
+
+
+def test_the_cursor_at_a_number_is_in_the_group_holding_it_or_at_the_end():
+    sl = appended(11, Q=1)
+    for g in sl.groups:
+        for number in (g.number_base, g.number_base + g.head - 1):
+            assert sl.cursor_at_number(number) == (g.id, {g.id: number - g.number_base})
+    last = sl.groups[-1]
+    end = last.number_base + last.head
+    assert sl.cursor_at_number(end) == sl.cursor_at_number(end + 10**6) == (last.id, {last.id: last.head})
+    empty = Streamlet(SID, 0, active_groups=1, group_segments=G, segment_size_bytes=SEG)
+    assert empty.cursor_at_number(5) == (0, {})
