@@ -3,7 +3,8 @@
 The receiver's contract (a reference one is examples/deliver_receiver.py):
     GET  URL  -> 200 {"applied": [{"stream", "streamlet", "group", "offset"}, ...]}
     POST URL  <- {"records": [{"stream", "streamlet", "group", "offset", "key", "value",
-                               "timestamp_us"}, ...]}       key/value: base64 or null
+                               "timestamp_us", "number"}, ...]}   key/value: base64 or null;
+                                      number: the record number (null before record numbers)
                  header Idempotency-Key: the batch's first and last positions
               -> any 2xx once the records and the new last-applied positions are stored
                  atomically. A receiver must skip records at or below its last-applied position
@@ -38,13 +39,14 @@ def _unb64(text: str | None) -> bytes | None:
 def records_to_json(records: list[Record]) -> bytes:
     return json.dumps({"records": [
         {"stream": r.stream, "streamlet": r.streamlet, "group": r.group, "offset": r.offset,
-         "key": _b64(r.key), "value": _b64(r.value), "timestamp_us": r.timestamp}
+         "key": _b64(r.key), "value": _b64(r.value), "timestamp_us": r.timestamp,
+         "number": r.number}
         for r in records]}).encode()
 
 
 def records_from_json(body: bytes) -> list[Record]:
     return [Record(_unb64(r["key"]), _unb64(r["value"]), r["timestamp_us"], r["stream"],
-                   r["streamlet"], r["group"], r["offset"])
+                   r["streamlet"], r["group"], r["offset"], number=r.get("number"))
             for r in json.loads(body)["records"]]
 
 

@@ -13,7 +13,7 @@ from kera.broker.core import LOCKS_PER_APPEND_MAX
 from kera.broker.locks import LockTable
 from kera.errors import LockConflict, from_reply
 from tests.unit.test_broker_core import broker, desc, fetch_one
-from tests.unit.test_record_numbers import rebuilt, stored
+from tests.unit.test_record_numbers_core import rebuilt, stored
 
 PID = iter(range(1000, 10**6))
 
