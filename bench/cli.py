@@ -93,10 +93,13 @@ def make_systems(systems, work_dir: Path, baseline, preset: str, out_dir: Path) 
 
 def _run_equal_load(workloads, fractions, repeats, running: dict, results: dict,
                     out_dir: Path, progress, warm_up: bool) -> None:
-    """The second phase: every system at `fractions` of the slower maximum of the first."""
+    """The second phase: every contender at `fractions` of the slower maximum of the first
+    (not Kafka's Java tools: their percentiles span the whole run, JVM warm-up included, and
+    their throttle catches up after it, so they say nothing about latency at a load)."""
     loads, notes = equal_load.plan(results["configurations"][:len(workloads)], workloads,
                                    list(running), fractions)
     results["equal_load"] = notes
+    running = {n: s for n, s in running.items() if n not in equal_load.REFERENCE_ONLY}
     for note in notes:
         progress.note(f"equal load for {note['label']}: "
                       + (note.get("skipped") or f"{note['reference_system']} sustained "

@@ -4,9 +4,11 @@ slower system's sustainable maximum, measured first in the same run.
 A system's sustainable maximum is the smaller of its median acknowledged producer rate and its
 median consumer rate at full speed (a rate the consumers cannot keep up with makes the latency
 grow without bound, whatever the system). The reference is the smallest of those over the
-contending systems; Kafka's Java tools (`kafka-java*`) are a reference row, not a contender,
-so they run at the same loads but do not set them. The offered rate is split evenly over the
-producers (`rate_records_per_s` is per producer).
+contending systems; Kafka's Java tools (`kafka-java*`) are a reference row, not a contender:
+they neither set the loads nor run at them (ProducerPerformance's percentiles span its whole
+run, JVM warm-up included, and its throttle sends faster after a slow start to catch up: at
+25 % load its p99 was the warm-up's backlog, hundreds of ms). The offered rate is split evenly
+over the producers (`rate_records_per_s` is per producer).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from .workload import Workload
 
 FRACTIONS = (0.25, 0.5, 0.75)
-REFERENCE_ONLY = ("kafka-java", "kafka-java-tuned")   # measured at the loads, never set them
+REFERENCE_ONLY = ("kafka-java", "kafka-java-tuned")   # neither set the loads nor run at them
 
 
 def sustainable_rate(medians: dict) -> float | None:
