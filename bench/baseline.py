@@ -29,7 +29,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from .runner import TrialError, TrialResult
+from .runner import END_TO_END, TrialError, TrialResult
 from .workload import Workload
 
 SYSTEM = "kera-baseline"
@@ -294,7 +294,8 @@ def trial_from_results(results: dict, w: Workload, repeat: int) -> TrialResult:
     names = [f.name for f in dataclasses.fields(TrialResult)]
     values = {n: trials[0].get(n) for n in names}
     values.update(system=SYSTEM, label=w.label(), repeat=repeat,
-                  latency_hist=values["latency_hist"] or [])
+                  latency_hist=values["latency_hist"] or [],
+                  latency_kind=values["latency_kind"] or END_TO_END, tool=values["tool"] or {})
     return TrialResult(**values)
 
 

@@ -19,17 +19,19 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from . import report
+from . import equal_load, report
 from .baseline import SYSTEM as BASELINE, BaselineError, BaselineSystem, prepare
 from .ceiling import zmq_ceiling
 from .progress import make_progress
 from .runner import TrialResult
-from .systems import make_system
+from .kafka_java import java_missing
+from .systems import KafkaClusterShare, make_system
 from .workload import PRESETS, Workload
 
 log = logging.getLogger(__name__)
 
-SYSTEM_ORDER = ("kera", "kera-curve", "kafka")
+SYSTEM_ORDER = ("kera", "kera-curve", "kafka", "kafka-tuned", "kafka-java", "kafka-java-tuned")
+JAVA_SYSTEMS = ("kafka-java", "kafka-java-tuned")   # Kafka's own Java tools
 DEFAULT_SYSTEMS = ("kera", "kafka")
 # --security: which kera systems run ("both": plaintext and CURVE side by side, alternating).
 SECURITY_SYSTEMS = {"off": ("kera",), "curve": ("kera-curve",), "both": ("kera", "kera-curve")}
@@ -39,10 +41,12 @@ WARM_UP_S = 2.0   # alternation within each repeat: kera, Kafka, kera, Kafka ...
 def run_benchmark(workloads: list[Workload], *, preset: str, description: str, repeats: int,
                   out_dir: Path, systems=DEFAULT_SYSTEMS, ceiling_bytes: int = 0,
                   work_dir: Path | None = None, plots: bool = True, warm_up: bool = True,
-                  progress=None, baseline=None) -> dict:
+                  progress=None, baseline=None, equal_load_fractions=()) -> dict:
     """Run every workload `repeats` times on each system, alternating; write the results.
     With `warm_up`, each freshly started cluster first runs a short unrecorded trial.
-    `baseline` (a prepared bench.baseline.BaselineEnv) runs system "kera-baseline"."""
+    `baseline` (a prepared bench.baseline.BaselineEnv) runs system "kera-baseline".
+    `equal_load_fractions`: then run every workload again at these fractions of the slower
+    system's maximum just measured (bench.equal_load)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     progress = progress or make_progress(len(workloads) * repeats * len(systems))
@@ -50,7 +54,7 @@ def run_benchmark(workloads: list[Workload], *, preset: str, description: str, r
                "started": datetime.datetime.now().isoformat(timespec="seconds"),
                "machine": report.machine_info(), "repeats": repeats, "systems": list(systems),
                "ceiling": {}, "configurations": [], "errors": [], "files": {},
-               "baseline": baseline.describe() if baseline else None}
+               "baseline": baseline.describe() if baseline else None, "equal_load": None}
     try:
         if ceiling_bytes:
             for chunk in sorted({w.chunk_size_bytes for w in workloads}):
@@ -60,7 +64,14 @@ def run_benchmark(workloads: list[Workload], *, preset: str, description: str, r
                 progress.note(f"ceiling: {c['bytes_per_s'] / 1e6:,.0f} MB/s")
         with tempfile.TemporaryDirectory(prefix="kera-bench-", dir=work_dir) as tmp:
             running = make_systems(systems, Path(tmp), baseline, preset, out_dir)
-            _run_all(workloads, repeats, running, results, out_dir, progress, warm_up)
+            try:
+                _run_all(workloads, repeats, running, results, out_dir, progress, warm_up)
+                if equal_load_fractions:
+                    _run_equal_load(workloads, equal_load_fractions, repeats, running, results,
+                                    out_dir, progress, warm_up)
+            finally:
+                for system in running.values():
+                    system.stop()
         if plots:
             results["files"]["plots"] = [p.name for p in report.write_plots(out_dir, results)]
     finally:
@@ -74,50 +85,68 @@ def run_benchmark(workloads: list[Workload], *, preset: str, description: str, r
 
 def make_systems(systems, work_dir: Path, baseline, preset: str, out_dir: Path) -> dict:
     """{name: system} in alternation order; the baseline is not a cluster here but runs each
-    trial with its own bench."""
+    trial with its own bench; the Kafka systems share one cluster."""
+    share = KafkaClusterShare()
     return {name: BaselineSystem(baseline, preset, work_dir, out_dir) if name == BASELINE
-            else make_system(name, work_dir) for name in systems}
+            else make_system(name, work_dir, share) for name in systems}
+
+
+def _run_equal_load(workloads, fractions, repeats, running: dict, results: dict,
+                    out_dir: Path, progress, warm_up: bool) -> None:
+    """The second phase: every contender at `fractions` of the slower maximum of the first
+    (not Kafka's Java tools: their percentiles span the whole run, JVM warm-up included, and
+    their throttle catches up after it, so they say nothing about latency at a load)."""
+    loads, notes = equal_load.plan(results["configurations"][:len(workloads)], workloads,
+                                   list(running), fractions)
+    results["equal_load"] = notes
+    running = {n: s for n, s in running.items() if n not in equal_load.REFERENCE_ONLY}
+    for note in notes:
+        progress.note(f"equal load for {note['label']}: "
+                      + (note.get("skipped") or f"{note['reference_system']} sustained "
+                         f"{note['reference_records_per_s']:,.0f} rec/s; running "
+                         f"{', '.join(note['labels'])}"))
+    progress.add_total(len(loads) * repeats * len(running))
+    _run_all(loads, repeats, running, results, out_dir, progress, warm_up)
 
 
 def _run_all(workloads, repeats, running: dict, results: dict, out_dir: Path,
              progress, warm_up: bool) -> None:
-    try:
-        for ci, w in enumerate(workloads):
-            config = {"workload": w.to_dict(), "trials": []}
+    """Every workload on every system, alternating, `repeats` rounds; topics and streams are
+    named by the configuration's index in the run (a later phase never reuses a name)."""
+    for w in workloads:
+        ci = len(results["configurations"])
+        config = {"workload": w.to_dict(), "trials": []}
+        for name, system in running.items():
+            config[name] = system.settings(w)
+        results["configurations"].append(config)
+        broken: set[str] = set()
+        for repeat in range(repeats):
             for name, system in running.items():
-                config[name] = system.settings(w)
-            results["configurations"].append(config)
-            broken: set[str] = set()
-            for repeat in range(repeats):
-                for name, system in running.items():
-                    what = f"{w.label()} {name} #{repeat + 1}"
-                    progress.trial_started(what)
-                    if name in broken:
-                        progress.trial_done(f"{what}: skipped (failed before)")
-                        continue
-                    try:
-                        if system.ensure(w) and warm_up:
-                            progress.note(f"{name}: new cluster {system.bootstrap}; warming up")
-                            with system.client_env():
-                                system.trial(warm_up_workload(w), f"w{ci:02d}-{name}")
+                what = f"{w.label()} {name} #{repeat + 1}"
+                progress.trial_started(what)
+                if name in broken:
+                    progress.trial_done(f"{what}: skipped (failed before)")
+                    continue
+                try:
+                    if system.ensure(w) and warm_up:
+                        progress.note(f"{name}: new cluster {system.bootstrap}; warming up")
                         with system.client_env():
-                            trial = system.trial(w, f"t{ci:02d}-{repeat}-{name}", repeat)
-                    except Exception:  # noqa: BLE001 - recorded; the run goes on
-                        err = traceback.format_exc()
-                        results["errors"].append({"label": w.label(), "system": name,
-                                                  "repeat": repeat, "error": err})
-                        progress.trial_done(f"{what}: FAILED {err.strip().splitlines()[-1]}")
-                        broken.add(name)
-                        system.stop()   # a fresh cluster for the next configuration
-                        continue
-                    config["trials"].append(trial.to_dict())
-                    progress.trial_done(_one_line(what, trial))
-            config["summary"] = report.summarize(config)
-            report.write_json(out_dir, results)
-            report.write_markdown(out_dir, results)
-    finally:
-        for system in running.values():
-            system.stop()
+                            system.trial(warm_up_workload(w), f"w{ci:02d}-{name}")
+                    with system.client_env():
+                        trial = system.trial(w, f"t{ci:02d}-{repeat}-{name}", repeat)
+                except Exception:  # noqa: BLE001 - recorded; the run goes on
+                    err = traceback.format_exc()
+                    results["errors"].append({"label": w.label(), "system": name,
+                                              "repeat": repeat, "error": err})
+                    progress.trial_done(f"{what}: FAILED {err.strip().splitlines()[-1]}")
+                    broken.add(name)
+                    system.stop()   # a fresh cluster for the next configuration
+                    continue
+                config["trials"].append(trial.to_dict())
+                progress.trial_done(_one_line(what, trial))
+        config["summary"] = report.summarize(config)
+        report.write_json(out_dir, results)
+        report.write_markdown(out_dir, results)
 
 
 def warm_up_workload(w: Workload) -> Workload:
@@ -194,8 +223,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only configurations whose tag or field KEY is VALUE (e.g. R=3); repeat")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a workload field in every configuration (e.g. duration_s=3)")
-    p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
-                   help="comma-separated systems to run (default: %(default)s)")
+    p.add_argument("--systems", default=None,
+                   help=f"comma-separated systems to run, of {', '.join(SYSTEM_ORDER)} "
+                        "(default: the preset's, else kera,kafka)")
+    p.add_argument("--kafka-java", action="store_true",
+                   help="add a reference row measured with Kafka's own Java tools "
+                        "(ProducerPerformance, ConsumerPerformance) on the same Kafka cluster "
+                        "(system kafka-java; kafka-java-tuned with --kafka-tuned); skipped "
+                        "with a message when Java is missing")
+    p.add_argument("--kafka-tuned", action="store_true",
+                   help="add Kafka with its producer tuned for throughput (system "
+                        "kafka-tuned: bigger batch.size, linger.ms, buffer; see bench/README.md)")
     p.add_argument("--out", type=Path, default=None,
                    help="results directory (default: results/<date>-<preset>)")
     p.add_argument("--work-dir", type=Path, default=None,
@@ -225,7 +263,10 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.list:
         for p in PRESETS.values():
-            print(f"{p.name}: {p.description} (repeats {p.repeats})")
+            extra = (f", systems {','.join(p.systems)}" if p.systems else "") + (
+                f", then equal load at {', '.join(f'{f:.0%}' for f in p.equal_load)}"
+                if p.equal_load else "")
+            print(f"{p.name}: {p.description} (repeats {p.repeats}{extra})")
             for w in p.workloads:
                 print(f"    {w.label():30s} P={w.producers} C={w.consumers} S={w.streams} "
                       f"streamlets={w.streamlets} Q={w.active_groups} R={w.replication} "
@@ -238,7 +279,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"no configuration of preset {preset.name!r} matches {args.where}", file=sys.stderr)
         return 2
     try:
-        systems = choose_systems(args.systems, args.security, bool(args.baseline))
+        names = args.systems or ",".join(preset.systems or DEFAULT_SYSTEMS)
+        systems = choose_systems(with_reference_systems(names, args.kafka_java,
+                                                        args.kafka_tuned),
+                                 args.security, bool(args.baseline))
+        systems = without_java_if_missing(systems, java_missing(), _note)
         baseline = prepare(args.baseline, cache_dir=args.baseline_cache,
                            note=_note) if args.baseline else None
     except (ValueError, BaselineError) as e:
@@ -253,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
                             repeats=repeats, out_dir=out_dir, systems=systems,
                             ceiling_bytes=0 if args.no_ceiling else preset.ceiling_bytes,
                             work_dir=args.work_dir, plots=not args.no_plots, progress=progress,
-                            baseline=baseline)
+                            baseline=baseline, equal_load_fractions=preset.equal_load)
     print(report.markdown(results))
     print(f"results: {out_dir}/", file=sys.stderr)
     return 1 if results["errors"] else 0
@@ -276,6 +321,25 @@ def choose_systems(names: str, security: str, baseline: bool) -> list[str]:
         last = max(i for i, s in enumerate(systems) if s.startswith("kera"))
         systems.insert(last + 1, BASELINE)
     return systems
+
+
+def with_reference_systems(names: str, kafka_java: bool, kafka_tuned: bool) -> str:
+    """`--systems` with the systems `--kafka-java` and `--kafka-tuned` add (once each)."""
+    systems = [s.strip() for s in names.split(",") if s.strip()]
+    extra = (["kafka-tuned"] if kafka_tuned else []) + (["kafka-java"] if kafka_java else []) \
+        + (["kafka-java-tuned"] if kafka_java and kafka_tuned else [])
+    return ",".join(systems + [s for s in extra if s not in systems])
+
+
+def without_java_if_missing(systems: list[str], missing: str | None, note) -> list[str]:
+    """`systems` without Kafka's Java tools, saying so, when Java is `missing` (a reason)."""
+    if not missing or not any(s in JAVA_SYSTEMS for s in systems):
+        return systems
+    note(f"skipping {', '.join(s for s in systems if s in JAVA_SYSTEMS)}: {missing}")
+    kept = [s for s in systems if s not in JAVA_SYSTEMS]
+    if not kept:
+        raise ValueError(f"nothing to run: {missing}")
+    return kept
 
 
 def _note(text: str) -> None:

@@ -26,6 +26,10 @@ class PlainProgress:
         self.done += 1
         self._print(f"({self.done}/{self.total}) {text}")
 
+    def add_total(self, trials: int) -> None:
+        """More trials than planned at the start (a second phase)."""
+        self.total += trials
+
     def close(self) -> None:
         pass
 
@@ -53,6 +57,10 @@ class RichProgress(PlainProgress):
         self.done += 1
         self.bar.console.log(text)
         self.bar.update(self.task, advance=1)
+
+    def add_total(self, trials: int) -> None:
+        super().add_total(trials)
+        self.bar.update(self.task, total=self.total)
 
     def close(self) -> None:
         self.bar.stop()

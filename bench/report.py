@@ -16,8 +16,13 @@ from pathlib import Path
 
 from .runner import METRICS, TrialResult, median_of
 
-# kera-curve: `--security` (CURVE on); kera-baseline: `--baseline REF` (kera as of REF)
-SYSTEMS = ("kera", "kera-curve", "kera-baseline", "kafka")
+# kera-curve: `--security` (CURVE on); kera-baseline: `--baseline REF` (kera as of REF);
+# kafka-tuned: the Python client tuned for throughput; kafka-java(-tuned): Kafka's own Java tools
+SYSTEMS = ("kera", "kera-curve", "kera-baseline", "kafka", "kafka-tuned", "kafka-java",
+           "kafka-java-tuned")
+JAVA_SYSTEMS = ("kafka-java", "kafka-java-tuned")
+RATE_METRICS = ("producer_records_per_s", "producer_mb_per_s", "consumer_records_per_s")
+JAVA_MARK = "†"   # rows from Kafka's Java tools: latency is producer send-to-ack
 LOG_SCALE_SPAN = 30.0   # bar heights spanning more than this factor get a log axis
 PLOTS = {  # file: (title, metric, y label)
     "producer_throughput.png": ("Acknowledged producer throughput", "producer_records_per_s",
@@ -42,6 +47,8 @@ def summarize(config: dict) -> dict:
     return {"medians": medians, "ratios": ratios,
             "curve_ratios": _ratios(medians["kera-curve"], medians["kera"]),
             "baseline_ratios": _ratios(medians["kera"], medians["kera-baseline"]),
+            "tuned_ratios": _ratios(medians["kera"], medians["kafka-tuned"]),
+            "java_ratios": _rate_ratios(medians["kera"], medians["kafka-java"]),
             "integrity_ok": integrity,
             "trials_per_system": {s: sum(t.system == s for t in trials) for s in SYSTEMS},
             "machine_busy_fraction": median_of(trials, "machine_busy_fraction"),
@@ -50,6 +57,12 @@ def summarize(config: dict) -> dict:
 
 def _ratios(a: dict, b: dict) -> dict:
     return {m: a[m] / b[m] if a[m] is not None and b[m] else None for m in METRICS}
+
+
+def _rate_ratios(a: dict, b: dict) -> dict:
+    """Ratios of rates only: against Kafka's Java tools, whose latency is not end to end and
+    whose client CPU includes JVM start-up."""
+    return {m: r if m in RATE_METRICS else None for m, r in _ratios(a, b).items()}
 
 
 def machine_info() -> dict:
@@ -111,6 +124,8 @@ def system_label(results: dict, system: str) -> str:
     """How a system is named in tables and plots: the baseline by its commit."""
     if system == "kera-baseline":
         return f"kera@{((results.get('baseline') or {}).get('short')) or 'baseline'}"
+    if system in JAVA_SYSTEMS:
+        return f"{system} {JAVA_MARK}"
     return system
 
 
@@ -136,6 +151,8 @@ def _config_rows(results: dict, config: dict, ceil: dict) -> list[str]:
             f"{frac} | {'yes' if s['integrity_ok'][system] else 'NO'} |")
     busy = f"busy {(s['machine_busy_fraction'] or 0):.0%}, other {(s['other_cpu_s'] or 0):.1f} s"
     for what, ratios in (("kera/Kafka", s["ratios"]),
+                         ("kera/kafka-tuned", s.get("tuned_ratios") or {}),
+                         ("kera/kafka-java (rates)", s.get("java_ratios") or {}),
                          ("CURVE/plaintext", s.get("curve_ratios") or {}),
                          (f"kera/{system_label(results, 'kera-baseline')}",
                           s.get("baseline_ratios") or {})):
@@ -180,6 +197,7 @@ def markdown(results: dict) -> str:
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for config in results["configurations"]:
         lines += _config_rows(results, config, ceil)
+    lines += _java_note(results) + equal_load_table(results)
     lines += ["", "## Settings", "",
               "Every configuration's workload, kera and Kafka settings are in `results.json` "
               "(`configurations[].workload`, `.kera`, `.kafka`). Layout of R copies: kera runs "
@@ -202,13 +220,71 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ran(config: dict, system: str) -> bool:
+    return bool(config["summary"]["trials_per_system"].get(system))
+
+
+def _java_note(results: dict) -> list[str]:
+    if not any(_ran(c, s) for c in results["configurations"] for s in JAVA_SYSTEMS):
+        return []
+    return ["", f"{JAVA_MARK} Kafka's own Java client, measured with its tools "
+            "`ProducerPerformance` and `ConsumerPerformance` (kafka-tools 4.1.2) on the same "
+            "Kafka cluster: the Kafka server's capacity apart from the Python client. Its p50 "
+            "/ p99 are the producer's send-to-acknowledgement latency, not end to end; consumer "
+            "rec/s is ConsumerPerformance's fetch.nMsg.sec; CPU includes the tool JVMs' start-up. "
+            "Its ratio row compares rates only."]
+
+
+def _latency_kind(config: dict, system: str) -> str:
+    kinds = {t.get("latency_kind") for t in config["trials"] if t["system"] == system}
+    return "send → ack" if "producer ack" in kinds else "send → receipt"
+
+
+def _equal_load_rows(results: dict, config: dict) -> list[str]:
+    w = config["workload"]
+    offered = w["rate_records_per_s"] * w["producers"]
+    rows = []
+    for system in SYSTEMS:
+        m = config["summary"]["medians"].get(system)
+        if not (_ran(config, system) and m):
+            continue
+        rows.append(f"| {w['tags'].get('load', w['label'])} | {offered:,} | "
+                    f"{system_label(results, system)} | {_fmt(m['producer_records_per_s'])} | "
+                    f"{_fmt(m['consumer_records_per_s'])} | {_fmt(m['latency_p50_ms'], 1)} | "
+                    f"{_fmt(m['latency_p99_ms'], 1)} | {_fmt(m.get('latency_p999_ms'), 1)} | "
+                    f"{_latency_kind(config, system)} |")
+    return rows
+
+
+def equal_load_table(results: dict) -> list[str]:
+    """The equal-load phase: latency percentiles per load and system (bench.equal_load)."""
+    notes = [n for n in (results.get("equal_load") or []) if "labels" in n]
+    if not notes:
+        return []
+    lines = ["", "## Latency at equal offered load", ""]
+    for note in notes:
+        lines += [f"**{note['label']}**: loads are fractions of "
+                  f"{note['reference_records_per_s']:,.0f} records/s, the sustainable maximum "
+                  f"of the slower system ({system_label(results, note['reference_system'])}: "
+                  "the smaller of its acknowledged and consumed rates at full speed), offered "
+                  "alike to every system, split over its producers.", "",
+                  "| load | offered rec/s | system | produced rec/s | consumed rec/s | p50 ms | "
+                  "p99 ms | p99.9 ms | latency |", "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+        for config in results["configurations"]:
+            if config["workload"]["label"] in note["labels"] and "summary" in config:
+                lines += _equal_load_rows(results, config)
+        lines.append("")
+    return lines
+
+
 def write_markdown(out_dir: Path, results: dict) -> Path:
     path = out_dir / "results.md"
     path.write_text(markdown(results))
     return path
 
 
-PLOT_COLORS = {"kera": "#1f77b4", "kera-baseline": "#9ecae1", "kafka": "#ff7f0e"}
+PLOT_COLORS = {"kera": "#1f77b4", "kera-baseline": "#9ecae1", "kafka": "#ff7f0e",
+               "kafka-tuned": "#d62728", "kafka-java": "#8c564b", "kafka-java-tuned": "#e377c2"}
 
 
 def _plot_systems(results: dict) -> list[str]:
@@ -236,7 +312,7 @@ def write_plots(out_dir: Path, results: dict) -> list[Path]:
     configs = results["configurations"]
     if not configs:
         return []
-    paths = []
+    paths = [p for p in [write_equal_load_plot(out_dir, results, plt)] if p]
     for filename, (title, metric, ylabel) in PLOTS.items():
         fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(configs) + 2), 4.2))
         against = _draw_bars(ax, results, metric, ylabel)   # kera/Kafka or kera/kera@REF
@@ -260,6 +336,8 @@ def _draw_bars(ax, results: dict, metric: str, ylabel: str) -> str:
     values = {s: [c["summary"]["medians"][s][metric] or 0.0 for c in configs] for s in systems}
     for i, s in enumerate(systems):
         name = "Apache Kafka" if s == "kafka" else system_label(results, s)
+        if s in JAVA_SYSTEMS and "latency" in metric:
+            name += " (send→ack)"
         ax.bar([x + (i - (len(systems) - 1) / 2) * width for x in xs], values[s], width,
                label=name, color=PLOT_COLORS[s])
     every = [v for s in systems for v in values[s]]
@@ -284,3 +362,48 @@ def _draw_bars(ax, results: dict, metric: str, ylabel: str) -> str:
         ax.set_ylim(0, top * 1.15)
     ax.set_ylabel(ylabel)
     return against
+
+
+EQUAL_LOAD_PLOT = "latency_equal_load.png"
+PERCENTILE_STYLES = (("latency_p50_ms", "p50", "-"), ("latency_p99_ms", "p99", "--"),
+                     ("latency_p999_ms", "p99.9", ":"))
+
+
+def _equal_load_series(results: dict, labels: list[str]) -> dict:
+    """{system: [(offered rec/s, medians)]} over the equal-load configurations `labels`."""
+    out: dict = {}
+    for config in results["configurations"]:
+        w = config["workload"]
+        if w["label"] not in labels or "summary" not in config:
+            continue
+        for system in SYSTEMS:
+            if _ran(config, system):
+                out.setdefault(system, []).append((w["rate_records_per_s"] * w["producers"],
+                                                   config["summary"]["medians"][system]))
+    return out
+
+
+def write_equal_load_plot(out_dir: Path, results: dict, plt) -> Path | None:
+    """Latency percentiles against the offered load, one colour per system (log y)."""
+    notes = [n for n in (results.get("equal_load") or []) if "labels" in n]
+    if not notes:
+        return None
+    series = _equal_load_series(results, [label for n in notes for label in n["labels"]])
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for system, points in series.items():
+        for metric, name, style in PERCENTILE_STYLES:
+            xs = [x for x, m in points if m.get(metric)]
+            ys = [m[metric] for _, m in points if m.get(metric)]
+            ax.plot(xs, ys, style, marker="o", markersize=3, color=PLOT_COLORS.get(system),
+                    label=f"{system_label(results, system)} {name}")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered records/s (same for every system)")
+    ax.set_ylabel("latency ms (log scale)")
+    ax.set_title(f"Latency at equal offered load — preset {results['preset']}", fontsize=10)
+    ax.legend(fontsize=6, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out_dir / EQUAL_LOAD_PLOT
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -28,7 +28,9 @@ JOIN_TIMEOUT_S = 30.0
 DRAIN_POLL_S = 0.05
 
 METRICS = ("producer_records_per_s", "producer_mb_per_s", "consumer_records_per_s",
-           "latency_p50_ms", "latency_p99_ms", "cpu_s_per_million", "server_cpu_s_per_million")
+           "latency_p50_ms", "latency_p99_ms", "cpu_s_per_million", "server_cpu_s_per_million",
+           "latency_p999_ms")
+END_TO_END = "end-to-end"      # latency_kind: send to receipt by a consumer
 
 
 class TrialError(RuntimeError):
@@ -60,6 +62,9 @@ class TrialResult:
     other_cpu_s: float                       # machine CPU not used by this system or its clients
     drained: bool                            # consumers read everything acknowledged
     latency_hist: list = field(default_factory=list, repr=False)
+    latency_p999_ms: float | None = None
+    latency_kind: str | None = END_TO_END    # or "producer ack" (Kafka's Java tools)
+    tool: dict = field(default_factory=dict, repr=False)   # kafka-java: the tools' own numbers
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -197,7 +202,7 @@ def _result(system: str, w: Workload, repeat: int, produced: dict, consumed: dic
         # /proc/stat ticks and wall time are sampled apart: a fully busy window can read 1+1e-12.
         machine_busy_fraction=min(1.0, machine_busy_s / machine_total_s) if machine_total_s else 0.0,
         other_cpu_s=max(0.0, machine_busy_s - total_cpu),
-        drained=drained, latency_hist=hist.to_list())
+        drained=drained, latency_hist=hist.to_list(), latency_p999_ms=hist.percentile_ms(99.9))
 
 
 def median_of(trials: list[TrialResult], metric: str) -> float | None:

@@ -164,8 +164,36 @@ class KeraSystem(_System):
             self.cluster._check_running()
 
 
+class KafkaClusterShare:
+    """The one Kafka cluster of a run, shared by every Kafka system (kafka, kafka-tuned,
+    kafka-java...): they differ only in their clients, so they measure the same brokers."""
+
+    def __init__(self):
+        self.cluster = None
+        self.layout: dict | None = None
+        self.starts = 0
+
+
 class KafkaSystem(_System):
+    """Apache Kafka driven by the Python client (confluent-kafka); `tuned` (system
+    "kafka-tuned"): its producer tuned for throughput (bench.clients.kafka_tuned_producer)."""
     name = "kafka"
+
+    def __init__(self, work_dir: Path, name: str = "kafka",
+                 share: KafkaClusterShare | None = None):
+        self.share = share or KafkaClusterShare()
+        self.name = name
+        self.tuned = name.endswith("-tuned")
+        super().__init__(work_dir)
+        self.work_dir = Path(work_dir) / "kafka"    # one cluster folder for all of them
+
+    # The cluster, its layout and start count live in the share (the base class sets them).
+    cluster = property(lambda self: self.share.cluster,
+                       lambda self, v: setattr(self.share, "cluster", v))
+    layout = property(lambda self: self.share.layout,
+                      lambda self, v: setattr(self.share, "layout", v))
+    starts = property(lambda self: self.share.starts,
+                      lambda self, v: setattr(self.share, "starts", v))
 
     def layout_for(self, w: Workload) -> dict:
         return w.kafka_layout()
@@ -195,7 +223,7 @@ class KafkaSystem(_System):
     def settings(self, w: Workload) -> dict:
         return {"layout": {**w.kafka_layout(), "heap": KAFKA_HEAP, "version": "4.1.2",
                            "num.network.threads": 3, "num.io.threads": 8},
-                "producer": kafka_producer_settings(w),
+                "producer": kafka_producer_settings(w, self.tuned),
                 "topic": {"partitions": w.streamlets, "replication.factor": w.replication},
                 "consumer": {**kafka_consumer_settings(), "api": "consume(10000)",
                              "assignment": "manual assign() from the beginning"},
@@ -208,11 +236,18 @@ class KafkaSystem(_System):
             self.cluster.check_alive()
 
 
-def make_system(name: str, work_dir: Path):
+KAFKA_SYSTEMS = ("kafka", "kafka-tuned", "kafka-java", "kafka-java-tuned")
+
+
+def make_system(name: str, work_dir: Path, share: KafkaClusterShare | None = None):
+    """System `name`; the Kafka ones run on `share`'s cluster (one cluster for all of them)."""
     if name == "kera":
         return KeraSystem(work_dir)
     if name == "kera-curve":
         return KeraSystem(work_dir, secure=True)
-    if name == "kafka":
-        return KafkaSystem(work_dir)
-    raise ValueError(f"unknown system {name!r} (kera, kera-curve or kafka)")
+    if name in ("kafka", "kafka-tuned"):
+        return KafkaSystem(work_dir, name, share)
+    if name in ("kafka-java", "kafka-java-tuned"):
+        from .kafka_java import KafkaJavaSystem
+        return KafkaJavaSystem(work_dir, name, share)
+    raise ValueError(f"unknown system {name!r} (kera, kera-curve, {', '.join(KAFKA_SYSTEMS)})")

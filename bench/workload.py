@@ -163,6 +163,13 @@ class Preset:
     workloads: tuple
     repeats: int = 2                   # kera/Kafka pairs per workload (medians over them)
     ceiling_bytes: int = 256 * MiB     # bytes moved by the raw pyzmq ceiling per chunk size
+    systems: tuple = ()                # systems run without --systems (empty: kera and kafka)
+    equal_load: tuple = ()             # then all systems at these fractions of the slower max
+
+
+# The systems of the presets that ask for a Kafka people trust: the Python client with the
+# workload's settings and tuned for throughput, and Kafka's own Java tools with both.
+REFERENCE_SYSTEMS = ("kera", "kafka", "kafka-tuned", "kafka-java", "kafka-java-tuned")
 
 
 def _quick() -> Preset:
@@ -245,5 +252,28 @@ def _headers() -> Preset:
                   "drops headers)", tuple(out))
 
 
+def _reference() -> Preset:
+    out = []
+    for r in (1, 3):
+        out.append(Workload(f"reference-64k-r{r}", producers=2, consumers=2, streams=1,
+                            streamlets=32, active_groups=4, replication=r,
+                            chunk_size_bytes=64 * KiB, warmup_s=2.0, duration_s=5.0,
+                            tags={"R": r, "chunk_KiB": 64}))
+    return Preset("reference", "the throughput preset's 64 KiB configurations (R=1, R=3) on "
+                  "kera, Kafka with the Python client as configured and tuned for throughput, "
+                  "and Kafka's own Java tools (ProducerPerformance / ConsumerPerformance) as "
+                  "configured and tuned", tuple(out), repeats=2, systems=REFERENCE_SYSTEMS)
+
+
+def _latency_r3() -> Preset:
+    w = Workload("latency-r3", producers=2, consumers=2, streams=1, streamlets=8,
+                 replication=3, chunk_size_bytes=16 * KiB, warmup_s=2.0, duration_s=5.0,
+                 tags={"R": 3, "load": "max"})
+    return Preset("latency-r3", "R=3, 1 stream of 8 streamlets, 16 KiB chunks: each system's "
+                  "maximum, then every system at 25/50/75% of the slower one's, for "
+                  "p50/p99/p99.9 latency at equal offered load", (w,), repeats=1,
+                  systems=("kera", "kafka", "kafka-tuned"), equal_load=(0.25, 0.5, 0.75))
+
+
 PRESETS = {p.name: p for p in (_quick(), _streams(), _clients(), _throughput(), _vlogs(),
-                               _compression(), _headers())}
+                               _compression(), _headers(), _reference(), _latency_r3())}
