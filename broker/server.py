@@ -160,21 +160,21 @@ class BrokerDaemon:
 
     def _on_offsets_for_time(self, req: Request):
         q = schema.offsets_for_time(req.fields)
-        check = self._checker(req, "describe")
-        if check is not None:
-            self.core.check_stream(q.sid, check)
-        low, offsets = self.core.cursor_at_time(q.sid, q.sl, q.timestamp_us)
-        return {"low": low, "offsets": offsets, "first_group": self.core.first_group(q.sid, q.sl),
-                "epoch": self.core.history_epoch(q.sid, q.sl)}
+        return self._cursor_reply(req, q.sid, q.sl, self.core.cursor_at_time, q.timestamp_us)
 
     def _on_offsets_for_number(self, req: Request):
         q = schema.offsets_for_number(req.fields)
+        return self._cursor_reply(req, q.sid, q.sl, self.core.cursor_at_number, q.number)
+
+    def _cursor_reply(self, req: Request, sid: int, sl: int, cursor_at, target: int) -> dict:
+        """A reader's cursor at `target` (a time or a record number), once the caller may
+        describe the stream: `low`, `offsets`, `first_group`, `epoch`."""
         check = self._checker(req, "describe")
         if check is not None:
-            self.core.check_stream(q.sid, check)
-        low, offsets = self.core.cursor_at_number(q.sid, q.sl, q.number)
-        return {"low": low, "offsets": offsets, "first_group": self.core.first_group(q.sid, q.sl),
-                "epoch": self.core.history_epoch(q.sid, q.sl)}
+            self.core.check_stream(sid, check)
+        low, offsets = cursor_at(sid, sl, target)
+        return {"low": low, "offsets": offsets, "first_group": self.core.first_group(sid, sl),
+                "epoch": self.core.history_epoch(sid, sl)}
 
     def _quota(self, req: Request, kind: str):
         """The quotas to charge `req` to, after refusing it (`throttled`) while its

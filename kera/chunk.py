@@ -133,6 +133,8 @@ def read_header(buf) -> ChunkHeader:
     if flags & ~(FLAG_KEYS if version == VERSION else FLAGS_KNOWN if version == VERSION_2
                  else FLAGS_KNOWN_V3):
         raise CorruptChunk(f"unknown flags 0x{flags:02x} in a version {version} chunk")
+    if flags & COMPRESSION_MASK == COMPRESSION_MASK:   # code 3: no such codec
+        raise CorruptChunk(f"unknown compression code in flags 0x{flags:02x}")
     hsize = HEADER_SIZE if version == VERSION_3 else HEADER_SIZE_V1
     if hsize + body_len > len(buf):
         raise CorruptChunk(f"chunk body of {body_len} bytes is truncated to {len(buf) - hsize}")
@@ -246,8 +248,10 @@ def decompress(stored, flags: int) -> bytes:
 def check_columns(buf, h: ChunkHeader) -> None:
     """O(1) layout check of a stored chunk: the column sizes the header and the last offsets
     imply add up to the body length (per-record monotonicity is left to readers). A compressed
-    body is checked by the consumer that decompresses it: storing it needs only its checksums."""
+    body is decompressed only by consumers: here its plain length and its codec's frame magic
+    are checked, so a chunk whose flags claim a compression its body does not have is refused."""
     if h.flags & COMPRESSION_MASK:
+        _check_compressed(buf, h)
         return
     n = h.record_count
     hsize = h.header_size
@@ -266,6 +270,21 @@ def check_columns(buf, h: ChunkHeader) -> None:
         size += _headers_size(buf, hsize + size, n, hsize + h.body_len)
     if first != 0 or size != h.body_len:
         raise CorruptChunk("chunk columns do not add up to its body length")
+
+
+# The first bytes of an lz4 frame and of a zstd frame (their format specifications).
+FRAME_MAGIC = {"lz4": b"\x04\x22\x4d\x18", "zstd": b"\x28\xb5\x2f\xfd"}
+
+
+def _check_compressed(buf, h: ChunkHeader) -> None:
+    at = h.header_size
+    plain_len, = PLAIN_LEN.unpack_from(buf, at)
+    name = compression_name(h.flags)
+    magic = FRAME_MAGIC[name]
+    if plain_len > MAX_CHUNK_BYTES or h.body_len < PLAIN_LEN.size + len(magic) or \
+            bytes(buf[at + PLAIN_LEN.size:at + PLAIN_LEN.size + len(magic)]) != magic:
+        raise CorruptChunk(f"chunk flagged {name} does not hold a {name} frame of at most "
+                           f"{MAX_CHUNK_BYTES} plain bytes")
 
 
 def _headers_size(buf, at: int, n: int, end: int) -> int:
@@ -386,7 +405,10 @@ def _with_condition(headers, n: int, locks, high_water_mark: int) -> list:
 def read_condition(c: "Chunk") -> tuple[tuple[int, ...], int]:
     """(lock ids, high-water mark) of a conditional chunk; CorruptChunk if they are missing
     or malformed."""
-    first = c.headers()[0] if len(c) and c.has_headers else []
+    try:
+        first = c.headers()[0] if len(c) and c.has_headers else []
+    except (UnicodeDecodeError, ValueError, IndexError) as err:
+        raise CorruptChunk(f"conditional chunk headers do not decode: {err}") from None
     found = dict(first[:2])
     locks, hwm = found.get(CONDITION_LOCKS_HEADER), found.get(CONDITION_HWM_HEADER)
     if locks is None or hwm is None or len(locks) % 8 or len(hwm) != 8:

@@ -187,6 +187,7 @@ class HostileMessages:
             "principal": rng.choice(["fuzz", "*", "", "a/b"]), "resource": "fuzz-1",
             "produce_bytes_per_s": rng.choice([0, 1, 2**40]),
             "fetch_bytes_per_s": rng.choice([0, 1, 2**40]),
+            "number": rng.choice([0, 1, 2**64 - 2, 2**64 - 1, -1, "7"]),
         }
         if op == "list_streams":
             t["after"] = f"fuzz-{rng.randrange(10**6)}"

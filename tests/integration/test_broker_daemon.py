@@ -39,7 +39,7 @@ class Writer:
         self.sid = sid
         self.pid = producer_id
         self.seq: dict[int, int] = {}
-        self.acked: list[tuple[int, int, list]] = []   # (streamlet, seq, [g, seg, base])
+        self.acked: list[tuple[int, int, list]] = []   # (streamlet, seq, [g, seg, base, number])
 
     def write(self, streamlet: int, count: int, values=(b"value",) * 20, window: int = 8):
         todo = []
@@ -205,8 +205,8 @@ def test_fuzzed_broker_keeps_serving_exact_data(fresh_cluster):
     chunks = read_all(address, sid, 0, max_bytes=2000)
     assert [(c.header.producer_id, c.header.sequence) for c in chunks] == [(1, s) for s in range(20)]
     assert all(c.values() == [b"value"] * 20 for c in chunks)
-    assert [(c.header.group, c.header.segment, c.header.base_offset) for c in chunks] == \
-        [tuple(res) for sl, _, res in writer.acked if sl == 0]
+    assert [(c.header.group, c.header.segment, c.header.base_offset, c.header.number)
+            for c in chunks] == [tuple(res) for sl, _, res in writer.acked if sl == 0]
     assert len(read_all(address, sid, 1)) == 5
     stats = broker_stats(address)
     assert stats["chunks_appended"] == 25

@@ -123,3 +123,21 @@ def test_unknown_flag_in_version_1_chunk_is_refused():
 def test_unknown_compression_is_refused_at_encode():
     with pytest.raises(ValueError, match="compression must be"):
         chunk.encode(1, 0, 1, 0, [b"a"], compression="snappy")
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_a_compression_flag_the_body_does_not_match_is_refused_at_the_layout_check(codec):
+    """A broker stores compressed chunks without decompressing them: a flag set on a plain body
+    (or the other codec's frame) must still be refused before it is stored."""
+    plain = bytearray(chunk.encode(1, 0, 1, 0, [b"x" * 50] * 20))
+    plain[3] |= chunk.COMPRESSIONS[codec] << chunk.COMPRESSION_SHIFT
+    plain[4:8] = chunk.header_crc(plain).to_bytes(4, "little")
+    other = "zstd" if codec == "lz4" else "lz4"
+    packed = bytearray(chunk.encode(1, 0, 1, 0, [b"x" * 50] * 20, compression=other))
+    packed[3] = (packed[3] & ~chunk.COMPRESSION_MASK) | (chunk.COMPRESSIONS[codec] << chunk.COMPRESSION_SHIFT)
+    packed[4:8] = chunk.header_crc(packed).to_bytes(4, "little")
+    for buf in (plain, packed):
+        with pytest.raises(CorruptChunk, match="does not hold"):
+            chunk.check_columns(buf, chunk.verify(buf))
+    good = chunk.encode(1, 0, 1, 0, [b"x" * 50] * 20, compression=codec)
+    chunk.check_columns(good, chunk.verify(good))

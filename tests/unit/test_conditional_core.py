@@ -11,7 +11,7 @@ from kera import chunk
 from kera.broker import locks as lockmod
 from kera.broker.core import LOCKS_PER_APPEND_MAX
 from kera.broker.locks import LockTable
-from kera.errors import LockConflict, from_reply
+from kera.errors import CorruptChunk, LockConflict, from_reply
 from tests.unit.test_broker_core import broker, desc, fetch_one
 from tests.unit.test_record_numbers_core import rebuilt, stored
 
@@ -95,3 +95,27 @@ def test_the_lock_table_is_rebuilt_from_recovered_chunks(seed):
     rng.shuffle(chunks)
     _, got = rebuilt(chunks, Q=1)
     assert got.locks.entries == want and got.locks.floor == -1
+
+
+@pytest.mark.parametrize("damage", ["undecodable_key", "missing_mark"])
+def test_a_conditional_chunk_with_bad_condition_headers_is_refused_as_corrupt(damage):
+    b = broker()
+    good = cond([1], -1, pid=5)
+    h = chunk.read_header(good)
+    body = bytearray(good[chunk.HEADER_SIZE:])
+    name = chunk.CONDITION_LOCKS_HEADER if damage == "undecodable_key" else chunk.CONDITION_HWM_HEADER
+    at = bytes(body).index(name.encode())
+    body[at] = 0xFF if damage == "undecodable_key" else ord("X")
+    bad = chunk.seal(h.flags, bytes(body), 5, 0, 1, 0, h.record_count)
+    r = answer(b, bad)
+    assert r[0] == "corrupt_chunk" and r[2] is False
+    streamlet = b.streams[1].streamlets.get(0)
+    assert streamlet is None or sum(g.head for g in streamlet.groups) == 0      # nothing stored
+
+
+def test_an_unknown_compression_code_is_refused():
+    buf = bytearray(chunk.encode(1, 0, 1, 0, [b"a"]))
+    buf[3] |= chunk.COMPRESSION_MASK
+    buf[4:8] = chunk.header_crc(buf).to_bytes(4, "little")
+    with pytest.raises(CorruptChunk, match="unknown compression"):
+        chunk.read_header(buf)
