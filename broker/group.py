@@ -1,9 +1,10 @@
 """A group: a fixed-size sub-partition of a streamlet, up to G segments of whole chunks.
 
-Record offsets are dense from 0 within a group; the record numbers of its slot (kera.broker.streamlet)
-continue from the previous group of the slot: record `offset` is number `number_base + offset`. The group has two heads: `head` (records
-appended) and `durable` (records stored on every copy the stream asks for); readers never see
-past `durable`. A chunk that does not fit the last segment of a full group closes the group.
+Record offsets are dense from 0 within a group, and its records' numbers continue the previous
+group of its slot (kera.broker.streamlet): record `offset` is number `number_base + offset`.
+The group has two heads: `head` (records appended) and `durable` (records stored on every copy
+the stream asks for); readers never see past `durable`. A chunk that does not fit the last
+segment of a full group closes the group.
 """
 
 from __future__ import annotations
