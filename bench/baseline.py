@@ -307,8 +307,9 @@ class BaselineSystem:
 
     def __init__(self, env: BaselineEnv, preset: str, work_dir: Path, out_dir: Path):
         self.env, self.preset = env, preset
-        self.work_dir = Path(work_dir) / SYSTEM
-        self.out_dir = Path(out_dir) / "baseline"
+        # Absolute: the baseline's bench runs with its own checkout as working directory.
+        self.work_dir = Path(work_dir).absolute() / SYSTEM
+        self.out_dir = Path(out_dir).absolute() / "baseline"
 
     def ensure(self, w: Workload) -> bool:
         return False   # no cluster here to warm up: the baseline bench warms up its own

@@ -211,9 +211,11 @@ def test_a_failed_or_empty_baseline_run_is_a_failed_trial():
                               Workload("c"), 0)
 
 
-def test_trial_runs_the_baseline_bench_in_its_checkout(tmp_path):
+@pytest.mark.parametrize("relative_out", [False, True])
+def test_trial_runs_the_baseline_bench_in_its_checkout(tmp_path, monkeypatch, relative_out):
     """A stand-in for the baseline's python: records its cwd, argv and PYTHONPATH, and writes
-    a results.json with one kera trial where --out says."""
+    a results.json with one kera trial where --out says (an --out relative to where the bench
+    was started must still be found: the baseline runs in its own checkout)."""
     env = _env(tmp_path)
     env.checkout.mkdir(parents=True)
     env.python.parent.mkdir(parents=True)
@@ -227,7 +229,9 @@ def test_trial_runs_the_baseline_bench_in_its_checkout(tmp_path):
                   open(os.path.join(out, "results.json"), "w"))
         """))
     env.python.chmod(0o755)
-    system = bl.BaselineSystem(env, "quick", tmp_path / "work", tmp_path / "out")
+    monkeypatch.chdir(tmp_path)
+    out = Path("out") if relative_out else tmp_path / "out"
+    system = bl.BaselineSystem(env, "quick", tmp_path / "work", out)
     got = system.trial(Workload("quick", tags={"load": "max"}), "t00-1-kera-baseline", 1)
     assert (got.system, got.label, got.producer_records_per_s) == ("kera-baseline", "load=max",
                                                                    777.0)
