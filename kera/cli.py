@@ -320,6 +320,7 @@ def _add_consume(sub) -> None:
     p.add_argument("-f", "--format", default=None, metavar="FMT",
                    help="kcat-style output per record (overrides --print-key): %%s value, "
                         "%%k key, %%t stream, %%S streamlet, %%g group, %%o offset, "
+                        "%%n record number, "
                         "%%T timestamp (ms), %%h headers (k=v,k=v), %%%% a percent sign; \\n newline, \\t tab. "
                         "E.g. -f '%%S %%g:%%o %%k=%%s\\n'")
     p.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
@@ -632,6 +633,7 @@ FORMAT_FIELDS = {
     "s": lambda r: r.value or b"", "k": lambda r: r.key or b"", "t": lambda r: r.stream.encode(),
     "S": lambda r: b"%d" % r.streamlet, "p": lambda r: b"%d" % r.streamlet,
     "g": lambda r: b"%d" % r.group, "o": lambda r: b"%d" % r.offset,
+    "n": lambda r: b"" if r.number is None else b"%d" % r.number,
     "T": lambda r: b"%d" % (r.timestamp // 1000),
     "h": lambda r: b",".join(k.encode() + b"=" + v for k, v in r.headers),
 }

@@ -207,7 +207,7 @@ def test_produce_then_consume(tmp_path):
 
         # kcat-style --format: each field of the record the consumer API returns.
         fmt = kera("consume", "lines", "--from", "earliest", "--timeout-s", "1",
-                   "-f", r"%t|%S|%g|%o|%T|%k|%s\n", bootstrap=boot)
+                   "-f", r"%t|%S|%g|%o|%n|%T|%k|%s\n", bootstrap=boot)
         assert fmt.returncode == 0, fmt.stderr
         from kera.consumer import Consumer
         with_key = [line for line in fmt.stdout.splitlines() if "|k1|" in line]
@@ -218,6 +218,6 @@ def test_produce_then_consume(tmp_path):
         finally:
             consumer.close()
         assert with_key == [f"lines|{record.streamlet}|{record.group}|{record.offset}|"
-                            f"{record.timestamp // 1000}|k1|v1"]
+                            f"{record.number}|{record.timestamp // 1000}|k1|v1"]
         bad = kera("consume", "lines", "-f", "%x", bootstrap=boot)
         assert bad.returncode == 1 and "unknown field %x" in bad.stderr
