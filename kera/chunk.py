@@ -34,8 +34,9 @@ Layout (all integers little-endian, fixed width)::
 
 Version 3 is what this kera writes: version 2's flags and a 72-byte header that carries the
 record number (kera.broker.streamlet numbers the records of each slot densely from 0). Versions
-1 and 2 (64-byte headers, no numbers: written by kera before record numbers) are still read. A compressed chunk's stored body is u32 plain length + the lz4 frame or zstd
-frame of the plain body above; both checksums are over what is stored (the compressed bytes),
+1 and 2 (64-byte headers, no numbers: written by kera before record numbers) are still read.
+A compressed chunk's stored body is u32 plain length + the lz4 frame or zstd frame of the
+plain body above; both checksums are over what is stored (the compressed bytes),
 so brokers and backups verify and keep it as-is and only consumers decompress.
 """
 
@@ -153,8 +154,8 @@ def read_header(buf) -> ChunkHeader:
 
 def chunk_size(buf, at: int = 0) -> int:
     """Total size of the chunk starting at `at`, from its header alone."""
-    version = buf[at + 2]
-    return (HEADER_SIZE if version == VERSION_3 else HEADER_SIZE_V1) + struct.unpack_from("<I", buf, at + 12)[0]
+    header_size = HEADER_SIZE if buf[at + 2] == VERSION_3 else HEADER_SIZE_V1
+    return header_size + struct.unpack_from("<I", buf, at + 12)[0]
 
 
 def verify(buf) -> ChunkHeader:

@@ -125,9 +125,20 @@ class ConditionalAppender:
                 last = err
             time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
             backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
-            self._meta.refresh(stream)
+            last = self._refresh(stream) or last
         raise Timeout(f"conditional append to {stream!r} streamlet {sl} not stored within "
                       f"{self.timeout_s} s (last error: {last})")
+
+    def _refresh(self, stream: str) -> KeraError | None:
+        """Ask for the stream's placement again; a retriable failure (the coordinator failing
+        over) is returned for the next attempt to go on from, not raised."""
+        try:
+            self._meta.refresh(stream)
+        except KeraError as err:
+            if not err.retriable:
+                raise
+            return err
+        return None
 
     def _attempt(self, stream: str, sl: int, data: bytes, timeout_s: float) -> tuple:
         address = self._meta.stream(stream).owner(sl)
