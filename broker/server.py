@@ -160,11 +160,11 @@ class BrokerDaemon:
 
     def _on_offsets_for_time(self, req: Request):
         q = schema.offsets_for_time(req.fields)
-        return self._cursor_reply(req, q.sid, q.sl, self.core.cursor_at_time, q.timestamp_us)
+        return self._cursor_reply(req, q.sid, q.sl, self.core.cursor_at_time, q.target)
 
     def _on_offsets_for_number(self, req: Request):
         q = schema.offsets_for_number(req.fields)
-        return self._cursor_reply(req, q.sid, q.sl, self.core.cursor_at_number, q.number)
+        return self._cursor_reply(req, q.sid, q.sl, self.core.cursor_at_number, q.target)
 
     def _cursor_reply(self, req: Request, sid: int, sl: int, cursor_at, target: int) -> dict:
         """A reader's cursor at `target` (a time or a record number), once the caller may

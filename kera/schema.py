@@ -307,35 +307,31 @@ TIMESTAMP_US_MAX = 2**63 - 1
 TIME_CURSOR_GROUPS_MAX = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetsForTime:
-    sid: int
-    sl: int
-    timestamp_us: int
-
-
-def offsets_for_time(header) -> OffsetsForTime:
-    f = _fields(header)
-    return OffsetsForTime(f.int("sid", hi=STREAM_ID_MAX), f.int("sl", hi=STREAMLETS_MAX),
-                          f.int("timestamp_us", hi=TIMESTAMP_US_MAX))
-
-
 # ---------------------------------------------------------------------- offsets_for_number
 # Record numbers are u64 (kera.chunk); the reply is a cursor as offsets_for_time's.
 NUMBER_MAX = 2**64 - 2
 
 
 @dataclass(frozen=True, slots=True)
-class OffsetsForNumber:
+class CursorQuery:
+    """An `offsets_for_time` or `offsets_for_number` request: where in which streamlet."""
     sid: int
     sl: int
-    number: int
+    target: int       # timestamp_us or number
 
 
-def offsets_for_number(header) -> OffsetsForNumber:
+def cursor_query(header, field: str, hi: int) -> CursorQuery:
     f = _fields(header)
-    return OffsetsForNumber(f.int("sid", hi=STREAM_ID_MAX), f.int("sl", hi=STREAMLETS_MAX),
-                            f.int("number", hi=NUMBER_MAX))
+    return CursorQuery(f.int("sid", hi=STREAM_ID_MAX), f.int("sl", hi=STREAMLETS_MAX),
+                       f.int(field, hi=hi))
+
+
+def offsets_for_time(header) -> CursorQuery:
+    return cursor_query(header, "timestamp_us", TIMESTAMP_US_MAX)
+
+
+def offsets_for_number(header) -> CursorQuery:
+    return cursor_query(header, "number", NUMBER_MAX)
 
 
 @dataclass(frozen=True, slots=True)

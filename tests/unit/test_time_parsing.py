@@ -27,7 +27,7 @@ def test_cli_times_are_ms_or_iso_8601_with_utc_by_default():
 
 def test_offsets_for_time_request_schema():
     q = schema.offsets_for_time({"sid": 3, "sl": 1, "timestamp_us": MS * 1000})
-    assert (q.sid, q.sl, q.timestamp_us) == (3, 1, MS * 1000)
+    assert (q.sid, q.sl, q.target) == (3, 1, MS * 1000)
     for bad in ({"sid": 3, "sl": 1}, {"sid": 3, "sl": 1, "timestamp_us": -1},
                 {"sid": 3, "sl": 1, "timestamp_us": "now"}, {"sid": 3, "sl": 1, "timestamp_us": 2**63}):
         with pytest.raises(BadRequest, match="timestamp_us"):
@@ -51,3 +51,12 @@ def test_consumer_time_targets_are_stream_streamlet_pairs():
     for bad in ([("a", 0)], {"a": MS}, {("a", -1): MS}, {(0, "a"): MS}):
         with pytest.raises(BadRequest, match="offsets_for_times"):
             _time_targets(bad)
+
+
+def test_offsets_for_number_request_schema():
+    q = schema.offsets_for_number({"sid": 3, "sl": 1, "number": 42})
+    assert (q.sid, q.sl, q.target) == (3, 1, 42)
+    for bad in ({"sid": 3, "sl": 1}, {"sid": 3, "sl": 1, "number": -1},
+                {"sid": 3, "sl": 1, "number": "7"}, {"sid": 3, "sl": 1, "number": 2**64 - 1}):
+        with pytest.raises(BadRequest, match="number"):
+            schema.offsets_for_number(bad)
