@@ -54,7 +54,10 @@ class Term:
                  leadership: Leadership):
         self.s, self.table, self.producer = settings, table, producer
         self.leader_id, self.leadership = leader_id, leadership
-        self.results: queue.SimpleQueue = queue.SimpleQueue()   # (row id, error or None)
+        # (row id, error or None). Not a SimpleQueue: in CPython 3.11 its get(timeout) blocks
+        # for good when a signal handler (SIGTERM's stop) outlasts the timeout, which froze a
+        # leader told to stop; queue.Queue's wait recomputes the deadline correctly.
+        self.results: queue.Queue = queue.Queue()
         self.flight = Flight(settings.in_flight_max, settings.marked_max,
                              settings.checkpoint_interval_s, time.monotonic())
         self.published = 0

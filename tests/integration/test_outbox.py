@@ -66,7 +66,9 @@ class Harvesters:
                 "--bootstrap", self.bootstrap, "--stream", self.table, "--table", self.table,
                 "--session-timeout-ms", str(SESSION_TIMEOUT_MS), "--poll-interval-ms", "20",
                 "--checkpoint-interval-s", "0.5", "--in-flight-max", str(IN_FLIGHT_MAX)]
-        env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+        # PYTHONFAULTHANDLER: a harvester that does not stop in time is sent SIGABRT, which
+        # prints every thread's stack into its log before it dies.
+        env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), "PYTHONFAULTHANDLER": "1"}
         with open(self.log(i), "wb") as logf:
             self.procs.append(subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT,
                                                stdin=subprocess.DEVNULL, env=env, cwd=REPO))
@@ -97,8 +99,12 @@ class Harvesters:
             try:
                 proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(STOP_TIMEOUT_S)
+                proc.send_signal(signal.SIGABRT)   # its stacks, into its log
+                try:
+                    proc.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(STOP_TIMEOUT_S)
 
 
 @pytest.fixture
@@ -207,7 +213,8 @@ def test_rows_written_while_harvesting_are_all_published_in_key_order(
     harvesters.stop()   # SIGTERM: a leader steps down, saying what its term published
     logs = harvesters.log(0).read_text() + harvesters.log(1).read_text()
     published = re.findall(r"stepped down \(published (\d+) rows", logs)
-    assert sum(map(int, published)) == 1500   # leadership may move when a member joins
+    # leadership may move when a member joins
+    assert sum(map(int, published)) == 1500, logs[-8000:]
 
 
 def test_cli_init_creates_the_outbox_table_and_may_run_again(postgres):

@@ -101,3 +101,28 @@ def test_bounds_checked():
         Flight(0, 10, 1.0, now=0.0)
     with pytest.raises(ValueError):
         Flight(11, 10, 1.0, now=0.0)
+
+
+# A leader told to stop by SIGTERM waits on its results queue in the main thread, where the
+# handler runs. The handler here outlasts the wait's timeout, which once froze that wait for good.
+RESULTS_WAIT_UNDER_SIGNAL = """
+import signal, time
+from kera.outbox import Settings
+from kera.outbox_term import Term
+term = Term(Settings("dsn", "bootstrap", "stream"), None, None, "leader", None)
+signal.signal(signal.SIGALRM, lambda *_: time.sleep(0.1))
+signal.setitimer(signal.ITIMER_REAL, 0.005)
+started = time.monotonic()
+assert term._wait_results(0.02) == []
+print(round(time.monotonic() - started, 2))
+"""
+RESULTS_WAIT_LIMIT_S = 20.0   # the wait takes ~0.1 s; a frozen one never returns
+
+
+def test_the_results_wait_returns_after_a_signal_handler_outlasts_it():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", RESULTS_WAIT_UNDER_SIGNAL], capture_output=True,
+                          text=True, timeout=RESULTS_WAIT_LIMIT_S)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) < RESULTS_WAIT_LIMIT_S / 2
