@@ -4,8 +4,8 @@
     kera deliver --bootstrap 127.0.0.1:7000 --stream orders --target http://127.0.0.1:8080/
 
 It keeps what it receives in a SQLite file through kera's SqliteTarget, so a POSTed batch and
-its last-applied positions are stored in one transaction, and it skips records at or below its
-last-applied position (a retried batch may arrive twice). `fail(True)` makes it answer 503, to
+its last applied (record number and position) are stored in one transaction, and it skips
+records at or below its last applied (a retried batch may arrive twice). `fail(True)` makes it answer 503, to
 test a target that is down for a while.
 """
 

@@ -17,11 +17,13 @@ from kera.deliver_targets import DEFAULT_TABLE_PREFIX
 
 DESCRIPTION = """\
 Deliver every record of a stream to each target exactly once, in order per streamlet
-(kera.deliver). Each target stores the position of the last record it applied per streamlet,
-in the same transaction as the records; on start and after any failure delivery to it resumes
-from there, so this command can be killed and restarted at any time. Each target has its own
-reader: a slow or failing target is retried with backoff (and given up after --retries-max
-consecutive failures) while the others go on.
+(kera.deliver). Each target stores the record number and position of the last record it
+applied per streamlet, in the same transaction as the records; on start and after any failure
+delivery to it resumes from there, so this command can be killed and restarted at any time.
+Each target has its own reader: a slow or failing target is retried with backoff (and given up
+after --retries-max consecutive failures) while the others go on. A target whose next record
+is not numbered right after its last (retention deleted records it never got) is given up at
+once, with the numbers in the log.
 
 Targets:
   sqlite:PATH                 SQLite file; tables PREFIX_records and PREFIX_applied

@@ -26,8 +26,9 @@ import time
 
 from kera import config
 from kera.deliver_core import (BATCH_RECORDS_MAX, PROGRESS_INTERVAL_S, RETRIES_MAX,
-                                TargetCursor, check_orderable, resume_positions)
-from kera.errors import BadRequest
+                                TargetCursor, check_orderable, resume_numbers,
+                                resume_positions)
+from kera.errors import BadRequest, DeliveryGap
 from kera.metadata import Metadata
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,10 @@ class _TargetWorker:
             while not self.d._stop.wait(max(0.0, self.cursor.retry_at_s - time.monotonic())):
                 try:
                     self._session()
+                except DeliveryGap as err:   # retrying cannot fill a hole
+                    self.gave_up = True
+                    log.error("giving up: %s", err)
+                    return
                 except Exception as err:
                     if not self._failed(err):
                         return
@@ -136,12 +141,14 @@ class _TargetWorker:
         self.cursor.resumed(self.target.last_applied())
         start = resume_positions(self.cursor.applied, self.d.stream)
         log.info("target %s: resuming after %s", self.cursor.name,
-                 {sl: (p.group, p.offset) for (_, sl), p in sorted(self.cursor.applied.items())}
+                 {sl: _described(a) for (_, sl), a in sorted(self.cursor.applied.items())}
                  or "nothing (from the earliest records)")
         with Consumer(self.d.bootstrap, self.d.stream, start=start,
                       cache_chunks_max=CACHE_CHUNKS_MAX, key_file=self.d.key_file,
                       request_timeout_s=self.d.request_timeout_s,
                       fetch_wait_ms=self.d.fetch_wait_ms) as consumer:
+            for streamlet, number in resume_numbers(self.cursor.applied, self.d.stream).items():
+                consumer.seek_to_number(self.d.stream, streamlet, number)
             progress = _Progress(self.cursor, self.d.progress_interval_s)
             while not self.d._stop.is_set():
                 batch = self.cursor.fresh(self._collect(consumer))
@@ -160,6 +167,12 @@ class _TargetWorker:
                 break
             record = consumer.poll(timeout_s=0)
         return batch
+
+
+def _described(applied) -> str:
+    where = "" if applied.group is None else f"group {applied.group} offset {applied.offset}"
+    number = "" if applied.number is None else f"number {applied.number}"
+    return ", ".join(filter(None, (number, where)))
 
 
 class _Progress:

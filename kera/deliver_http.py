@@ -1,13 +1,17 @@
-"""The HTTP delivery target: POST JSON batches to a URL, GET its last-applied positions.
+"""The HTTP delivery target: POST JSON batches to a URL, GET what it applied last.
 
 The receiver's contract (a reference one is examples/deliver_receiver.py):
-    GET  URL  -> 200 {"applied": [{"stream", "streamlet", "group", "offset"}, ...]}
+    GET  URL  -> 200 {"applied": [{"stream", "streamlet", "group", "offset", "number"}, ...]}
+                 per streamlet its last applied record: its record number, its position
+                 (group, offset), or both (a missing or null field is unknown); a receiver
+                 keeping only the number, as LogPlayer's targets keep an index, is resumed
+                 from the number after it
     POST URL  <- {"records": [{"stream", "streamlet", "group", "offset", "key", "value",
                                "timestamp_us", "number"}, ...]}   key/value: base64 or null;
                                       number: the record number (null before record numbers)
                  header Idempotency-Key: the batch's first and last positions
               -> any 2xx once the records and the new last-applied positions are stored
-                 atomically. A receiver must skip records at or below its last-applied position
+                 atomically. A receiver must skip records at or below its last applied record
                  of their streamlet: a retried batch (same Idempotency-Key) may arrive again.
 """
 
@@ -18,10 +22,10 @@ import json
 import urllib.error
 import urllib.request
 
-from kera.deliver_core import idempotency_key
+from kera.deliver_core import Applied, as_applied, idempotency_key
 from kera.deliver_targets import Target
-from kera.errors import TargetFailed
-from kera.position import Position, Record
+from kera.errors import BadRequest, TargetFailed
+from kera.position import Record
 
 # One request's wait for the receiver: a hung receiver fails an attempt (then retried with
 # backoff) rather than blocking its delivery thread forever.
@@ -51,16 +55,22 @@ def records_from_json(body: bytes) -> list[Record]:
 
 
 def applied_to_json(applied: dict) -> bytes:
+    entries = [as_applied(a) for a in applied.values()]
     return json.dumps({"applied": [
-        {"stream": p.stream, "streamlet": p.streamlet, "group": p.group, "offset": p.offset}
-        for p in applied.values()]}).encode()
+        {"stream": a.stream, "streamlet": a.streamlet, "group": a.group, "offset": a.offset,
+         "number": a.number} for a in entries]}).encode()
 
 
-def applied_from_json(body: bytes) -> dict[tuple[str, int], Position]:
+def applied_from_json(body: bytes) -> dict[tuple[str, int], Applied]:
     out = {}
-    for p in json.loads(body)["applied"]:
-        out[(p["stream"], p["streamlet"])] = Position(p["stream"], p["streamlet"], p["group"],
-                                                      p["offset"])
+    try:
+        for p in json.loads(body)["applied"]:
+            out[(p["stream"], p["streamlet"])] = as_applied(Applied(
+                p["stream"], p["streamlet"], p.get("group"), p.get("offset"), p.get("number")))
+    except (ValueError, KeyError, TypeError) as err:
+        raise BadRequest(f"the receiver's last applied is not {{\"applied\": [{{\"stream\", "
+                         f"\"streamlet\", \"group\", \"offset\", \"number\"}}, ...]}}: "
+                         f"{err!r}") from err
     return out
 
 
@@ -82,7 +92,7 @@ class HttpTarget(Target):
             raise TargetFailed(f"{request.get_method()} {self.url} failed ({err}): is the "
                                f"receiver running and reachable?") from err
 
-    def last_applied(self) -> dict[tuple[str, int], Position]:
+    def last_applied(self) -> dict[tuple[str, int], Applied]:
         return applied_from_json(self._call(urllib.request.Request(self.url, method="GET")))
 
     def apply(self, records: list[Record]) -> None:

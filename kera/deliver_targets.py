@@ -1,20 +1,23 @@
 """Delivery targets: the interface, and the SQL ones (SQLite and PostgreSQL).
 
-A target stores records and its last-applied position per (stream, streamlet) atomically, and
-reports those positions back: they are the source of truth a deliverer resumes from after any
-crash (kera.deliver_core explains why a Position is the ordering index for now).
+A target stores records and its last applied record per (stream, streamlet) atomically, and
+reports those back: they are the source of truth a deliverer resumes from after any crash
+(kera.deliver_core: the record number is the ordering index, the position the exact resume).
 
 The SQL targets keep two tables, written in one transaction per batch:
-    PREFIX_records (stream, streamlet, grp, off, k, v, ts_us)   key (stream, streamlet, grp, off)
-    PREFIX_applied (stream, streamlet, grp, off)                key (stream, streamlet)
+    PREFIX_records (stream, streamlet, grp, off, k, v, ts_us, num)  key (stream, streamlet, grp, off)
+    PREFIX_applied (stream, streamlet, grp, off, num)               key (stream, streamlet)
+`num` is the record number (NULL for records written before numbers). Tables made by an
+earlier kera, without `num`, are given the column when first opened.
 """
 
 from __future__ import annotations
 
 import re
 
+from kera.deliver_core import Applied
 from kera.errors import BadRequest
-from kera.position import Position, Record
+from kera.position import Record
 
 DEFAULT_TABLE_PREFIX = "kera_deliver"
 # SQL identifiers are spliced into statements: only plain names are accepted.
@@ -33,13 +36,15 @@ class Target:
 
     name = "target"
 
-    def last_applied(self) -> dict[tuple[str, int], Position]:
-        """{(stream, streamlet): position of the last record applied}; {} when none."""
+    def last_applied(self) -> dict[tuple[str, int], Applied]:
+        """{(stream, streamlet): the last record applied, as an Applied (its record number
+        and/or its position; a plain Position is accepted too)}; {} when none."""
         raise NotImplementedError
 
     def apply(self, records: list[Record]) -> None:
-        """Store `records` (in order) and their streamlets' new last-applied positions in one
-        atomic step; raise on any failure (nothing of the batch may then be stored)."""
+        """Store `records` (in order) and their streamlets' new last applied (number and/or
+        position) in one atomic step; raise on any failure (nothing of the batch may then be
+        stored)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -53,7 +58,7 @@ def _check_prefix(prefix: str) -> str:
 
 
 class SqlTarget(Target):
-    """Records and last-applied positions in two tables of a DB-API database."""
+    """Records and last applied records in two tables of a DB-API database."""
 
     blob_type = "BLOB"
     param = "?"
@@ -82,19 +87,34 @@ class SqlTarget(Target):
         cur.execute(f"CREATE TABLE IF NOT EXISTS {self.prefix}_records (stream TEXT NOT NULL, "
                     f"streamlet INTEGER NOT NULL, grp BIGINT NOT NULL, off BIGINT NOT NULL, "
                     f"k {self.blob_type}, v {self.blob_type}, ts_us BIGINT NOT NULL, "
-                    f"PRIMARY KEY (stream, streamlet, grp, off))")
+                    f"num BIGINT, PRIMARY KEY (stream, streamlet, grp, off))")
         cur.execute(f"CREATE TABLE IF NOT EXISTS {self.prefix}_applied (stream TEXT NOT NULL, "
                     f"streamlet INTEGER NOT NULL, grp BIGINT NOT NULL, off BIGINT NOT NULL, "
-                    f"PRIMARY KEY (stream, streamlet))")
+                    f"num BIGINT, PRIMARY KEY (stream, streamlet))")
         conn.commit()
+        for table in ("records", "applied"):
+            self._add_number_column(conn, f"{self.prefix}_{table}")
 
-    def last_applied(self) -> dict[tuple[str, int], Position]:
+    @staticmethod
+    def _add_number_column(conn, table: str) -> None:
+        """Tables made before record numbers get their `num` column (NULL for old rows)."""
+        cur = conn.cursor()
+        try:
+            cur.execute(f"SELECT num FROM {table} WHERE 1 = 0")
+            conn.commit()
+        except Exception:   # no such column (sqlite3.OperationalError, psycopg UndefinedColumn)
+            conn.rollback()
+            cur = conn.cursor()
+            cur.execute(f"ALTER TABLE {table} ADD COLUMN num BIGINT")
+            conn.commit()
+
+    def last_applied(self) -> dict[tuple[str, int], Applied]:
         conn = self._connection()
         cur = conn.cursor()
-        cur.execute(f"SELECT stream, streamlet, grp, off FROM {self.prefix}_applied")
+        cur.execute(f"SELECT stream, streamlet, grp, off, num FROM {self.prefix}_applied")
         rows = cur.fetchall()
         conn.commit()
-        return {(st, sl): Position(st, sl, g, o) for st, sl, g, o in rows}
+        return {(st, sl): Applied(st, sl, g, o, n) for st, sl, g, o, n in rows}
 
     def apply(self, records: list[Record]) -> None:
         conn = self._connection()
@@ -102,13 +122,16 @@ class SqlTarget(Target):
         last = {(r.stream, r.streamlet): r for r in records}
         try:
             cur = conn.cursor()
-            cur.executemany(f"INSERT INTO {self.prefix}_records VALUES ({p}, {p}, {p}, {p}, {p}, "
-                            f"{p}, {p})", [(r.stream, r.streamlet, r.group, r.offset, r.key,
-                                            r.value, r.timestamp) for r in records])
-            cur.executemany(f"INSERT INTO {self.prefix}_applied VALUES ({p}, {p}, {p}, {p}) "
-                            f"ON CONFLICT (stream, streamlet) DO UPDATE SET grp = excluded.grp, "
-                            f"off = excluded.off", [(r.stream, r.streamlet, r.group, r.offset)
-                                                    for r in last.values()])
+            cur.executemany(f"INSERT INTO {self.prefix}_records (stream, streamlet, grp, off, k, "
+                            f"v, ts_us, num) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})",
+                            [(r.stream, r.streamlet, r.group, r.offset, r.key, r.value,
+                              r.timestamp, r.number) for r in records])
+            cur.executemany(f"INSERT INTO {self.prefix}_applied (stream, streamlet, grp, off, "
+                            f"num) VALUES ({p}, {p}, {p}, {p}, {p}) ON CONFLICT (stream, "
+                            f"streamlet) DO UPDATE SET grp = excluded.grp, off = excluded.off, "
+                            f"num = excluded.num",
+                            [(r.stream, r.streamlet, r.group, r.offset, r.number)
+                             for r in last.values()])
             conn.commit()
         except BaseException:
             self.close()   # a failed connection is reopened (and the transaction dropped)

@@ -279,3 +279,12 @@ def lock_conflict_message(lock: int, number: int, high_water_mark: int) -> str:
 
 
 _BY_CODE[LockConflict.code] = LockConflict
+
+
+class DeliveryGap(KeraError):
+    """A delivery target's next record is not numbered right after its last applied one: the
+    records between were deleted (retention) before it applied them, or the stream's numbering
+    restarted. Retrying cannot help, so the target is given up; the message names the numbers.
+    To skip them deliberately, set the target's last applied number to the one before the
+    record offered."""
+    code = "delivery_gap"

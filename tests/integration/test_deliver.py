@@ -101,6 +101,17 @@ def _pg_rows(postgres) -> list[tuple]:
             f"ORDER BY streamlet, grp, off").fetchall()]
 
 
+def _numbers(connect) -> dict[int, list[int]]:
+    """{streamlet: the stored records' numbers in position order} of a SQL target."""
+    with connect() as conn:
+        rows = conn.execute(f"SELECT streamlet, num FROM {DEFAULT_TABLE_PREFIX}_records "
+                            f"ORDER BY streamlet, grp, off").fetchall()
+    out: dict[int, list[int]] = {}
+    for sl, num in rows:
+        out.setdefault(sl, []).append(num)
+    return out
+
+
 def _counts(readers) -> dict[str, int]:
     out = {}
     for name, read in readers.items():
@@ -189,6 +200,11 @@ def test_three_targets_get_every_record_once_in_order_through_kill9_and_a_failin
               f"{RECORDS} records on every target", deliverer.log)
         for name, read in readers.items():
             _check_exactly_once_in_order(name, read())
+        # Each target stored every record's number, dense from 0 per streamlet.
+        for connect in (lambda: sqlite3.connect(sqlite_path), postgres.connect,
+                        lambda: sqlite3.connect(tmp_path / "http.db")):
+            assert all(nums == list(range(len(nums)))
+                       for nums in _numbers(connect).values())
         log = deliverer.log.read_text()
         assert f"target {http_url} failed" in log and "caught up" in log
         assert f"target {postgres.dsn} failed" in log
@@ -263,6 +279,73 @@ def test_a_blocked_target_holds_up_nobody_and_catches_up_when_released(cluster, 
     for sl in (0, 1):
         mine = [int(r.value) for r in blocked.records if r.streamlet == sl]
         assert mine == sorted(mine)
+
+
+class IndexTarget:
+    """A target keeping only the number of the last record it applied per streamlet, as a
+    LogPlayer target keeps its index; starts as if it had applied up to `start_after`."""
+
+    name = "index"
+
+    def __init__(self, stream: str, start_after: dict[int, int]):
+        self.stream, self.records = stream, []
+        self.last = dict(start_after)
+
+    def last_applied(self) -> dict:
+        from kera.deliver_core import Applied
+        return {(self.stream, sl): Applied(self.stream, sl, None, None, n)
+                for sl, n in self.last.items()}
+
+    def apply(self, records) -> None:
+        self.records += records
+        for r in records:
+            self.last[r.streamlet] = r.number
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_target_keeping_only_an_index_resumes_after_it_across_groups(cluster):
+    from kera.deliver import Deliverer
+    stream = "deliver_index"
+    # Small segments and groups: the resume points fall in later groups than the first.
+    cluster.admin().create_stream(stream, streamlets=2, segment_size_bytes=64 * 1024,
+                                  group_segments=1)
+    with Producer(cluster.bootstrap, linger_ms=5) as producer:
+        for i in range(3_000):
+            producer.send(stream, b"%d" % i + b"." * 100, streamlet=i % 2)
+    target = IndexTarget(stream, {0: 1_234, 1: 99})
+    with Deliverer(cluster.bootstrap, stream, [target], batch_records_max=100):
+        _wait(lambda: len(target.records) >= 3_000 - 1_235 - 100, PROGRESS_TIMEOUT_S,
+              "the records after each index")
+    for sl, after in ((0, 1_234), (1, 99)):
+        got = [r.number for r in target.records if r.streamlet == sl]
+        assert got == list(range(after + 1, 1_500)), f"streamlet {sl}"
+    assert {r.group for r in target.records if r.streamlet == 0} != {0}
+
+
+RETENTION_MS = 1_000   # the smallest the coordinator takes: groups go within seconds
+
+
+def test_a_target_behind_records_retention_deleted_is_given_up_naming_the_numbers(cluster):
+    from kera.consumer import Consumer
+    from kera.deliver import Deliverer
+    stream = "deliver_gap"
+    cluster.admin().create_stream(stream, streamlets=1, segment_size_bytes=64 * 1024,
+                                  group_segments=1, retention_ms=RETENTION_MS)
+    with Producer(cluster.bootstrap, linger_ms=5) as producer:
+        for i in range(3_000):
+            producer.send(stream, b"%d" % i + b"." * 100)
+    with Consumer(cluster.bootstrap, stream, start="earliest") as consumer:
+        _wait(lambda: consumer.offsets_for_number(stream, 0, 0)[0].group > 0,
+              PROGRESS_TIMEOUT_S, "retention to delete the first group")
+    with Producer(cluster.bootstrap) as producer:   # retention may have deleted everything
+        producer.send(stream, b"after").result(PROGRESS_TIMEOUT_S)
+    target = IndexTarget(stream, {0: 0})   # applied number 0 only, long ago
+    with Deliverer(cluster.bootstrap, stream, [target]) as deliverer:
+        _wait(lambda: deliverer.status()["index"]["gave_up"], PROGRESS_TIMEOUT_S,
+              "the target to be given up")
+    assert target.records == []   # never fed past the hole
 
 
 def test_the_example_read_model_counts_each_deposit_once(cluster):
