@@ -149,3 +149,41 @@ def test_racing_conditional_appends_keep_exactly_the_non_conflicting_ones_across
             f"{r['w']}-{r['i']} refused on lock {lock}, never written after {r['hwm']}")
     print(f"{len(ok)} accepted, {len(refused)} refused, {len(uncertain)} uncertain; "
           f"{len(numbers)} records; broker {owner} killed after {killed_at} answers")
+
+
+OUTAGE_S = 6.0   # the coordinator down: longer than two of the append's request timeouts
+
+
+def test_a_conditional_append_rides_out_a_coordinator_outage_and_a_failover(fresh_cluster):
+    """The streamlet's broker dies while the coordinator is down: the append's attempts fail,
+    and so do its placement refreshes, until the coordinator is back and has failed the
+    streamlet over. The append then lands once, numbered right after the one before."""
+    cluster = fresh_cluster(brokers=2, backups=2, heartbeat_interval_ms=100, log_level="INFO",
+                            extra_coordinator_args=["--heartbeat-missed-max", "30"])
+    with cluster.admin() as admin:
+        admin.create_stream(STREAM, streamlets=1, replication=2)
+    appender = ConditionalAppender(cluster.bootstrap, timeout_s=90.0, request_timeout_s=2.0)
+    first = appender.append(STREAM, [b"%d-0-0" % PROBE], locks=[1], high_water_mark=-1)
+    owner = call(cluster.bootstrap, "describe_stream", {"name": STREAM})["stream"]["placement"][0]
+    cluster.kill_coordinator()
+    cluster.kill_broker(owner)
+    outcome: dict = {}
+
+    def append() -> None:
+        try:
+            outcome["ok"] = appender.append(STREAM, [b"%d-1-0" % PROBE], locks=[1],
+                                            high_water_mark=first.number)
+        except Exception as err:   # the assertion below shows it
+            outcome["error"] = err
+    thread = threading.Thread(target=append, daemon=True)
+    thread.start()
+    time.sleep(OUTAGE_S)
+    assert thread.is_alive(), f"the append ended during the outage: {outcome}"
+    cluster.restart_coordinator()
+    thread.join(fk.WAIT_S)
+    appender.close()
+    assert "ok" in outcome, outcome
+    assert outcome["ok"].number == first.number + 1
+    cluster.restart_broker(owner)
+    records = read_back(cluster.bootstrap, 2)
+    assert sorted(n for n, _, _ in records) == [0, 1]
