@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from kera.coordinators import CoordinatorList
 from kera.errors import KeraError, StaleMemberEpoch, Timeout, UnknownMember
@@ -40,6 +40,18 @@ LEAVE_EPOCH, STATIC_LEAVE_EPOCH = -1, -2
 # Of the session timeout, how long after sending its last answered heartbeat a member keeps its
 # parts: the rest is margin for the two clocks' rates and the loop's lateness.
 SELF_FENCE_FRACTION = 0.8
+# A commit failed by a retriable error (a coordinator leader change: not_leader, a timeout) is
+# retried every RETRY_BACKOFF_S for at most this fraction of the session timeout from its first
+# failure. Heartbeats wait meanwhile (commits go before heartbeats, so a revocation's commit
+# lands before the revocation is acknowledged); the fraction leaves the session time to be
+# renewed afterwards, before the self-fence.
+COMMIT_RETRY_FRACTION = 0.4
+
+
+class PendingCommit(NamedTuple):
+    wire: list                      # positions_to_wire
+    future: Future | None           # None: an auto or revocation commit nobody waits on
+    retry_until_s: float | None = None   # set at its first failure
 
 
 class Assignable(Protocol):
@@ -81,8 +93,9 @@ class Membership:
         self.member_id, self.member_epoch = "", 0
         self.next_beat_s = now
         self.next_auto_commit_s = now + (self.auto_commit_s or 0)
-        self.commits: list[tuple[list, Future | None]] = []   # queued (positions, future)
-        self.inflight: tuple[str, Future | None] | None = None
+        self.commits: list[PendingCommit] = []   # queued, oldest first
+        self.commit_retry_at_s = now              # a failed commit's next try, not before
+        self.inflight: tuple[str, PendingCommit | None] | None = None
         self.last_auto_commit: list | None = None
         self.joined = Future()   # resolves once the first assignment is applied
         self.beat_sent_s = now   # when the heartbeat in flight was sent
@@ -106,12 +119,14 @@ class Membership:
             held = positions_to_wire(self.consumer.positions())
             if held and held != self.last_auto_commit:   # nothing consumed since: no write
                 self.last_auto_commit = held
-                self.commits.append((held, None))
+                self.commits.append(PendingCommit(held, None))
         if self.member_id and self.commits:
-            wire, future = self.commits.pop(0)
-            self.inflight = ("commit", future)
+            if now < self.commit_retry_at_s:
+                return None   # heartbeats wait for the commit (COMMIT_RETRY_FRACTION)
+            pending = self.commits.pop(0)
+            self.inflight = ("commit", pending)
             self.asked = self.coordinators.current
-            return self.asked, ("group_commit", self.ids() | {"positions": wire})
+            return self.asked, ("group_commit", self.ids() | {"positions": pending.wire})
         if now >= self.next_beat_s:
             self.inflight = ("heartbeat", None)
             self.beat_sent_s = now
@@ -120,7 +135,7 @@ class Membership:
         return None
 
     def on_reply(self, reply, now: float) -> None:
-        kind, future = self.inflight
+        kind, pending = self.inflight
         self.inflight = None
         if kind == "heartbeat":
             if now >= self.beat_sent_s + self._fence_span_s():
@@ -129,18 +144,20 @@ class Membership:
                 return
             self.answered_s = self.beat_sent_s
             self._apply(reply[0], now)
-        elif future is not None:
-            future.set_result(None)
+        elif pending.future is not None:
+            pending.future.set_result(None)
 
     def on_error(self, err: KeraError, now: float) -> None:
-        kind, future = self.inflight or ("heartbeat", None)
+        kind, pending = self.inflight or ("heartbeat", None)
         self.inflight = None
         self.coordinators.failed(self.asked, err)
         if isinstance(err, UnknownMember):
             self._fenced(err, now)
         if kind == "commit":
-            if future is not None:
-                future.set_exception(err)
+            if self._retry_commit(pending, err, now):
+                return
+            if pending.future is not None:
+                pending.future.set_exception(err)
             elif isinstance(err, StaleMemberEpoch):
                 self.next_beat_s = now   # catch up with the assignment, then commit again
             return
@@ -148,20 +165,35 @@ class Membership:
             log.warning("group '%s': heartbeat failed (%s); retrying", self.group, err)
             self.next_beat_s = now + RETRY_BACKOFF_S
 
+    def _retry_commit(self, pending: PendingCommit, err: KeraError, now: float) -> bool:
+        """Queue `pending` again, first, when `err` may pass (COMMIT_RETRY_FRACTION)."""
+        if not err.retriable or isinstance(err, (StaleMemberEpoch, UnknownMember)) or \
+                not self.member_id:
+            return False
+        until = pending.retry_until_s
+        if until is None:
+            until = now + COMMIT_RETRY_FRACTION * self.session_timeout_ms / 1000
+        if now + RETRY_BACKOFF_S > until:
+            return False
+        self.commits.insert(0, pending._replace(retry_until_s=until))
+        self.commit_retry_at_s = now + RETRY_BACKOFF_S
+        log.info("group '%s': commit failed (%s); retrying", self.group, err)
+        return True
+
     def next_wake(self, now: float) -> float | None:
         wakes = [self.next_beat_s]
+        if self.member_id and self.commits:   # first the commit; heartbeats wait for it
+            wakes = [max(now, self.commit_retry_at_s)]
         if self.member_id:
             wakes.append(self._fence_at())
         if self.member_id and self.auto_commit_s is not None:
             wakes.append(self.next_auto_commit_s)
-        if self.member_id and self.commits:
-            wakes.append(now)
         return min(wakes)
 
     # ------------------------------------------------------------------ client side
     def commit(self, positions: list[Position]) -> Future:
         future: Future = Future()
-        self.commits.append((positions_to_wire(positions), future))
+        self.commits.append(PendingCommit(positions_to_wire(positions), future))
         return future
 
     def leave_request(self) -> tuple[str, dict] | None:
@@ -209,7 +241,7 @@ class Membership:
             # (commits go out before heartbeats), so their next owner resumes exactly there.
             held = self.consumer.unassign(revoked)
             if held:
-                self.commits.append((positions_to_wire(held), None))
+                self.commits.append(PendingCommit(positions_to_wire(held), None))
             self.next_beat_s = now
             log.info("group '%s': %d streamlets revoked", self.group, len(revoked))
         added = sorted(granted - current)
@@ -224,8 +256,8 @@ class Membership:
         log.warning("group '%s': %s; dropping %d streamlets and rejoining", self.group, err,
                     len(self.consumer.assignment()))
         self.consumer.unassign(self.consumer.assignment())
-        for _wire, future in self.commits:    # they were of parts this member no longer holds
-            if future is not None:
-                future.set_exception(err)
+        for pending in self.commits:    # they were of parts this member no longer holds
+            if pending.future is not None:
+                pending.future.set_exception(err)
         self.commits = []
         self.member_id, self.member_epoch, self.next_beat_s = "", 0, now

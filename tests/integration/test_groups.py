@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -111,6 +113,31 @@ def test_a_new_member_resumes_from_the_commits_after_a_coordinator_kill(fresh_cl
         read([b], values, 300)
         assert b.poll(timeout_s=0.5) is None
     assert sorted(values) == list(range(300)), "no gap, no duplicate across the kill -9"
+
+
+PAUSE_S = 1.5              # the coordinator stopped: three of the commit's request timeouts
+COMMIT_REQUEST_TIMEOUT_S = 0.5
+
+
+def test_a_commit_outlasts_a_coordinator_that_stops_answering_for_a_moment(cluster):
+    stream = new_stream(cluster, records=100)
+    values: list[int] = []
+    with Consumer(cluster.bootstrap, stream, group=f"g-{stream}", auto_commit_interval_ms=None,
+                  request_timeout_s=COMMIT_REQUEST_TIMEOUT_S) as c:
+        until(lambda: len(c.assignment()) == STREAMLETS, "assignment")
+        read([c], values, 100)
+        held = c.positions()
+        coordinator = cluster.coordinators[0]
+        coordinator.signal(signal.SIGSTOP)
+        resume = threading.Timer(PAUSE_S, coordinator.signal, (signal.SIGCONT,))
+        resume.start()
+        try:
+            c.commit(timeout_s=PAUSE_S + SETTLE_TIMEOUT_S)   # first tries time out; one lands
+        finally:
+            resume.cancel()
+            coordinator.signal(signal.SIGCONT)
+        assert sorted(c.committed()) == sorted(held)
+        assert len(c.assignment()) == STREAMLETS      # still a member: no rebalance
 
 
 def test_stale_members_and_busy_groups_are_refused(cluster):

@@ -1,9 +1,13 @@
 """The consumer's group membership task (kera.consumer.membership), sans-IO: it lets go of its
 streamlets before its session can have ended at the coordinator, whatever the network does."""
 
-from kera.consumer.membership import SELF_FENCE_FRACTION, Membership
+import pytest
+
+from kera.consumer.membership import (COMMIT_RETRY_FRACTION, RETRY_BACKOFF_S,
+                                      SELF_FENCE_FRACTION, Membership)
 from kera.consumer.tasks import TaskRunner
-from kera.errors import Timeout
+from kera.errors import NotLeader, StaleMemberEpoch, Timeout
+from kera.position import Position
 
 SESSION_MS = 3000
 
@@ -107,3 +111,44 @@ def test_held_until_is_the_self_fence_deadline_of_the_last_answered_heartbeat():
     assert m.held_until() == 1.0 + span            # counted from its sending, not its answer
     m.next_request(1.0 + span)                     # nothing answered since: fenced
     assert m.held_until() is None
+
+
+AT = [Position("s", 0, 0, 5)]
+
+
+def test_a_commit_failed_by_a_leader_change_is_retried_before_any_heartbeat():
+    m, _consumer = joined()
+    future = m.commit(AT)
+    assert m.next_request(1.0)[1][0] == "group_commit"
+    m.on_error(NotLeader("standing by"), 1.0)
+    assert not future.done()
+    assert m.next_request(1.0 + RETRY_BACKOFF_S / 2) is None      # backing off; no heartbeat
+    assert m.next_wake(1.0) == pytest.approx(1.0 + RETRY_BACKOFF_S)
+    retried = m.next_request(1.0 + RETRY_BACKOFF_S)
+    assert retried[1][0] == "group_commit" and retried[1][1]["positions"] == [["s", 0, [[0, 5, None]]]]
+    m.on_reply(({"ok": True}, []), 1.3)
+    assert future.done() and future.exception() is None
+    assert m.next_request(2.0)[1][0] == "group_heartbeat"
+
+
+def test_commit_retries_end_within_their_share_of_the_session():
+    m, _consumer = joined()
+    future = m.commit(AT)
+    t, tries = 1.0, 0
+    while not future.done():
+        req = m.next_request(t)
+        if req is not None and req[1][0] == "group_commit":
+            tries += 1
+            m.on_error(Timeout("coordinator down"), t)
+        t += RETRY_BACKOFF_S / 4
+    assert isinstance(future.exception(), Timeout) and tries > 1
+    assert t - 1.0 <= COMMIT_RETRY_FRACTION * SESSION_MS / 1000 + RETRY_BACKOFF_S
+    assert t - 1.0 < SELF_FENCE_FRACTION * SESSION_MS / 1000   # heartbeats get their turn
+
+
+def test_a_commit_refused_for_a_stale_epoch_fails_at_once():
+    m, _consumer = joined()
+    future = m.commit(AT)
+    m.next_request(1.0)
+    m.on_error(StaleMemberEpoch("moved on"), 1.0)
+    assert isinstance(future.exception(), StaleMemberEpoch)
