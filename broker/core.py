@@ -420,6 +420,7 @@ class Broker:
         if streamlet is None:
             streamlet = stream.streamlets[sl] = Streamlet(
                 info.id, sl, info.active_groups, info.group_segments, info.segment_size_bytes, self)
+            streamlet.adopt_floor(info.floors.get(sl))   # after what retention deleted
             streamlet.epoch = history_epoch.epoch_for_new_history(info.replication, self.epoch)
             self.new_histories.append((info.id, sl, streamlet.epoch))
         pid, seq = h.producer_id, h.sequence

@@ -285,6 +285,7 @@ def install(core, rebuild: StreamletRebuild) -> Installed | None:
                     "recovered from the backups", info.name, sl)
         for waiter in old.release():
             core._fail(waiter, _not_ready())
+    groups = _above_floor(info, sl, groups)
     streamlet = Streamlet(info.id, sl, info.active_groups, info.group_segments,
                           info.segment_size_bytes, core)
     first = groups[0].id if groups else 0
@@ -322,10 +323,23 @@ def install(core, rebuild: StreamletRebuild) -> Installed | None:
         done.bytes += sum(s.used_bytes for s in group.segments)
         done.readable_records += group.durable
     streamlet.adopt_numbers()
+    streamlet.adopt_floor(info.floors.get(sl))   # retention emptied a slot: go on after it
     _replay_locks(streamlet, groups, rebuild)
     for pid, entry in rebuild.newest_entries().items():
         core.producers.put((pid, info.id, sl), entry)
     return done
+
+
+def _above_floor(info, sl: int, groups: list[Group]) -> list[Group]:
+    """`groups` without those retention deleted before the streamlet's floor was reported
+    (their replicas may not have been dropped yet): deleted data stays deleted."""
+    floor = info.floors.get(sl)
+    if floor is None or not groups or groups[0].id >= floor[0]:
+        return groups
+    kept = [g for g in groups if g.id >= floor[0]]
+    log.info("stream %s streamlet %d: %d recovered groups below group %d had been deleted by "
+             "retention: not restored", info.name, sl, len(groups) - len(kept), floor[0])
+    return kept
 
 
 def _locks_of(chunk) -> tuple[int, ...] | None:

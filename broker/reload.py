@@ -116,6 +116,7 @@ def _streamlet(broker, info, sl: int, segs: list[LoadedSegment], first_recorded:
         group = _group(broker, info, sl, gid, by_group.get(gid, []), newest)
         streamlet.groups.append(group)
     streamlet.adopt_numbers()
+    streamlet.adopt_floor(info.floors.get(sl))   # retention emptied a slot: go on after it
     if info.active_groups == 1 and streamlet.next_numbers[0]:
         # Which locks the reloaded records wrote is not read back (that would read every chunk
         # on disk): every lock counts as written by the last one (kera.broker.locks).

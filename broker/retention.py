@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 from array import array
 from collections import OrderedDict, deque
+from itertools import islice
 from typing import NamedTuple, Protocol
 
 from kera.errors import BadRequest
@@ -49,6 +50,9 @@ from kera.errors import BadRequest
 log = logging.getLogger(__name__)
 
 DELETED_ENDS_MAX = 256   # per streamlet: ends of the latest deleted groups (see `gone`)
+# Number floors (kera.schema.number_floor) sent in one heartbeat at most; the rest go in the
+# next ones. A floor is a few numbers per streamlet, so this keeps a heartbeat small.
+FLOORS_PER_HEARTBEAT_MAX = 256
 # Wall and monotonic clocks drifting apart by more than this between two readings is a step,
 # not a slew: NTP slews by at most 0.5 ms/s, and readings are a loop turn (well under 1 s) apart.
 CLOCK_STEP_THRESHOLD_MS = 5_000
@@ -135,6 +139,9 @@ class Retention:
         # coordinator's token for that view (-1: none yet).
         self.consumed: dict[int, list[int]] = {}
         self.consumed_at = -1
+        # (sid, sl) -> [first group, [next number per slot]] not yet acknowledged by the
+        # coordinator: streamlets with a slot retention emptied (kera.schema.number_floor).
+        self.floors: dict[tuple[int, int], list] = {}
 
     def set_consumed(self, marks, token) -> None:
         if not isinstance(marks, list) or not isinstance(token, int) or not all(
@@ -162,6 +169,7 @@ class Retention:
                 n = self._trim(streamlet, info, wall_ms)
                 if n:
                     deleted += n
+                    self._note_floor(streamlet)
                     self.broker.tier.record_first_group(streamlet.stream_id, streamlet.index,
                                                         streamlet.first_group)
         if clock.suspect:
@@ -179,6 +187,28 @@ class Retention:
             self.scan_vsegs = False
             self._drop_replicas()
         return deleted
+
+    # ------------------------------------------------------------------ number floors
+    def _note_floor(self, streamlet) -> None:
+        """After deletions: a slot without any group left has nothing stored to continue its
+        numbering from after a failover; its floor goes to the coordinator."""
+        held = {g.slot for g in streamlet.groups}
+        slots = range(len(streamlet.slots))
+        if all(slot in held for slot in slots):
+            return
+        self.floors[(streamlet.stream_id, streamlet.index)] = [
+            streamlet.first_group, [streamlet.next_number(slot) for slot in slots]]
+
+    def floors_to_send(self) -> list[list]:
+        """The heartbeat's `floors`: [[sid, sl, first group, [numbers]], ...]."""
+        return [[sid, sl, *floor] for (sid, sl), floor
+                in islice(self.floors.items(), FLOORS_PER_HEARTBEAT_MAX)]
+
+    def floors_acknowledged(self, sent) -> None:
+        """The coordinator kept `sent`: forget those not changed since."""
+        for sid, sl, first_group, numbers in sent:
+            if self.floors.get((sid, sl)) == [first_group, numbers]:
+                del self.floors[(sid, sl)]
 
     def _close_old(self, streamlet, retention_ms: int, wall_ms: int) -> None:
         for group in streamlet.slots:

@@ -265,10 +265,14 @@ class BrokerDaemon:
         report = replica_report.pending(self.core.vlog_list)
         if report:
             fields["vsegs"] = report   # where new virtual segments are replicated
+        floors = self.core.retention.floors_to_send()
+        if floors:
+            fields["floors"] = floors  # streamlets retention emptied (kera.schema.number_floor)
         return fields
 
     def _heartbeat_reply(self, header: dict, sent: dict) -> None:
         replica_report.acknowledged(self.core.vlog_list, sent.get("vsegs", ()))
+        self.core.retention.floors_acknowledged(sent.get("floors", ()))
         if "acls" in header and self.server.guard is not None:
             self._apply_acls(header)
         if "consumed" in header:

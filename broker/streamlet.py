@@ -127,6 +127,22 @@ class Streamlet:
                 if end > self.next_numbers[group.slot]:
                     self.next_numbers[group.slot] = end
 
+    def adopt_floor(self, floor) -> None:
+        """Go on after what retention deleted, as the coordinator kept it for this streamlet
+        (kera.schema.number_floor; None: nothing kept): group ids from its first group when no
+        group is held, each slot's numbers from at least its floor. Locks written before an
+        emptied one-slot streamlet's floor are unknown: they count as written just below it."""
+        if floor is None:
+            return
+        first_group, numbers = floor
+        if not self.groups and first_group > self.first_group:
+            self.first_group = first_group
+        for slot, number in enumerate(numbers[:len(self.next_numbers)]):
+            self.next_numbers[slot] = max(self.next_numbers[slot], number)
+        if len(self.next_numbers) == 1 and numbers[0] and not self.groups:
+            table = self.lock_table()
+            table.floor = max(table.floor, numbers[0] - 1)
+
     def _open_group(self, slot: int) -> Group:
         group = Group(self.first_group + len(self.groups), slot, self.group_segments,
                       self.segment_size_bytes, self.stream_id, self.index)

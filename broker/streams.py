@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from kera import config
+from kera import config, schema
 from kera.errors import BadRequest
 
 # Bounds a broker accepts in a descriptor; the coordinator enforces tighter ones on creation.
@@ -38,6 +38,9 @@ class StreamInfo:
     # Groups are deleted by age only once every consumer group committed past them
     # (broker/retention.py, `consumed` marks from the coordinator).
     retain_until_consumed: bool = False
+    # {streamlet: (first group, next record number per slot)}: where a streamlet that retention
+    # emptied goes on after a failover (kera.schema.number_floor).
+    floors: dict = field(default_factory=dict)
 
     @classmethod
     def from_descriptor(cls, d) -> "StreamInfo":
@@ -65,10 +68,24 @@ class StreamInfo:
         if not isinstance(p, list) or len(p) != info.streamlets or not all(
                 isinstance(b, int) and not isinstance(b, bool) for b in p):
             raise BadRequest(f"stream {info.name!r}: placement must list {info.streamlets} broker ids")
+        info.floors = _floors(d.get("floors", []), info)
         return info
 
     def owner(self, streamlet: int):
         return self.placement[streamlet]
+
+
+def _floors(entries, info: StreamInfo) -> dict:
+    if not isinstance(entries, list) or len(entries) > info.streamlets:
+        raise BadRequest(f"stream {info.name!r}: 'floors' must list at most one per streamlet")
+    out = {}
+    for entry in entries:
+        if not isinstance(entry, list) or len(entry) != 3 or not isinstance(entry[0], int) or \
+                not 0 <= entry[0] < info.streamlets:
+            raise BadRequest(f"stream {info.name!r}: a floor is [streamlet, first group, "
+                             f"[numbers]], not {entry!r:.200}")
+        out[entry[0]] = schema.number_floor(entry[1:], info.active_groups)
+    return out
 
 
 def _int(d: dict, name: str, lo: int, hi: int, default=...) -> int:

@@ -312,6 +312,34 @@ TIME_CURSOR_GROUPS_MAX = 4096
 NUMBER_MAX = 2**64 - 2
 
 
+# A streamlet's *number floor*: once retention deleted every group of one of its slots, nothing
+# stored says where its group ids and record numbers go on. The owning broker reports
+# [first group, [next record number per slot]] in its heartbeat (kera.broker.retention); the
+# coordinator keeps it with the stream and hands it to whoever owns the streamlet next, so a
+# failover continues the numbering instead of restarting it at 0 (kera.broker.rebuild).
+GROUP_ID_MAX = 2**63 - 1
+
+
+def number_floor(entry, slots: int) -> tuple[int, tuple[int, ...]]:
+    """`[first_group, [next number of each of `slots` slots]]`, checked."""
+    if not isinstance(entry, (list, tuple)) or len(entry) != 2 or \
+            not isinstance(entry[1], (list, tuple)) or len(entry[1]) != slots:
+        raise BadRequest(f"a number floor is [first group, [{slots} record numbers]], not "
+                         f"{entry!r:.200}")
+    first_group, numbers = entry
+    for value, hi in ((first_group, GROUP_ID_MAX), *((n, NUMBER_MAX) for n in numbers)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
+            raise BadRequest(f"a number floor holds {value!r:.50}, not an integer in 0..{hi}")
+    return first_group, tuple(numbers)
+
+
+def merged_floor(old, new) -> tuple[int, tuple[int, ...]]:
+    """Floors only move up: the higher first group and, per slot, the higher next number."""
+    if old is None:
+        return new
+    return max(old[0], new[0]), tuple(max(a, b) for a, b in zip(old[1], new[1]))
+
+
 @dataclass(frozen=True, slots=True)
 class CursorQuery:
     """An `offsets_for_time` or `offsets_for_number` request: where in which streamlet."""

@@ -36,7 +36,7 @@ import os
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
-from kera import config, wire
+from kera import config, schema, wire
 from kera.coordinator import acl_ops, groups, validate
 from kera.coordinator.rebalance import Rebalancer
 from kera.coordinator.recovery import Failover, parse_streamlets
@@ -62,6 +62,9 @@ STREAM_ID_MARK_MAX = 2**48
 # Virtual segments whose backups the coordinator remembers per broker (oldest forgotten first):
 # 512 GiB of a broker's data at the default 8 MiB virtual segment.
 REPLICA_ENTRIES_PER_BROKER_MAX = 65_536
+# Number floors one heartbeat may carry: the broker sends at most this many
+# (kera.broker.retention.FLOORS_PER_HEARTBEAT_MAX), the rest in later heartbeats.
+FLOORS_PER_HEARTBEAT_MAX = 256
 # Replica map changes kept for the next commit (kera.coordinator.store); past this (nobody
 # commits: a core driven without a server) they are dropped and the next commit is a snapshot.
 REPLICA_JOURNAL_MAX = 1_000_000
@@ -125,6 +128,9 @@ class Stream:
     id: int
     placement: list[int]   # owning broker id of each streamlet
     version: int           # metadata version at which it was created or last moved
+    # {streamlet: (first group, next record number per slot)} reported by its owner once
+    # retention emptied a slot; handed to the next owner in descriptors (kera.schema).
+    floors: dict = field(default_factory=dict)
 
 
 class Coordinator:
@@ -238,6 +244,8 @@ class Coordinator:
         report = validate.vsegs(f)
         if report is not None and kind != "broker":
             raise BadRequest("only brokers report 'vsegs'")
+        floors = self._checked_floors(kind, f.list("floors", None,
+                                                   max_len=FLOORS_PER_HEARTBEAT_MAX))
         mark = f.int("stream_id_mark", 0, hi=STREAM_ID_MARK_MAX)
         # Everything is checked before anything changes: a refused heartbeat changes nothing.
         self.authenticate(kind, member_id, f.str("token", None, hi=TOKEN_CHARS_MAX))
@@ -253,6 +261,7 @@ class Coordinator:
         self.raise_stream_ids(mark, f"{kind} {member_id}")
         if report:
             self.report_replicas(member_id, report)
+        self.record_floors(member_id, floors)
         reply = {"metadata_version": self.version}
         if kind == "broker":
             reply.update(self.access.for_heartbeat(f.int("acl_version", None, lo=-1, hi=2**62)))
@@ -586,6 +595,46 @@ class Coordinator:
                 self._journal(["rdel", broker_id, key[0], key[1]])
         self.replica_changes += 1
 
+    def _checked_floors(self, kind: str, entries) -> list:
+        """A heartbeat's `floors` ([[stream id, streamlet, first group, [numbers]], ...]),
+        checked against the streams; entries of streams that no longer exist are skipped."""
+        if entries is None:
+            return []
+        if kind != "broker":
+            raise BadRequest("only brokers report 'floors'")
+        by_id = {s.id: s for s in self.streams.values()}
+        out = []
+        for entry in entries:
+            if not isinstance(entry, list) or len(entry) != 4 or not isinstance(entry[0], int):
+                raise BadRequest("field 'floors' holds an entry that is not [stream id, "
+                                 "streamlet, first group, [record numbers]]")
+            stream = by_id.get(entry[0])
+            if stream is None:
+                continue
+            sl = entry[1]
+            if not isinstance(sl, int) or isinstance(sl, bool) or \
+                    not 0 <= sl < stream.spec.streamlets:
+                raise BadRequest(f"field 'floors' names streamlet {sl!r:.20} of stream "
+                                 f"'{stream.spec.name}', which has {stream.spec.streamlets}")
+            out.append((stream, sl, schema.number_floor(entry[2:], stream.spec.active_groups)))
+        return out
+
+    def record_floors(self, broker_id: int, floors: list) -> None:
+        """Keep the number floors a streamlet's owner reported (only ever raised); a change
+        moves the metadata version, so it is persisted and reaches the brokers."""
+        changed = False
+        for stream, sl, floor in floors:
+            if stream.placement[sl] != broker_id:
+                continue   # not its streamlet (any more): it cannot know
+            merged = schema.merged_floor(stream.floors.get(sl), floor)
+            if merged != stream.floors.get(sl):
+                stream.floors[sl] = merged
+                changed = True
+                log.info("stream '%s' streamlet %d: retention emptied a slot; its numbering "
+                         "goes on from group %d, numbers %s", stream.spec.name, sl, *merged)
+        if changed:
+            self._bump()
+
     def forget_replicas(self, broker_id: int) -> None:
         if self.replicas.pop(broker_id, None):
             self.replica_changes += 1
@@ -778,6 +827,8 @@ class Coordinator:
         if recovering:
             d["recovering"] = recovering   # [[streamlet, [[broker, epoch], ...]], ...]
         d["states"] = self._streamlet_states(stream, {sl for sl, _ in recovering or ()})
+        if stream.floors:
+            d["floors"] = _floors_to_wire(stream.floors)
         return d
 
     def _streamlet_states(self, stream: Stream, recovering: set) -> list[str]:
@@ -836,7 +887,8 @@ class Coordinator:
                          "replication_capacity": s.spec.replication_capacity,
                          "retention_ms": s.spec.retention_ms,
                          "retention_bytes": s.spec.retention_bytes,
-                         "retain_until_consumed": s.spec.retain_until_consumed}
+                         "retain_until_consumed": s.spec.retain_until_consumed,
+                         "floors": _floors_to_wire(s.floors)}
                         for _, s in sorted(self.streams.items())],
             "recovery": self.failover.to_state(),
             "groups": self.groups.to_state(),
@@ -873,7 +925,7 @@ class Coordinator:
                 spec = StreamSpec(**{k: s[k] for k in StreamSpec.__slots__ if k in s})
 
                 stream = Stream(spec, _nonneg(s["id"]), list(s["placement"]),
-                                _nonneg(s["version"]))
+                                _nonneg(s["version"]), _floors_loaded(s.get("floors", []), spec))
                 if stream.id >= self.next_stream_id or spec.name in self.streams:
                     raise ValueError(f"stream '{spec.name}' is duplicated or its id is not below the next id")
                 if len(stream.placement) != spec.streamlets or \
@@ -915,6 +967,20 @@ def _token_hash(value) -> str | None:
     if value is None or (isinstance(value, str) and 0 < len(value) <= TOKEN_CHARS_MAX * 2):
         return value
     raise ValueError(f"expected a token hash or id, got {value!r}")
+
+
+def _floors_to_wire(floors: dict) -> list[list]:
+    return [[sl, first_group, list(numbers)] for sl, (first_group, numbers) in sorted(floors.items())]
+
+
+def _floors_loaded(entries, spec: StreamSpec) -> dict:
+    """A persisted stream's floors (absent in files written before them)."""
+    out = {}
+    for sl, first_group, numbers in entries:
+        if not 0 <= sl < spec.streamlets:
+            raise ValueError(f"stream '{spec.name}' has a floor for streamlet {sl}")
+        out[sl] = schema.number_floor([first_group, numbers], spec.active_groups)
+    return out
 
 
 def _nonneg(value) -> int:

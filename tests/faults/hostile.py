@@ -52,7 +52,7 @@ COORDINATOR_OPS = {
     "register": ["kind", "address", "node", "daemon_id", "token", "cluster_id",
                  "stream_id_mark"],
     "heartbeat": ["kind", "daemon_id", "token", "metadata_version", "epoch", "stats", "vsegs",
-                  "held", "stream_id_mark", "acl_version", "consumed_at"],
+                  "held", "stream_id_mark", "acl_version", "consumed_at", "floors"],
     "cluster": [],
     "create_stream": ["name", "streamlets", "active_groups", "replication", "group_segments",
                       "segment_size_bytes", "durability", "replication_capacity",
@@ -94,8 +94,8 @@ BACKUP_OPS = {
     "stats": [],
 }
 OPS_BY_KIND = {"coordinator": COORDINATOR_OPS, "broker": BROKER_OPS, "backup": BACKUP_OPS}
-LIST_FIELDS = {"vsegs", "held", "streamlets", "reads", "fence", "streams", "owned", "positions",
-               "acls"}
+LIST_FIELDS = {"vsegs", "floors", "held", "streamlets", "reads", "fence", "streams", "owned",
+               "positions", "acls"}
 MAP_FIELDS = {"stats", "at"}
 
 FAMILIES = ("envelope", "types", "huge_numbers", "huge_counts", "unknown_ids", "forged_ids",
@@ -163,6 +163,7 @@ class HostileMessages:
             "reads": [[live.junk_stream_id, 0, {"low": 0, "offsets": {}}, 65536]],
             "streamlets": [[live.junk_stream_id, 0]], "stats": {"produced": 1},
             "vsegs": [[0, rng.randrange(1 << 32), [UNKNOWN_ID]]],
+            "floors": [[live.junk_stream_id, 0, rng.randrange(1 << 32), [rng.randrange(1 << 40)]]],
             "held": [[UNKNOWN_ID, 1, 1, 1]],
             "token": rng.randbytes(16).hex(), "cluster_id": rng.randbytes(16).hex(),
             "stream_id_mark": rng.randrange(10), "limit": rng.randrange(1, 100),
@@ -244,7 +245,7 @@ class HostileMessages:
             return self._types(kind, op, fields)
         for name in self.rng.sample(ints, self.rng.randint(1, len(ints))):
             fields[name] = self.rng.choice(HUGE_INTS)
-        for name in ("reads", "vsegs", "held", "streamlets", "fence"):
+        for name in ("reads", "vsegs", "floors", "held", "streamlets", "fence"):
             if name in fields:
                 fields[name] = [[self.rng.choice(HUGE_INTS) for _ in range(4)]]
         if "reads" in fields and self.rng.random() < 0.5:

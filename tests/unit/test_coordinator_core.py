@@ -500,3 +500,44 @@ def test_raising_the_streamlet_count_respects_the_cluster_bound(monkeypatch):
     with pytest.raises(BadRequest, match="exceed"):
         c.handle("alter_stream", {"name": "s", "streamlets": 4}, 0.0)
     assert c.describe_stream("s")["streamlets"] == 2
+
+
+# ---------------------------------------------------------------------- number floors
+
+def beat(c: Coordinator, b: int, now: float, **fields) -> dict:
+    return c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": b,
+                                  "metadata_version": 0, **fields}, now)
+
+
+def test_an_owners_number_floor_is_kept_raised_only_persisted_and_handed_over():
+    c = make()
+    join(c, "broker", 2)
+    s = create(c, "ledger", streamlets=2, active_groups=2)
+    owner, other = s["placement"][0], 1 - s["placement"][0]
+    before = c.version
+    beat(c, owner, 0.1, floors=[[s["id"], 0, 4, [30, 12]]])
+    assert c.version > before                       # persisted, and brokers refetch
+    described = c.handle("describe_stream", {"name": "ledger"}, 0.1)["stream"]
+    assert described["floors"] == [[0, 4, [30, 12]]]
+    beat(c, owner, 0.2, floors=[[s["id"], 0, 3, [31, 2]]])   # an older report: only raises
+    beat(c, other, 0.2, floors=[[s["id"], 0, 9, [99, 99]]])  # not its streamlet: ignored
+    beat(c, owner, 0.2, floors=[[s["id"] + 100, 0, 9, [9]]])  # a deleted stream: skipped
+    assert c.streams["ledger"].floors == {0: (4, (31, 12))}
+    r = make(now=10.0, state=c.to_state())
+    assert r.streams["ledger"].floors == {0: (4, (31, 12))}
+
+
+def test_malformed_floors_are_refused_and_change_nothing():
+    c = make()
+    join(c, "broker", 1)
+    join(c, "backup", 1)
+    s = create(c, "ledger")
+    before = (c.version, c.to_state())
+    for bad in ([[s["id"], 0, 4]], [[s["id"], 5, 4, [1]]], [[s["id"], 0, 4, [1, 2]]],
+                [[s["id"], 0, -1, [1]]], [[s["id"], 0, 4, [2**64]]], [["x", 0, 4, [1]]]):
+        with pytest.raises(BadRequest):
+            beat(c, 0, 0.1, floors=bad)
+    with pytest.raises(BadRequest, match="only brokers"):
+        c.handle("heartbeat", {"token": TOKEN, "kind": "backup", "daemon_id": 0,
+                               "metadata_version": 0, "floors": [[s["id"], 0, 4, [1]]]}, 0.1)
+    assert (c.version, c.to_state()) == before

@@ -11,6 +11,7 @@ from kera import chunk
 from kera.backup.store import DropJob, ReplicaStore
 from kera.broker import tier_files
 from kera.broker.core import Broker, BrokerConfig
+from kera.broker.streams import StreamInfo
 from kera.broker.tier import TierConfig
 from kera.consumer.cursor import FetchCursor, GroupInfo
 from kera.coordinator.core import Coordinator
@@ -269,3 +270,41 @@ def test_retain_until_consumed_still_waits_for_retention_ms():
     b.set_wall_clock(MIN // 2)
     b.retention.enforce(MIN // 2)
     assert b.first_group(1, 0) == 0             # consumed, but younger than retention_ms
+
+
+# ---------------------------------------------------------------------- number floors
+
+def empty_by_retention():
+    """A one-group streamlet of 3 chunks (12 records) that retention then deletes whole."""
+    b = broker(desc(retention_ms=MIN, G=8, seg=64 * KiB))
+    fill(b, 3, wall_ms=0)                       # records 0..11 in group 0
+    assert b.enforce_retention(MIN) == 1        # closed by age and deleted: slot 0 is empty
+    return b
+
+
+def test_a_streamlet_retention_empties_reports_where_its_numbering_goes_on():
+    b = empty_by_retention()
+    assert b.retention.floors_to_send() == [[1, 0, 1, [12]]]   # first group 1, next number 12
+    b.retention.floors_acknowledged([[1, 0, 1, [12]]])
+    assert b.retention.floors_to_send() == []
+    fill(b, 1, start=3, wall_ms=2 * MIN)        # the same broker goes on by itself
+    (err, n, groups), frames = fetch(b, 1)
+    assert err is None and chunk.read_header(frames[0]).number == 12
+    assert b.retention.floors_to_send() == []   # a slot holding a group needs no floor
+
+
+def test_a_new_owner_of_an_emptied_streamlet_goes_on_from_its_floor():
+    d = desc(G=8, seg=64 * KiB)
+    b = broker({**d, "floors": [[0, 1, [12]]]})   # as the coordinator hands it over
+    fill(b, 1, start=0, producer=7)
+    (err, n, groups), frames = fetch(b, 1)
+    header = chunk.read_header(frames[0])
+    assert err is None and (header.group, header.number) == (1, 12)
+    assert b.streams[1].streamlets[0].locks.floor == 11   # earlier locks: written just below
+
+
+def test_floors_in_descriptors_are_checked():
+    d = desc()
+    for bad in ([[0, 1]], [[5, 1, [3]]], [[0, 1, [3, 4]]], [[0, -1, [3]]], "x"):
+        with pytest.raises(BadRequest):
+            StreamInfo.from_descriptor({**d, "floors": bad})
