@@ -53,6 +53,9 @@ DELETED_ENDS_MAX = 256   # per streamlet: ends of the latest deleted groups (see
 # Number floors (kera.schema.number_floor) sent in one heartbeat at most; the rest go in the
 # next ones. A floor is a few numbers per streamlet, so this keeps a heartbeat small.
 FLOORS_PER_HEARTBEAT_MAX = 256
+# Floors remembered as acknowledged (so not sent again): one per streamlet ever emptied here.
+# Past this many (streams deleted since) the memory is dropped: each is then sent once more.
+FLOORS_KEPT_MAX = 65_536
 # Wall and monotonic clocks drifting apart by more than this between two readings is a step,
 # not a slew: NTP slews by at most 0.5 ms/s, and readings are a loop turn (well under 1 s) apart.
 CLOCK_STEP_THRESHOLD_MS = 5_000
@@ -142,6 +145,7 @@ class Retention:
         # (sid, sl) -> [first group, [next number per slot]] not yet acknowledged by the
         # coordinator: streamlets with a slot retention emptied (kera.schema.number_floor).
         self.floors: dict[tuple[int, int], list] = {}
+        self.floors_kept: dict[tuple[int, int], list] = {}   # the last acknowledged of each
 
     def set_consumed(self, marks, token) -> None:
         if not isinstance(marks, list) or not isinstance(token, int) or not all(
@@ -190,14 +194,21 @@ class Retention:
 
     # ------------------------------------------------------------------ number floors
     def _note_floor(self, streamlet) -> None:
-        """After deletions: a slot without any group left has nothing stored to continue its
-        numbering from after a failover; its floor goes to the coordinator."""
+        """After deletions: a slot that had records and has no group left has nothing stored to
+        continue its numbering from after a failover, so its floor goes to the coordinator.
+        Only such slots' numbers are sent (0 for the others: their kept groups carry theirs,
+        and the coordinator keeps the highest of each), and the first group only once no group
+        at all is left; a floor the coordinator already has is not sent again. So a busy slot
+        losing groups pass after pass beside an idle one changes nothing at the coordinator."""
         held = {g.slot for g in streamlet.groups}
-        slots = range(len(streamlet.slots))
-        if all(slot in held for slot in slots):
+        numbers = [0 if slot in held else streamlet.next_number(slot)
+                   for slot in range(len(streamlet.slots))]
+        if not any(numbers):
             return
-        self.floors[(streamlet.stream_id, streamlet.index)] = [
-            streamlet.first_group, [streamlet.next_number(slot) for slot in slots]]
+        key = (streamlet.stream_id, streamlet.index)
+        floor = [0 if streamlet.groups else streamlet.first_group, numbers]
+        if floor != self.floors_kept.get(key):
+            self.floors[key] = floor
 
     def floors_to_send(self) -> list[list]:
         """The heartbeat's `floors`: [[sid, sl, first group, [numbers]], ...]."""
@@ -206,7 +217,10 @@ class Retention:
 
     def floors_acknowledged(self, sent) -> None:
         """The coordinator kept `sent`: forget those not changed since."""
+        if len(self.floors_kept) > FLOORS_KEPT_MAX:
+            self.floors_kept.clear()
         for sid, sl, first_group, numbers in sent:
+            self.floors_kept[(sid, sl)] = [first_group, numbers]
             if self.floors.get((sid, sl)) == [first_group, numbers]:
                 del self.floors[(sid, sl)]
 

@@ -308,3 +308,20 @@ def test_floors_in_descriptors_are_checked():
     for bad in ([[0, 1]], [[5, 1, [3]]], [[0, 1, [3, 4]]], [[0, -1, [3]]], "x"):
         with pytest.raises(BadRequest):
             StreamInfo.from_descriptor({**d, "floors": bad})
+
+
+def test_only_slots_that_had_records_and_lost_every_group_are_reported_and_only_once():
+    b = broker(desc(retention_ms=MIN, Q=2, G=1, seg=4 * KiB))
+    fill(b, 16, wall_ms=0, producer=2)          # slot 0 only (producer 2 % 2): slot 1 unused
+    fill(b, 8, start=16, wall_ms=MIN, producer=2)
+    assert b.enforce_retention(MIN + 1) > 0
+    assert b.retention.floors_to_send() == []   # slot 0 holds groups; slot 1 never had records
+    fill(b, 2, start=0, wall_ms=2 * MIN, producer=3)   # slot 1: records 0..7, then idle
+    fill(b, 8, start=24, wall_ms=3 * MIN, producer=2)  # slot 0 goes on
+    assert b.enforce_retention(3 * MIN + 1) > 0  # slot 1's group goes, slot 0's old ones too
+    sent = b.retention.floors_to_send()
+    assert sent == [[1, 0, 0, [0, 8]]]           # groups are left: no first group; slot 1: 8
+    b.retention.floors_acknowledged(sent)
+    fill(b, 8, start=32, wall_ms=4 * MIN, producer=2)
+    assert b.enforce_retention(4 * MIN + 1) > 0  # slot 0 loses groups again, slot 1 unchanged
+    assert b.retention.floors_to_send() == []    # nothing new for the coordinator
