@@ -32,6 +32,11 @@ before it deleted much; reloaded stamps later than the clock are clamped to it
 rebuilt by recovery are stamped at recovery, not by their records' (producer-chosen)
 timestamps: a failover never makes data older.
 
+A slot's last group goes only once the coordinator holds the slot's *number floor* (its next
+record number, and the streamlet's next group id when no group is left; kera.schema), sent in
+heartbeats: otherwise a failover right after would find nothing to continue the numbering from
+(`_floor_kept`).
+
 A deleted group's segments leave memory or disk (kera.broker.tier). A virtual segment whose
 every referenced chunk is gone (retention, or its stream deleted) is of no use on its backups:
 each of them is sent `drop_replica`, and the broker forgets the segment's references.
@@ -45,6 +50,7 @@ from collections import OrderedDict, deque
 from itertools import islice
 from typing import NamedTuple, Protocol
 
+from kera import schema
 from kera.errors import BadRequest
 
 log = logging.getLogger(__name__)
@@ -142,10 +148,10 @@ class Retention:
         # coordinator's token for that view (-1: none yet).
         self.consumed: dict[int, list[int]] = {}
         self.consumed_at = -1
-        # (sid, sl) -> [first group, [next number per slot]] not yet acknowledged by the
-        # coordinator: streamlets with a slot retention emptied (kera.schema.number_floor).
-        self.floors: dict[tuple[int, int], list] = {}
-        self.floors_kept: dict[tuple[int, int], list] = {}   # the last acknowledged of each
+        # (sid, sl) -> (first group, next number per slot) to send the coordinator before a
+        # slot's last group may go (kera.schema.number_floor), and those it acknowledged.
+        self.floors: dict[tuple[int, int], tuple] = {}
+        self.floors_kept: dict[tuple[int, int], tuple] = {}
 
     def set_consumed(self, marks, token) -> None:
         if not isinstance(marks, list) or not isinstance(token, int) or not all(
@@ -173,7 +179,6 @@ class Retention:
                 n = self._trim(streamlet, info, wall_ms)
                 if n:
                     deleted += n
-                    self._note_floor(streamlet)
                     self.broker.tier.record_first_group(streamlet.stream_id, streamlet.index,
                                                         streamlet.first_group)
         if clock.suspect:
@@ -193,26 +198,29 @@ class Retention:
         return deleted
 
     # ------------------------------------------------------------------ number floors
-    def _note_floor(self, streamlet) -> None:
-        """After deletions: a slot that had records and has no group left has nothing stored to
-        continue its numbering from after a failover, so its floor goes to the coordinator.
-        Only such slots' numbers are sent (0 for the others: their kept groups carry theirs,
-        and the coordinator keeps the highest of each), and the first group only once no group
-        at all is left; a floor the coordinator already has is not sent again. So a busy slot
-        losing groups pass after pass beside an idle one changes nothing at the coordinator."""
-        held = {g.slot for g in streamlet.groups}
-        numbers = [0 if slot in held else streamlet.next_number(slot)
-                   for slot in range(len(streamlet.slots))]
-        if not any(numbers):
-            return
+    def _floor_kept(self, streamlet, group) -> bool:
+        """Whether `group` may go now. Deleting a slot's last group leaves nothing stored to
+        continue its numbering (and, with the streamlet's last group, its group ids) from after
+        a failover. So that group goes only once the coordinator acknowledged the floor it
+        leaves; until then the floor is sent with the heartbeats and the group waits (about a
+        heartbeat interval, longer while the coordinator is unreachable)."""
+        if any(g.slot == group.slot for g in islice(streamlet.groups, 1, None)):
+            return True   # a later group of the slot carries its numbers (and ids)
+        number = streamlet.next_number(group.slot)
+        first_group = group.id + 1 if len(streamlet.groups) == 1 else 0
         key = (streamlet.stream_id, streamlet.index)
-        floor = [0 if streamlet.groups else streamlet.first_group, numbers]
-        if floor != self.floors_kept.get(key):
-            self.floors[key] = floor
+        kept = self.floors_kept.get(key)
+        if not number or kept is not None and kept[1][group.slot] >= number and \
+                kept[0] >= first_group:
+            return True
+        numbers = [0] * len(streamlet.slots)
+        numbers[group.slot] = number
+        self.floors[key] = schema.merged_floor(self.floors.get(key), (first_group, tuple(numbers)))
+        return False
 
     def floors_to_send(self) -> list[list]:
         """The heartbeat's `floors`: [[sid, sl, first group, [numbers]], ...]."""
-        return [[sid, sl, *floor] for (sid, sl), floor
+        return [[sid, sl, first_group, list(numbers)] for (sid, sl), (first_group, numbers)
                 in islice(self.floors.items(), FLOORS_PER_HEARTBEAT_MAX)]
 
     def floors_acknowledged(self, sent) -> None:
@@ -220,8 +228,9 @@ class Retention:
         if len(self.floors_kept) > FLOORS_KEPT_MAX:
             self.floors_kept.clear()
         for sid, sl, first_group, numbers in sent:
-            self.floors_kept[(sid, sl)] = [first_group, numbers]
-            if self.floors.get((sid, sl)) == [first_group, numbers]:
+            floor = (first_group, tuple(numbers))
+            self.floors_kept[(sid, sl)] = schema.merged_floor(self.floors_kept.get((sid, sl)), floor)
+            if self.floors.get((sid, sl)) == floor:
                 del self.floors[(sid, sl)]
 
     def _close_old(self, streamlet, retention_ms: int, wall_ms: int) -> None:
@@ -240,12 +249,12 @@ class Retention:
             size = group_bytes(g) if info.retention_bytes else 0
             expired = self._expired(info, streamlet.index, g, wall_ms)
             over = info.retention_bytes and total - size >= info.retention_bytes
-            if not over and expired and self._by_age_left is not None:
+            if not (expired or over) or not self._floor_kept(streamlet, g):
+                break
+            if not over and self._by_age_left is not None:
                 if self._by_age_left == 0:
                     break
                 self._by_age_left -= 1
-            if not (expired or over):
-                break
             total -= size
             self._delete(streamlet, g)
             n += 1

@@ -50,6 +50,11 @@ def fill(b, n, start=0, wall_ms=0, producer=1):
         b.produce(seq, [make(seq, producer=producer, n=4, size=200)], 0.0)
 
 
+def acknowledge_floors(b):
+    """What the coordinator's heartbeat reply does: the floors sent are kept."""
+    b.retention.floors_acknowledged(b.retention.floors_to_send())
+
+
 def fetch(b, low, offsets=None, **cursor):
     results, frames = b.fetch([[1, 0, {"low": low, "offsets": offsets or {}, **cursor}, 1 << 20]])
     return results[0], frames
@@ -74,7 +79,9 @@ def test_an_open_group_is_closed_by_time_then_deleted():
     assert not b.offsets(1, 0)[0][4]            # still open
     assert b.enforce_retention(MIN) == 0        # closed (created a retention period ago) ...
     assert b.offsets(1, 0)[0][4]
-    assert b.enforce_retention(MIN + MIN // 2) == 1   # ... deleted once its last data expired
+    assert b.enforce_retention(MIN + MIN // 2) == 0   # ... expired, but the slot's last group:
+    acknowledge_floors(b)                             # it goes once its floor is kept
+    assert b.enforce_retention(MIN + MIN // 2) == 1
 
     fill(b, 1, start=3, wall_ms=2 * MIN)        # the slot's next chunk opens group 1
     assert [g[0] for g in b.offsets(1, 0)] == [1]
@@ -274,19 +281,14 @@ def test_retain_until_consumed_still_waits_for_retention_ms():
 
 # ---------------------------------------------------------------------- number floors
 
-def empty_by_retention():
-    """A one-group streamlet of 3 chunks (12 records) that retention then deletes whole."""
+def test_a_slots_last_group_goes_once_the_coordinator_holds_where_its_numbering_goes_on():
     b = broker(desc(retention_ms=MIN, G=8, seg=64 * KiB))
     fill(b, 3, wall_ms=0)                       # records 0..11 in group 0
-    assert b.enforce_retention(MIN) == 1        # closed by age and deleted: slot 0 is empty
-    return b
-
-
-def test_a_streamlet_retention_empties_reports_where_its_numbering_goes_on():
-    b = empty_by_retention()
+    assert b.enforce_retention(MIN) == 0        # closed by age, expired, but kept for now:
     assert b.retention.floors_to_send() == [[1, 0, 1, [12]]]   # first group 1, next number 12
-    b.retention.floors_acknowledged([[1, 0, 1, [12]]])
-    assert b.retention.floors_to_send() == []
+    assert b.enforce_retention(MIN + 1) == 0    # not acknowledged yet: still kept
+    acknowledge_floors(b)
+    assert b.enforce_retention(MIN + 2) == 1 and b.retention.floors_to_send() == []
     fill(b, 1, start=3, wall_ms=2 * MIN)        # the same broker goes on by itself
     (err, n, groups), frames = fetch(b, 1)
     assert err is None and chunk.read_header(frames[0]).number == 12
@@ -310,18 +312,22 @@ def test_floors_in_descriptors_are_checked():
             StreamInfo.from_descriptor({**d, "floors": bad})
 
 
-def test_only_slots_that_had_records_and_lost_every_group_are_reported_and_only_once():
+def test_only_a_slot_losing_its_last_group_waits_for_its_floor_and_only_once():
     b = broker(desc(retention_ms=MIN, Q=2, G=1, seg=4 * KiB))
     fill(b, 16, wall_ms=0, producer=2)          # slot 0 only (producer 2 % 2): slot 1 unused
     fill(b, 8, start=16, wall_ms=MIN, producer=2)
     assert b.enforce_retention(MIN + 1) > 0
-    assert b.retention.floors_to_send() == []   # slot 0 holds groups; slot 1 never had records
+    assert b.retention.floors_to_send() == []   # slot 0 keeps later groups; slot 1 had none
     fill(b, 2, start=0, wall_ms=2 * MIN, producer=3)   # slot 1: records 0..7, then idle
     fill(b, 8, start=24, wall_ms=3 * MIN, producer=2)  # slot 0 goes on
-    assert b.enforce_retention(3 * MIN + 1) > 0  # slot 1's group goes, slot 0's old ones too
+    left = len(b.streams[1].streamlets[0].groups)
+    assert b.enforce_retention(3 * MIN + 1) > 0  # slot 0's old groups go; slot 1's last waits
     sent = b.retention.floors_to_send()
     assert sent == [[1, 0, 0, [0, 8]]]           # groups are left: no first group; slot 1: 8
-    b.retention.floors_acknowledged(sent)
+    assert b.streams[1].streamlets[0].groups[0].slot == 1
+    acknowledge_floors(b)
+    assert b.enforce_retention(3 * MIN + 2) == 1  # now it goes
     fill(b, 8, start=32, wall_ms=4 * MIN, producer=2)
-    assert b.enforce_retention(4 * MIN + 1) > 0  # slot 0 loses groups again, slot 1 unchanged
+    assert b.enforce_retention(4 * MIN + 1) > 0  # slot 0 loses groups again, never its last
     assert b.retention.floors_to_send() == []    # nothing new for the coordinator
+    assert left > len(b.streams[1].streamlets[0].groups) > 0
