@@ -231,18 +231,39 @@ def test_a_coordinator_that_loses_etcd_stops(etcd_cluster, fresh_cluster):
     assert "did not answer" in cluster.coordinator.log_tail()
 
 
-def test_a_coordinator_on_etcd_needs_no_directory(etcd_cluster, tmp_path):
-    etcd = etcd_cluster(members=1)
-    port = free_port()
-    with open(tmp_path / "coordinator.log", "wb") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "kera", "coordinator", "--port", str(port),
-                                 "--metadata", etcd.url, "--metadata-prefix", "nodir"],
-                                cwd=tmp_path, stdout=logf, stderr=subprocess.STDOUT)
-    try:
+START_TRIES_MAX = 3   # a port picked free can be taken before the coordinator binds it
+ANSWER_WAIT_S = 2.0   # one ask of a starting coordinator; asked again until SETTLE_TIMEOUT_S
+
+
+def _start_answering_coordinator(etcd, tmp_path) -> tuple[subprocess.Popen, int]:
+    """`kera coordinator` on etcd in an empty working directory, once it answers; a start
+    that exits (its port taken meanwhile) is retried on another port."""
+    log = tmp_path / "coordinator.log"
+    for _ in range(START_TRIES_MAX):
+        port = free_port()
+        with open(log, "ab") as logf:
+            proc = subprocess.Popen([sys.executable, "-m", "kera", "coordinator", "--port",
+                                     str(port), "--metadata", etcd.url, "--metadata-prefix",
+                                     "nodir"], cwd=tmp_path, stdout=logf, stderr=subprocess.STDOUT)
         # A loaded machine may take seconds to start the process and reach etcd: the admin
         # call waits as long as the other tests here give a coordinator to settle.
+        try:
+            with Admin(f"127.0.0.1:{port}", timeout_s=ANSWER_WAIT_S) as admin:
+                until(lambda: proc.poll() is not None or _answers(admin),
+                      "the coordinator answers")
+        except AssertionError as err:
+            proc.kill()
+            raise AssertionError(f"{err}; its log:\n{log.read_text()[-3000:]}") from None
+        if proc.poll() is None:
+            return proc, port
+    raise AssertionError(f"the coordinator exited {START_TRIES_MAX} times: {log.read_text()[-3000:]}")
+
+
+def test_a_coordinator_on_etcd_needs_no_directory(etcd_cluster, tmp_path):
+    etcd = etcd_cluster(members=1)
+    proc, port = _start_answering_coordinator(etcd, tmp_path)
+    try:
         with Admin(f"127.0.0.1:{port}", timeout_s=SETTLE_TIMEOUT_S) as admin:
-            until(lambda: _answers(admin), "the coordinator answers")
             admin.add_acls([ACL])
         assert '"alice"' in stored_keys(etcd.url, "nodir")["/kera/nodir/meta/acls"]
     finally:
