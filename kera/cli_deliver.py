@@ -9,11 +9,11 @@ psycopg is imported only when a PostgreSQL target is given.
 from __future__ import annotations
 
 import argparse
-import signal
 
 from kera import config
 from kera import deliver_core as core
 from kera.deliver_targets import DEFAULT_TABLE_PREFIX
+from kera.stop_signal import stop_on_sigterm
 
 DESCRIPTION = """\
 Deliver every record of a stream to each target exactly once, in order per streamlet
@@ -82,7 +82,7 @@ def cmd_deliver(args) -> int:
                           batch_records_max=args.batch_records_max, retries_max=args.retries_max,
                           progress_interval_s=args.progress_interval_s, key_file=args.key_file,
                           fetch_wait_ms=args.fetch_wait_ms)
-    signal.signal(signal.SIGTERM, lambda *_: deliverer._stop.set())
+    stop_on_sigterm(deliverer._stop.set)
     deliverer.start()
     try:
         deliverer.wait()

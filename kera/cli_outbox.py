@@ -10,9 +10,9 @@ wait to take over (kera.outbox). psycopg is imported only when a command runs.
 from __future__ import annotations
 
 import argparse
-import signal
 
 from kera import outbox_defaults as defaults
+from kera.stop_signal import stop_on_sigterm
 
 RUN_DESCRIPTION = """\
 Publish the rows of a PostgreSQL outbox table to a kera stream, then delete them. Services
@@ -93,6 +93,6 @@ def cmd_run(args) -> int:
                           session_timeout_ms=args.session_timeout_ms,
                           checkpoint_interval_s=args.checkpoint_interval_s,
                           key_file=args.key_file)
-    signal.signal(signal.SIGTERM, lambda *_: harvester.stop())
+    stop_on_sigterm(harvester.stop)
     harvester.run()
     return 0
