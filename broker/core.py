@@ -18,6 +18,7 @@ from kera.broker.backups import BackupPool
 from kera.broker.group import Group
 from kera.broker.producers import APPEND, DUPLICATE, GAP, Entry, ProducerTable, classify
 from kera.broker.repair import RepairRead, Repairs
+from kera.broker.segment_pool import SEGMENT_POOL_BYTES, SegmentPool
 from kera.broker.retention import ReplicaDrop, Retention
 from kera.broker.streamlet import Streamlet, growth
 from kera.broker.tier import TierConfig, TierStore
@@ -85,6 +86,8 @@ class BrokerConfig:
     # Memory budget and tiering to the broker's data dir (kera.broker.tier); defaults: no
     # directory (nothing tiered), no limit.
     tier: TierConfig | None = None
+    # Memory of segments that left memory, kept for new ones (kera.broker.segment_pool).
+    segment_pool_bytes: int = SEGMENT_POOL_BYTES
 
 
 class Pending:
@@ -119,6 +122,7 @@ class Broker:
         self.streams: dict[int, Stream] = {}
         self.producers = ProducerTable(self.cfg.producer_table_max, self.cfg.producer_retained_max)
         self.pool = BackupPool(node)
+        self.segment_pool = SegmentPool(self.cfg.segment_pool_bytes)
         self.counters = Counters()
         self.vlogs: dict[tuple[int, int, str], VirtualLog] = {}   # (index, R, durability)
         self.vlog_list: list[VirtualLog] = []                     # by wire id
@@ -419,7 +423,8 @@ class Broker:
         streamlet = stream.streamlets.get(sl)
         if streamlet is None:
             streamlet = stream.streamlets[sl] = Streamlet(
-                info.id, sl, info.active_groups, info.group_segments, info.segment_size_bytes, self)
+                info.id, sl, info.active_groups, info.group_segments, info.segment_size_bytes, self,
+                self.segment_pool)
             streamlet.adopt_floor(info.floors.get(sl))   # after what retention deleted
             streamlet.epoch = history_epoch.epoch_for_new_history(info.replication, self.epoch)
             self.new_histories.append((info.id, sl, streamlet.epoch))
@@ -799,6 +804,7 @@ class Broker:
             metadata_version=self.metadata_version,
         )
         s.update(self.tier.stats())
+        s.update({f"segment_pool_{k}": v for k, v in self.segment_pool.stats().items()})
         return s
 
 

@@ -22,7 +22,7 @@ _tiebreak = itertools.count()  # orders waiters with equal offsets without compa
 class Group:
     __slots__ = ("id", "slot", "max_segments", "segment_size_bytes", "segments", "seg_bases",
                  "head", "durable", "closed", "vlog", "waiters", "stream_id", "streamlet",
-                 "created_ms", "last_ms", "time_index", "number_base")
+                 "created_ms", "last_ms", "time_index", "number_base", "pool")
 
     def __init__(self, group_id: int, slot: int, max_segments: int, segment_size_bytes: int,
                  stream_id: int = 0, streamlet: int = 0):
@@ -49,6 +49,8 @@ class Group:
         # The record number of offset 0 in the slot's dense numbering; None when unknown (a
         # placeholder, or data written before record numbers): its chunks keep what they carry.
         self.number_base: int | None = None
+        # Where new segments take their memory from (kera.broker.segment_pool); None: fresh.
+        self.pool = None
 
 
     # ------------------------------------------------------------------ append
@@ -62,7 +64,7 @@ class Group:
             if len(self.segments) >= self.max_segments:
                 self.closed = True
                 return None
-            seg = Segment(self, len(self.segments), self.segment_size_bytes)
+            seg = Segment(self, len(self.segments), self.segment_size_bytes, self.pool)
             self.segments.append(seg)
             self.seg_bases.append(self.head)
         base = self.number_base

@@ -287,7 +287,7 @@ def install(core, rebuild: StreamletRebuild) -> Installed | None:
             core._fail(waiter, _not_ready())
     groups = _above_floor(info, sl, groups)
     streamlet = Streamlet(info.id, sl, info.active_groups, info.group_segments,
-                          info.segment_size_bytes, core)
+                          info.segment_size_bytes, core, core.segment_pool)
     first = groups[0].id if groups else 0
     if first:
         streamlet.first_group = first

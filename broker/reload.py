@@ -102,7 +102,7 @@ def install(broker, stream, loaded: Loaded) -> int:
 
 def _streamlet(broker, info, sl: int, segs: list[LoadedSegment], first_recorded: int) -> Streamlet:
     streamlet = Streamlet(info.id, sl, info.active_groups, info.group_segments,
-                          info.segment_size_bytes, broker)
+                          info.segment_size_bytes, broker, broker.segment_pool)
     by_group: dict[int, list[LoadedSegment]] = {}
     for ls in segs:
         by_group.setdefault(ls.record.group, []).append(ls)
@@ -140,7 +140,7 @@ def _group(broker, info, sl: int, gid: int, segs: list[LoadedSegment], newest: d
                       "segments on disk are not loaded", info.name, sl, gid, number, len(segs) - number)
             break
         seg = Segment(group, number, r.capacity_bytes)
-        seg.buf = seg.mv = None          # the bytes stay on disk, mapped when read
+        seg.drop_memory()                # the bytes stay on disk, mapped when read
         seg.used_bytes = r.length
         seg.positions, seg.sizes, seg.bases, seg.counts = ls.positions, ls.sizes, ls.bases, ls.counts
         broker.tier.adopt(seg, r.key, r.length)

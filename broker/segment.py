@@ -14,35 +14,34 @@ from array import array
 from kera.chunk import stamp
 
 _PRIVATE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-SMALL_PAGES_BYTES = 2 * 1024 * 1024
 
 
 def anonymous_buffer(size: int) -> mmap.mmap:
     """Zero-filled memory that costs RSS only as it is written.
 
-    Private, not the default shared mapping, whose page faults cost more; and past its first
-    `SMALL_PAGES_BYTES`, backed by transparent huge pages where the kernel allows: a small
-    stream's segment stays small, a busy one stops paying a fault per 4 KiB. Measured on the
-    append path, copying a 16 KiB chunk into fresh memory took 34 us (shared map), 19 us
-    (private), 2.6 us (private, huge pages)."""
-    buf = mmap.mmap(-1, size, flags=_PRIVATE)
-    if size > SMALL_PAGES_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            buf.madvise(mmap.MADV_HUGEPAGE, SMALL_PAGES_BYTES, size - SMALL_PAGES_BYTES)
-        except OSError:
-            pass  # huge pages disabled: plain pages still work
-    return buf
+    Private, not the default shared mapping, whose page faults cost more. No transparent huge
+    pages: on this project's machine (a VM whose balloon returns freed 2 MiB blocks to its
+    host) a huge-page fault takes a block the host must fault in again 4 KiB at a time, and
+    measured copying 64 KiB chunks into fresh segments: 110-165 us per chunk with huge pages,
+    45 us with plain pages (9 us with huge pages only when the blocks happened to be warm).
+    Reused memory costs 2 us, hence the pool (kera.broker.segment_pool)."""
+    return mmap.mmap(-1, size, flags=_PRIVATE)
 
 
 class Segment:
     __slots__ = ("group", "number", "capacity_bytes", "buf", "mv", "used_bytes", "positions",
-                 "sizes", "bases", "counts", "tier")
+                 "sizes", "bases", "counts", "tier", "memory", "pool")
 
-    def __init__(self, group, number: int, capacity_bytes: int):
+    def __init__(self, group, number: int, capacity_bytes: int, pool=None):
         self.group = group                  # the owning Group (None in tests that need none)
         self.number = number                # index of this segment inside its group
         self.capacity_bytes = capacity_bytes
-        self.buf: mmap.mmap | None = anonymous_buffer(capacity_bytes)
+        # The anonymous buffer the segment owns until it leaves memory (`drop_memory`), taken
+        # from and given back to `pool` (kera.broker.segment_pool.SegmentPool) when it has one.
+        self.pool = pool
+        self.memory: mmap.mmap | None = (anonymous_buffer(capacity_bytes) if pool is None
+                                         else pool.take(capacity_bytes))
+        self.buf: mmap.mmap | None = self.memory
         self.mv: memoryview | None = memoryview(self.buf)
         self.used_bytes = 0
         # One entry per chunk, in append order. u32 positions/sizes: a segment is at most
@@ -113,11 +112,19 @@ class Segment:
     def released(self) -> bool:
         return self.mv is None and self.tier is None
 
-    def release(self) -> None:
-        """Drop the buffer (its stream was deleted). The memory returns to the system once the
-        last outstanding view (e.g. a frame zmq is still sending) is gone. The index stays, so
-        accounting that walks old references keeps working."""
+    def drop_memory(self) -> None:
+        """Let the in-memory bytes go (written to disk, or deleted): to the pool, which reuses
+        them once the last outstanding view (e.g. a frame zmq is still sending) is gone, or to
+        the system then."""
         self.mv = None
         self.buf = None
+        memory, self.memory = self.memory, None
+        if memory is not None and self.pool is not None:
+            self.pool.give(memory)
+
+    def release(self) -> None:
+        """Drop the buffer (its group or stream was deleted). The index stays, so accounting
+        that walks old references keeps working."""
+        self.drop_memory()
         self.tier = None
 

@@ -28,6 +28,7 @@ from kera.broker import history_epoch, replica_report
 from kera.broker.core import Broker, BrokerConfig, parse_cursor
 from kera.broker.memory import default_memory_limit_bytes
 from kera.broker.recovery_service import RecoveryService
+from kera.broker.segment_pool import SEGMENT_POOL_BYTES
 from kera.broker.tier import TierConfig
 from kera.broker.tier_service import TierService
 from kera.broker.virtual_log import ReplicationWrite
@@ -376,6 +377,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disk-limit", type=size_bytes, default=0, metavar="BYTES",
                         help="segment bytes kept in --dir, e.g. 100GiB (default 0: what the "
                              "disk holds)")
+    parser.add_argument("--segment-pool", type=size_bytes, default=SEGMENT_POOL_BYTES,
+                        metavar="BYTES",
+                        help="memory of segments that left memory (deleted by retention, "
+                             "written to --dir) kept to hold new ones, so appends do not fault "
+                             "fresh pages; resident on top of --memory-limit (default: 128MiB; "
+                             "0 gives it all back)")
     daemon_security.add_arguments(parser)
 
 
@@ -398,7 +405,8 @@ def run(args: argparse.Namespace) -> int:
         log.warning("no --dir: segments stay in memory; producers are throttled once %d bytes "
                     "are held", memory_limit)
     cfg = BrokerConfig(virtual_logs=args.virtual_logs, virtual_segment_bytes=args.virtual_segment_bytes,
-                       replication_in_flight_max=args.replication_in_flight, tier=tier)
+                       replication_in_flight_max=args.replication_in_flight, tier=tier,
+                       segment_pool_bytes=args.segment_pool)
 
     try:
         identity = Identity.load(args.dir)

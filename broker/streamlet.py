@@ -19,6 +19,7 @@ from typing import Protocol
 from kera.broker.group import Group
 from kera.broker.locks import LockTable
 from kera.broker.segment import Segment
+from kera.broker.segment_pool import SegmentPool
 
 _PRODUCER_SEQ = struct.Struct("<QQ")  # producer_id, sequence at byte 16 of a chunk header
 
@@ -54,10 +55,12 @@ class GroupListener(Protocol):
 
 class Streamlet:
     __slots__ = ("stream_id", "index", "active_groups", "group_segments", "segment_size_bytes",
-                 "groups", "slots", "listener", "first_group", "epoch", "next_numbers", "locks")
+                 "groups", "slots", "listener", "first_group", "epoch", "next_numbers", "locks",
+                 "pool")
 
     def __init__(self, stream_id: int, index: int, active_groups: int, group_segments: int,
-                 segment_size_bytes: int, listener: GroupListener | None = None):
+                 segment_size_bytes: int, listener: GroupListener | None = None,
+                 pool: SegmentPool | None = None):
         self.stream_id = stream_id
         self.index = index
         self.active_groups = active_groups
@@ -68,6 +71,7 @@ class Streamlet:
         self.first_group = 0
         self.slots: list[Group | None] = [None] * active_groups
         self.listener = listener
+        self.pool = pool            # segment memory for the groups it opens
         # Which history of this streamlet the groups are (kera.broker.history_epoch): fetches
         # carrying another epoch are refused, not read at the same group numbers.
         self.epoch = 0
@@ -147,6 +151,7 @@ class Streamlet:
         group = Group(self.first_group + len(self.groups), slot, self.group_segments,
                       self.segment_size_bytes, self.stream_id, self.index)
         group.number_base = self.next_number(slot)
+        group.pool = self.pool
         self.groups.append(group)
         self.slots[slot] = group
         if self.listener is not None:

@@ -360,8 +360,7 @@ class TierStore:
         self._left(seg)
         self.disk_bytes += length
         seg.tier = TierFile(self, key, length)
-        seg.mv = None
-        seg.buf = None
+        seg.drop_memory()
 
     def adopt(self, seg, key, length: int) -> None:
         """A segment reloaded from disk at startup (kera.broker.reload)."""
