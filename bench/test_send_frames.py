@@ -1,7 +1,7 @@
 """A daemon's send of chunk frames (issue 15): pyzmq's default copy threshold (64 KiB) against
 kera.server.ZERO_COPY_MIN_BYTES, for 4 KiB and 64 KiB chunks taken from a segment-like mmap;
 and short non-adjacent chunks sent one frame each against packed into one frame
-(kera.broker.virtual_log._pack).
+(kera.frame_pack.pack).
 
     python -m pytest bench/test_send_frames.py -q --benchmark-enable
 
@@ -19,7 +19,7 @@ import threading
 import pytest
 import zmq
 
-from kera.broker.virtual_log import _pack
+from kera.frame_pack import pack as _pack
 from kera.server import ZERO_COPY_MIN_BYTES
 
 FRAMES_PER_ROUND = 2000

@@ -26,7 +26,8 @@ from kera.broker.time_index import streamlet_cursor_at
 from kera.stream_traffic import StreamTraffic
 from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
-from kera.chunk import FLAG_CONDITION, Chunk, check_columns, read_condition, verify
+from kera.chunk import FLAG_CONDITION, Chunk, check_columns, frame_chunks, read_condition, verify
+from kera.frame_pack import pack
 from kera.errors import (BadRequest, CorruptChunk, KeraError, LockConflict, NotOwner, NotReady,
                          OffsetOutOfRange, PositionLost, RecordTooLarge, ReplicationFailed,
                          SequenceGap, StorageError, Throttled, Timeout, UnknownStream,
@@ -331,8 +332,10 @@ class Broker:
         results: list = []
         waits: list = []
         throttled = None
-        for buf in frames:
+        for buf in _cut(frames):
             try:
+                if isinstance(buf, CorruptChunk):
+                    raise buf
                 results.append(self._append(buf, waits, check))
             except KeraError as err:
                 self.counters.add(f"refused_{err.code}")
@@ -636,15 +639,16 @@ class Broker:
         self.counters.add("fetch_requests")
         results: list = []
         frames: list = []
-        budget = [FETCH_REPLY_MAX_BYTES]
+        budget = [FETCH_REPLY_MAX_BYTES, 0]     # bytes left, chunks taken
         for read in reads:
-            before = len(frames)
+            before, bytes_before, chunks_before = len(frames), budget[0], budget[1]
             try:
                 sid, sl, low, offsets, max_bytes, earliest, epoch = _parse_read(read)
                 if check is not None:
                     self.check_stream(sid, check)
                 self._check_epoch(sid, sl, epoch)
                 groups = self._read(sid, sl, low, offsets, max_bytes, frames, budget, earliest)
+                frames[before:] = pack(frames[before:])
             except KeraError as err:
                 del frames[before:]
                 results.append([[err.code, err.message, err.retriable], 0, []])
@@ -652,17 +656,17 @@ class Broker:
                     epochs.append(None)
                 continue
             results.append([None, len(frames) - before, groups])
-            self._count_fetched(sid, frames, before)
+            self._count_fetched(sid, budget[1] - chunks_before, bytes_before - budget[0])
             if epochs is not None:
                 epochs.append(self.history_epoch(sid, sl))
-        self.counters.add("fetch_chunks", len(frames))
+        self.counters.add("fetch_chunks", budget[1])
         self.counters.add("fetch_bytes", FETCH_REPLY_MAX_BYTES - budget[0])
         return results, frames
 
-    def _count_fetched(self, sid: int, frames: list, before: int) -> None:
+    def _count_fetched(self, sid: int, chunks: int, nbytes: int) -> None:
         stream = self.streams.get(sid)
-        if stream is not None and len(frames) > before:
-            stream.traffic.fetched(len(frames) - before, sum(map(len, frames[before:])))
+        if stream is not None and chunks:
+            stream.traffic.fetched(chunks, nbytes)
 
     def stream_traffic(self) -> dict[str, dict]:
         """{stream name: its traffic counters on this broker} (kera.stream_traffic)."""
@@ -727,15 +731,13 @@ class Broker:
             if len(frames) >= wire.MAX_FRAMES:
                 break
             share = left // (k - i)   # fair share of what is left, so no slot starves
-            views, nbytes = g.read(off, share, at_least_one=(taken == 0 and budget[0] > 0))
-            room = wire.MAX_FRAMES - len(frames)
-            if len(views) > room:
-                views = views[:room]
-                nbytes = sum(len(v) for v in views)
+            views, nbytes, chunks = g.read(off, share, (taken == 0 and budget[0] > 0),
+                                           wire.MAX_FRAMES - len(frames))
             frames.extend(views)
-            taken += len(views)
+            taken += chunks
             left -= nbytes
             budget[0] -= nbytes
+            budget[1] += chunks
         return [g.describe() for g in groups]
 
     # ================================================================== tiering, retention
@@ -808,6 +810,20 @@ class Broker:
         return s
 
 
+
+
+def _cut(frames: list) -> list:
+    """The chunks of a produce's frames, each frame one or more whole chunks back to back
+    (kera.frame_pack); a frame that does not cut into whole chunks stands as one CorruptChunk
+    (one refused chunk, as when a frame held one: the producer counts results per chunk and
+    retries a request whose count is off)."""
+    out: list = []
+    for frame in frames:
+        try:
+            out.extend(list(frame_chunks(frame)))
+        except CorruptChunk as err:
+            out.append(err)
+    return out
 
 
 # Groups looked back over to find a slot's previous group (a few per active group suffice).

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from kera import wire
 from kera.chunk import crc32c
+from kera.frame_pack import pack
 from kera.errors import BadRequest, KeraError, Throttled
 from kera.metrics import Counters
 
@@ -44,14 +45,6 @@ WRITE_CHUNKS_MAX = wire.MAX_FRAMES
 # them died) are re-sent one at a time per log, so a backup loss cannot flood the network.
 BACKGROUND_VSEGS_MAX = 1
 THROTTLE_BACKOFF_S = 0.05
-# Runs of adjacent chunks shorter than this are packed, in order, into one new frame with the
-# write's other short runs: one copy, which zmq made anyway below its zero-copy threshold (the
-# same figure, kera.server.ZERO_COPY_MIN_BYTES), but one frame to send instead of one per run.
-# Longer runs stay views of their segment and leave zero-copy. Non-adjacent 4 KB chunks, 16 per
-# write: 8.9 us per chunk sent as frames, 5.3 us packed (bench/test_send_frames.py).
-PACK_RUN_BYTES_MAX = 32 * 1024
-# A packed frame is cut at this size: bounds the copy a write holds while it is in flight.
-PACKED_FRAME_BYTES_MAX = 1024 * 1024
 # A failed backup that cannot be replaced (no other is free) is retried after this pause.
 RETRY_SAME_BACKUP_S = 0.5
 
@@ -136,39 +129,9 @@ class VirtualSegment:
 
 def _frames(segs: list, idxs, start: int, end: int) -> tuple[list, int, int]:
     """Payload of a write: references start..end, chunks adjacent in one segment sharing one
-    frame, and short runs packed together (see PACK_RUN_BYTES_MAX). The protocol allows whole
-    chunks back to back in a frame, and it matters: zmq copies short frames and every frame
-    costs a Python-level send, while one large frame goes zero-copy. Returns (frames, bytes,
-    chunks)."""
+    frame, and short runs packed together (kera.frame_pack). Returns (frames, bytes, chunks)."""
     runs, nbytes, chunks = _runs(segs, idxs, start, end)
-    return _pack(runs), nbytes, chunks
-
-
-def _pack(runs: list) -> list:
-    """`runs` in order, each run of PACK_RUN_BYTES_MAX or more as it is (a view), consecutive
-    shorter ones joined into frames of at most PACKED_FRAME_BYTES_MAX (or one run)."""
-    frames: list = []
-    short: list = []
-    short_bytes = 0
-    for run in runs:
-        size = len(run)
-        if size >= PACK_RUN_BYTES_MAX or short_bytes + size > PACKED_FRAME_BYTES_MAX:
-            _put_short(frames, short)
-            short, short_bytes = [], 0
-        if size >= PACK_RUN_BYTES_MAX:
-            frames.append(run)
-        else:
-            short.append(run)
-            short_bytes += size
-    _put_short(frames, short)
-    return frames
-
-
-def _put_short(frames: list, short: list) -> None:
-    if len(short) == 1:
-        frames.append(short[0])     # a lone run: a copy would gain nothing
-    elif short:
-        frames.append(b"".join(short))
+    return pack(runs), nbytes, chunks
 
 
 def _runs(segs: list, idxs, start: int, end: int) -> tuple[list, int, int]:

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kera.chunk import HEADER_SIZE, Chunk, chunk_size
+from kera.chunk import Chunk, frame_chunks
 from kera.consumer.cursor import ChunkItem, ErrorItem, FetchCursor, LowItem, ResetItem, parse_groups
 from kera import schema, wire
 from kera.config import STALL_PROBE_INTERVAL_S, STALL_PROBE_S
@@ -235,14 +235,8 @@ class FetchState:
         sid, sl = self.stream_ids[part[0]], part[1]
         new = []
         for frame in frames:
-            buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
-            at = 0
-            while at < len(buf):  # a frame may hold several chunks back to back
-                if len(buf) - at < HEADER_SIZE:
-                    raise CorruptChunk(f"{len(buf) - at} stray bytes after the chunks of a frame")
-                size = chunk_size(buf, at)
-                chunk = Chunk(buf[at:at + size])  # checks both checksums
-                at += size
+            for view in frame_chunks(frame):   # a frame may hold several chunks back to back
+                chunk = Chunk(view)            # checks both checksums
                 h = chunk.header
                 if h.stream_id != sid or h.streamlet != sl:
                     raise CorruptChunk(f"chunk of stream {h.stream_id} streamlet {h.streamlet} "

@@ -158,6 +158,27 @@ def chunk_size(buf, at: int = 0) -> int:
     return header_size + struct.unpack_from("<I", buf, at + 12)[0]
 
 
+def frame_chunks(frame) -> Iterator[memoryview]:
+    """The chunks laid back to back in one frame (a fetch reply's frame holds one or more), as
+    views, cut by their headers' sizes; their checksums are the caller's to check. Raises
+    CorruptChunk on bytes that are not whole chunks."""
+    buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+    if buf.format != "B" or buf.ndim != 1:
+        buf = buf.cast("B")
+    end = len(buf)
+    if not end:
+        raise CorruptChunk("an empty frame holds no chunk")
+    at = 0
+    while at < end:
+        if end - at < HEADER_SIZE_V1:
+            raise CorruptChunk(f"{end - at} stray bytes after the chunks of a frame")
+        size = chunk_size(buf, at)
+        if at + size > end:
+            raise CorruptChunk(f"a frame ends {at + size - end} bytes inside its last chunk")
+        yield buf[at:at + size]
+        at += size
+
+
 def verify(buf) -> ChunkHeader:
     """Check header sanity and both checksums; returns the header. The pair of checks a
     receiver runs on every chunk before storing it."""

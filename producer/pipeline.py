@@ -31,6 +31,7 @@ from typing import Callable, NamedTuple
 from kera import chunk as chunkcodec
 from kera.config import STALL_PROBE_INTERVAL_S, STALL_PROBE_S
 from kera import schema
+from kera.frame_pack import pack
 from kera.errors import KeraError, SequenceGap, Timeout, UnknownStream
 
 UNSENT, IN_FLIGHT, ACKED = 0, 1, 2
@@ -126,7 +127,8 @@ class Outgoing:
 
     @property
     def frames(self) -> list:
-        return [c.data for c in self.chunks]
+        """The request's payload: its chunks, short ones packed several to a frame."""
+        return pack([c.data for c in self.chunks])
 
 
 @dataclass

@@ -21,7 +21,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from kera import schema, wire
-from kera.chunk import Chunk
+from kera.chunk import Chunk, frame_chunks
 from kera.errors import KeraError, OffsetOutOfRange, Timeout
 from kera.spark.columns import chunk_rows, concat
 from kera.metadata import Metadata
@@ -91,8 +91,8 @@ class GroupReader:
             raise error
         self._check_group(groups)
         batches = []
-        for frame in frames[:n_frames]:
-            c = Chunk(frame.buffer if hasattr(frame, "buffer") else frame)
+        # A frame holds one or more chunks back to back.
+        for c in (Chunk(view) for frame in frames[:n_frames] for view in frame_chunks(frame)):
             h = c.header
             if h.stream_id != p.stream_id or h.streamlet != p.streamlet or h.group != p.group:
                 continue  # another group the broker served alongside ours

@@ -83,8 +83,8 @@ def read_all(address: str, sid: int, streamlet: int, max_bytes: int = 64 * 1024)
             header, frames = conn.call("fetch", {"reads": [[sid, streamlet, {"low": low, "offsets": offsets}, max_bytes]]})
             err, n, groups = header["results"][0]
             assert err is None, err
-            for f in frames:
-                c = chunk.Chunk(f.buffer)           # verifies both checksums and the columns
+            for view in (v for f in frames for v in chunk.frame_chunks(f)):
+                c = chunk.Chunk(view)               # verifies both checksums and the columns
                 h = c.header
                 assert h.base_offset == offsets.get(h.group, 0), "gap or duplicate in a group"
                 offsets[h.group] = h.base_offset + len(c)

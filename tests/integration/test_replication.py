@@ -109,10 +109,10 @@ def broker_chunks(address: str, sid: int, sl: int = 0) -> list[bytes]:
                                                             1 << 20]]})
             err, _, groups = header["results"][0]
             assert err is None, err
-            for f in frames:
-                c = chunk.Chunk(f.buffer)
+            for view in (v for f in frames for v in chunk.frame_chunks(f)):
+                c = chunk.Chunk(view)
                 offsets[c.header.group] = c.header.base_offset + len(c)
-                out.append(f.bytes)
+                out.append(bytes(view))
             described = {g[0]: g for g in groups}
             while low in described and described[low][4] and offsets.get(low, 0) == described[low][3]:
                 offsets.pop(low, None)

@@ -85,10 +85,10 @@ def calm_profile(seed: int) -> Profile:
 def test_catches_reads_beyond_the_durable_head(monkeypatch):
     real = broker_group.Group.read
 
-    def read_past_durable(self, offset, max_bytes, at_least_one):
+    def read_past_durable(self, offset, max_bytes, at_least_one, max_frames):
         durable, self.durable = self.durable, self.head
         try:
-            return real(self, offset, max_bytes, at_least_one)
+            return real(self, offset, max_bytes, at_least_one, max_frames)
         finally:
             self.durable = durable
 

@@ -38,7 +38,7 @@ def fetch_one(b, sid=1, sl=0, cur=None, max_bytes=1 << 20):
     err, n, groups = results[0]
     assert err is None, err
     assert n == len(frames)
-    return [chunk.Chunk(f) for f in frames], groups
+    return [chunk.Chunk(c) for f in frames for c in chunk.frame_chunks(f)], groups
 
 
 def test_produce_then_fetch_round_trip():

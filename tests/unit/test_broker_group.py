@@ -41,27 +41,44 @@ def test_full_group_closes_and_refuses_the_chunk():
         g.append(one, len(one), 4)
 
 
+FRAMES = 1 << 20   # no bound on the views of a read
+
+
+def bases_read(g, offset, max_bytes=1 << 20, at_least_one=True, max_frames=FRAMES):
+    """Base offsets of the chunks a read returns, and (views, bytes, chunks)."""
+    views, nbytes, count = g.read(offset, max_bytes, at_least_one, max_frames)
+    bases = [chunk.read_header(c).base_offset for v in views for c in chunk.frame_chunks(v)]
+    assert count == len(bases) and nbytes == sum(len(v) for v in views)
+    return bases, views
+
+
 def test_read_never_passes_the_durable_head():
     g = Group(0, 0, max_segments=8, segment_size_bytes=3 * len(make(3)))
     fill(g, [3] * 10)   # several segments
     assert len(g.segments) > 1
-    assert g.read(0, 1 << 20, True) == ([], 0)
+    assert g.read(0, 1 << 20, True, FRAMES) == ([], 0, 0)
     g.set_durable(9)
-    views, nbytes = g.read(0, 1 << 20, True)
-    assert [chunk.read_header(v).base_offset for v in views] == [0, 3, 6]
-    assert nbytes == sum(len(v) for v in views)
+    assert bases_read(g, 0)[0] == [0, 3, 6]
     g.set_durable(30)
-    views, _ = g.read(0, 1 << 20, True)
-    assert [chunk.read_header(v).base_offset for v in views] == list(range(0, 30, 3))
+    assert bases_read(g, 0)[0] == list(range(0, 30, 3))
+
+
+def test_chunks_back_to_back_in_memory_go_as_one_view_per_segment():
+    g = Group(0, 0, max_segments=8, segment_size_bytes=3 * len(make(3)))
+    fill(g, [3] * 10)   # 3 chunks per segment: 4 segments
+    g.set_durable(30)
+    bases, views = bases_read(g, 3)
+    assert bases == list(range(3, 30, 3)) and len(views) == 4
+    bases, views = bases_read(g, 3, max_frames=2)   # the view bound stops at a segment's end
+    assert bases == list(range(3, 18, 3)) and len(views) == 2
 
 
 def test_read_from_the_middle_of_a_chunk_returns_that_chunk():
     g = Group(0, 0, max_segments=8, segment_size_bytes=3 * len(make(3)))
     fill(g, [3] * 10)
     g.set_durable(30)
-    views, _ = g.read(14, 1 << 20, True)
-    assert chunk.read_header(views[0]).base_offset == 12
-    assert g.read(30, 1 << 20, True) == ([], 0)
+    assert bases_read(g, 14)[0][0] == 12
+    assert g.read(30, 1 << 20, True, FRAMES) == ([], 0, 0)
 
 
 def test_read_budget_and_at_least_one():
@@ -69,10 +86,10 @@ def test_read_budget_and_at_least_one():
     fill(g, [3] * 6)
     g.set_durable(18)
     size = len(make(3))
-    assert len(g.read(0, 2 * size, True)[0]) == 2
-    assert len(g.read(0, 2 * size + 1, True)[0]) == 2
-    assert len(g.read(0, 1, True)[0]) == 1
-    assert g.read(0, 1, False) == ([], 0)
+    assert len(bases_read(g, 0, 2 * size)[0]) == 2
+    assert len(bases_read(g, 0, 2 * size + 1)[0]) == 2
+    assert len(bases_read(g, 0, 1)[0]) == 1
+    assert g.read(0, 1, False, FRAMES) == ([], 0, 0)
 
 
 def test_durable_head_never_passes_head_and_waiters_fire_in_order():

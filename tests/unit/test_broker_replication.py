@@ -6,7 +6,7 @@ import struct
 import pytest
 
 from kera import chunk
-from kera.broker import virtual_log as vlog_mod
+from kera import frame_pack
 from kera.broker.core import Broker, BrokerConfig
 from kera.chunk import crc32c
 from kera.errors import BadRequest, StorageError, Throttled
@@ -95,7 +95,7 @@ def ack(b, backups, writes, now=0.0):
 
 def fetched(b, sid=1, sl=0):
     results, frames = b.fetch([[sid, sl, {"low": 0, "offsets": {}}, 1 << 30]])
-    return [chunk.read_header(f).sequence for f in frames]
+    return [chunk.read_header(c).sequence for f in frames for c in chunk.frame_chunks(f)]
 
 
 def test_reply_only_once_every_backup_has_the_chunk():
@@ -115,7 +115,7 @@ def test_reply_only_once_every_backup_has_the_chunk():
 
 def big(producer=1, seq=0, sid=1):
     """A chunk of at least PACK_RUN_BYTES_MAX: sent as a view of its segment."""
-    records = vlog_mod.PACK_RUN_BYTES_MAX // 1000 + 1
+    records = frame_pack.PACK_RUN_BYTES_MAX // 1000 + 1
     return chunk.encode(producer, seq, sid, 0, [b"v" * 1000] * records)
 
 
@@ -151,12 +151,12 @@ def test_short_runs_are_packed_in_order_into_one_frame():
 
 def test_packed_frames_are_bounded_and_a_lone_short_run_is_not_copied(monkeypatch):
     runs = [memoryview(bytes([i]) * 100) for i in range(7)]
-    monkeypatch.setattr(vlog_mod, "PACKED_FRAME_BYTES_MAX", 250)
-    frames = vlog_mod._pack(runs)
+    monkeypatch.setattr(frame_pack, "PACKED_FRAME_BYTES_MAX", 250)
+    frames = frame_pack.pack(runs)
     assert [len(f) for f in frames] == [200, 200, 200, 100]
     assert b"".join(frames) == b"".join(runs)
     assert frames[-1] is runs[-1]
-    assert vlog_mod._pack([]) == []
+    assert frame_pack.pack([]) == []
 
 
 def test_a_write_after_an_error_packs_the_same_bytes_again():

@@ -136,7 +136,7 @@ class Sim:
         for sid in STREAMS:
             for sl in range(2):
                 results, frames = self.b.fetch([[sid, sl, {"low": 0, "offsets": {}}, 1 << 30]])
-                for f in frames[:3]:
+                for f in [c for fr in frames for c in chunk.frame_chunks(fr)][:3]:
                     h = chunk.read_header(f)
                     assert self.copies(sid, h.group, sl, h.base_offset) >= STREAMS[sid], \
                         "readable before durable"
@@ -222,7 +222,7 @@ def read_all(b, sid, sl, max_bytes=4096):
         results, frames = b.fetch([[sid, sl, {"low": low, "offsets": dict(offsets)}, max_bytes]])
         err, n, groups = results[0]
         assert err is None, err
-        for f in frames:
+        for f in (c for fr in frames for c in chunk.frame_chunks(fr)):
             h = chunk.read_header(f)
             assert h.base_offset == offsets.get(h.group, 0), "a gap or a duplicate in a group"
             offsets[h.group] = h.base_offset + h.record_count

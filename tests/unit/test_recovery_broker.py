@@ -104,8 +104,9 @@ def contents(b, sl):
     """(group, base, bytes) of every readable chunk of a streamlet, attributes included."""
     out = []
     for g in b.streams[SID].streamlets[sl].groups:
-        views, _ = g.read(0, 1 << 30, True)
-        out += [(g.id, chunk.read_header(v).base_offset, bytes(v)) for v in views]
+        views, _, _ = g.read(0, 1 << 30, True, 1 << 20)
+        out += [(g.id, chunk.read_header(c).base_offset, bytes(c))
+                for v in views for c in chunk.frame_chunks(v)]
     return out
 
 

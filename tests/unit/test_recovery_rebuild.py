@@ -70,9 +70,9 @@ def read_all(b, sl=0):
     """(group, base, producer, sequence) of every readable chunk, in group order."""
     out = []
     for g in b.streams[SID].streamlets[sl].groups:
-        views, _ = g.read(0, 1 << 30, True)
+        views, _, _ = g.read(0, 1 << 30, True, 1 << 20)
         out += [(g.id, h.base_offset, h.producer_id, h.sequence)
-                for h in map(chunk.read_header, views)]
+                for h in (chunk.read_header(c) for v in views for c in chunk.frame_chunks(v))]
     return out
 
 

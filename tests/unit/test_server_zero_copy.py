@@ -59,6 +59,6 @@ def test_reply_frames_arrive_intact_on_both_sides_of_the_threshold(shell, size):
     assert payload == bytes([0xAB]) * size
 
 
-def test_the_broker_packs_exactly_the_runs_the_server_would_copy():
-    from kera.broker import virtual_log
-    assert virtual_log.PACK_RUN_BYTES_MAX == kera_server.ZERO_COPY_MIN_BYTES
+def test_senders_pack_exactly_the_pieces_the_server_would_copy():
+    from kera import frame_pack
+    assert frame_pack.PACK_RUN_BYTES_MAX == kera_server.ZERO_COPY_MIN_BYTES

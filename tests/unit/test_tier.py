@@ -56,7 +56,7 @@ def read_all(b, sid=1, sl=0, low=0, **cursor):
         results, frames = b.fetch([[sid, sl, {"low": low, "offsets": dict(offsets), **cursor}, 1 << 20]])
         err, n, groups = results[0]
         assert err is None, err
-        for f in frames:
+        for f in (c for fr in frames for c in chunk.frame_chunks(fr)):
             h = chunk.read_header(f)
             chunk.verify(f)
             out.append(bytes(f))
