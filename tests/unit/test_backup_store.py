@@ -477,3 +477,37 @@ def test_random_operations_keep_the_store_consistent(seed):
     for k, r in store.replicas.items():
         assert bytes(flusher.disk[k]) == b"".join(model[k])
         assert flusher.meta[k].length == r.length and flusher.meta[k].closed == closed[k]
+
+
+def delayed_store(**cfg) -> ReplicaStore:
+    return ReplicaStore(StoreConfig(flush_delay_s=0.05, flush_batch_bytes=4096, **cfg))
+
+
+def test_memory_writes_wait_for_the_flush_delay_and_are_flushed_together():
+    store = delayed_store()
+    flusher = FakeFlusher(store)
+    store.replicate(KEY, 0, chunks(1), "memory", False, "a", now=0.0)
+    assert flusher.run(now=0.01) == [] and not flusher.disk
+    end = store.replicate(KEY, len(chunks(1)[0]), chunks(1, start=1), "memory", False, "b",
+                          now=0.03)
+    assert flusher.run(now=0.049) == [] and not flusher.disk   # the oldest bytes set the wait
+    flusher.run(now=0.05)
+    assert len(flusher.disk[KEY]) == end   # both writes in one flush
+
+
+def test_a_disk_write_or_a_full_batch_is_flushed_at_once():
+    store = delayed_store()
+    flusher = FakeFlusher(store)
+    end = store.replicate(KEY, 0, chunks(1), "memory", False, "a", now=0.0)
+    assert store.replicate(KEY, end, chunks(1, start=1), "disk", False, "b", now=0.0) is None
+    assert [token for token, _ in flusher.run(now=0.0)] == ["b"]   # no wait: "b" waits on it
+    other = (7, 0, 2)
+    big = chunks(1, size=5000)                   # over the 4096-byte batch
+    store.replicate(other, 0, big, "memory", False, "c", now=1.0)
+    flusher.run(now=1.0)
+    assert bytes(flusher.disk[other]) == big[0]
+
+
+def test_a_flush_delay_must_not_be_negative():
+    with pytest.raises(ValueError, match="flush_delay_s"):
+        ReplicaStore(StoreConfig(flush_delay_s=-1))
