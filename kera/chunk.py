@@ -697,8 +697,19 @@ class Chunk:
         return pa.RecordBatch.from_arrays([keys, values, ts], names=["key", "value", "timestamp"])
 
 
+# Up to this many offsets a Python list is checked faster than numpy's per-call overhead
+# allows (9 offsets, a 1 KiB chunk of 100-byte records: 0.7 us against 6.6 us with np.diff,
+# which was a sixth of a consumer's busy samples on the streams preset; 600 offsets: numpy's
+# slice comparison takes 4 us, the list 15 us).
+_LIST_CHECK_OFFSETS_MAX = 64
+
+
 def _monotonic(offsets: np.ndarray) -> bool:
-    return bool(offsets[0] == 0 and (len(offsets) < 2 or (np.diff(offsets.astype(np.int64)) >= 0).all()))
+    """Offsets start at 0 and never decrease."""
+    if len(offsets) <= _LIST_CHECK_OFFSETS_MAX:
+        listed = offsets.tolist()
+        return listed[0] == 0 and listed == sorted(listed)
+    return bool(offsets[0] == 0 and (offsets[1:] >= offsets[:-1]).all())
 
 
 def _header_struct(keys, values):

@@ -83,6 +83,21 @@ def test_layout_lies_are_refused_even_with_valid_checksums():
         chunk.Chunk(resealed)
 
 
+@pytest.mark.parametrize("records", [3, 64, 100])   # checked as a list, and with numpy
+@pytest.mark.parametrize("damage", ["backwards", "not from 0"])
+def test_value_offsets_that_run_backwards_or_start_late_are_refused(records, damage):
+    good = chunk.Chunk(make([b"ab"] * records))
+    body = bytearray(good.buf[chunk.HEADER_SIZE:])
+    at = 8 * records                                  # value_offsets, after the timestamps
+    if damage == "backwards":
+        struct.pack_into("<I", body, at + 4 * (records - 1), 2 * records + 1)  # > the last
+    else:
+        struct.pack_into("<I", body, at, 1)
+    resealed = chunk.seal(0, bytes(body), 1, 0, 1, 0, records)
+    with pytest.raises(CorruptChunk, match="columns do not match"):
+        chunk.Chunk(resealed)
+
+
 def test_numpy_inputs():
     fixed = np.frombuffer(bytes(range(40)), dtype=np.uint8).reshape(4, 10)
     assert chunk.Chunk(make(fixed)).values() == [bytes(r) for r in fixed]
