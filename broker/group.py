@@ -39,7 +39,8 @@ class _Read:
         return self._checked(seg, ci)
 
     def _room(self, size: int) -> bool:
-        return self.total + size <= self.max_bytes or not (self.chunks or not self.at_least_one)
+        """The chunk fits the byte budget, or it is the one chunk a read must return."""
+        return self.total + size <= self.max_bytes or (self.at_least_one and not self.chunks)
 
     def _in_memory(self, seg: Segment, ci: int) -> bool:
         bases, sizes = seg.bases, seg.sizes
