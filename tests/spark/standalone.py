@@ -138,6 +138,10 @@ class StandaloneSpark:
                 return json.load(reply)
         except OSError:
             return None
+        except json.JSONDecodeError:
+            # Spark 4.3's master answers /json with its HTML page for a moment while its web UI
+            # is still attaching handlers: not up yet.
+            return None
 
     def alive_workers(self) -> int:
         state = self._master_json() or {}
