@@ -153,3 +153,25 @@ def test_reseal_changes_identity_only():
     assert (h.producer_id, h.sequence) == (99, 5)
     assert chunk.Chunk(again).values() == [b"a", b"b"]
     assert chunk.chunk_size(again) == len(raw)
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (1, 0), (35, 100), (4, 10)])
+def test_rows_encode_to_the_bytes_their_values_make_as_a_list(shape):
+    """2-D rows take cached offsets and a repeated timestamp; the chunk must be the very one
+    the same values make through the general path."""
+    grid = np.random.default_rng(sum(shape)).integers(0, 255, size=shape, dtype=np.uint8)
+    for _ in range(2):   # the second time from the offsets cache
+        assert make(grid, ts=1234) == make([bytes(r) for r in grid], ts=np.full(shape[0], 1234))
+    offsets = chunk.values_columns(grid)[1]
+    assert not offsets.flags.writeable   # shared by every chunk of this shape
+    assert offsets.tolist() == [i * shape[1] for i in range(shape[0] + 1)]
+
+
+def test_one_timestamp_for_all_records_and_its_range():
+    before = chunk.time.time_ns() // 1000
+    stamped = chunk.Chunk(make([b"a", b"b", b"c"])).timestamps.tolist()
+    assert len(set(stamped)) == 1 and before <= stamped[0] <= chunk.time.time_ns() // 1000
+    assert chunk.Chunk(make([b"a", b"b"], ts=-5)).timestamps.tolist() == [-5, -5]
+    assert chunk.Chunk(make([b"a"], ts=np.int64(9))).timestamps.tolist() == [9]
+    with pytest.raises(ValueError, match="does not fit a signed 64-bit integer"):
+        make([b"a"], ts=1 << 63)

@@ -190,3 +190,30 @@ def test_a_header_list_shared_by_many_records_is_copied_once_for_all_of_them():
     got = [h for p in pieces for h in p.headers]
     assert got[:250] == [[("trace", b"v1")]] * 250 and got[250:] == [None] * 250
     assert len({id(h) for h in got[:250]}) == 1, "normalized once, shared"
+
+
+@pytest.mark.parametrize("width", [0, 1, 100, CAP - 12, CAP, 3 * CAP])
+@pytest.mark.parametrize("n", [0, 1, 35, 500])
+def test_rows_are_cut_as_the_same_values_given_as_a_list(n, width):
+    """A 2-D uint8 batch skips per-record measuring; its pieces must be the ones its rows
+    make as a list of bytes (the measured path): same ranges, same records, same timestamps."""
+    grid = np.random.default_rng(n + width).integers(0, 255, size=(n, width), dtype=np.uint8)
+    ts = np.arange(n, dtype=np.int64) + 10
+    args = dict(streamlets=4, capacity=CAP, max_record_bytes=4 * CAP, keyless_streamlet=0)
+    n_rows, rows = batch.plan(grid, None, ts, **args)
+    n_list, listed = batch.plan([bytes(r) for r in grid], None, ts, **args)
+    rows, listed = list(rows), list(listed)
+    assert n_rows == n_list == n
+    assert [p.count for p in rows] == [p.count for p in listed]
+    assert [encode(p).values() for p in rows] == [encode(p).values() for p in listed]
+    assert [encode(p).timestamps.tolist() for p in rows] == [encode(p).timestamps.tolist() for p in listed]
+
+
+def test_rows_wider_than_the_record_limit_are_refused_whole():
+    grid = np.zeros((3, 101), dtype=np.uint8)
+    with pytest.raises(RecordTooLarge, match="101 bytes exceeds max_record_bytes=100"):
+        batch.plan(grid, None, None, streamlets=1, capacity=CAP, max_record_bytes=100,
+                   keyless_streamlet=0)
+    with pytest.raises(ValueError, match="2 timestamps for 3 values"):
+        batch.plan(grid[:, :10], None, [1, 2], streamlets=1, capacity=CAP, max_record_bytes=100,
+                   keyless_streamlet=0)
