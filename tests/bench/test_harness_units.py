@@ -2,6 +2,7 @@
 CPU accounting from /proc, preset selection."""
 
 import os
+import struct
 import time
 
 import numpy as np
@@ -67,6 +68,18 @@ def test_stamps_survive_both_decoders():
     assert stamps_from_blob(blob, offsets).tolist() == [1_700_000_000_123_456] * 4
     rows = [blob[i * 20:(i + 1) * 20] for i in range(4)]
     assert stamps_from_values(rows).tolist() == [1_700_000_000_123_456] * 4
+
+
+def test_stamps_are_read_at_each_values_own_start():
+    """Values of unequal lengths, each with its own stamp, in a blob that starts at the first
+    value (offsets relative to a larger buffer, as a batch that skips records gives them)."""
+    stamps = [1_700_000_000_000_000 + i * 7919 for i in range(6)]
+    values = [struct.pack("<q", t) + b"v" * (i * 3) for i, t in enumerate(stamps)]
+    offsets = np.array([0, *np.cumsum([len(v) for v in values])], dtype=np.uint32) + 40
+    blob = memoryview(b"".join(values))
+    assert stamps_from_blob(blob, offsets).tolist() == stamps
+    assert stamps_from_blob(blob[len(values[0]):], offsets[1:]).tolist() == stamps[1:]
+    assert stamps_from_blob(b"", np.array([0], dtype=np.uint32)).tolist() == []
 
 
 def test_latency_percentiles_within_bucket_precision():
