@@ -4,7 +4,8 @@
 
 Each round appends 64 KiB chunks until SEGMENTS segments of 8 MiB are full, into
 - fresh memory with plain pages (what a broker does without a pool: `anonymous_buffer`), kept
-  across rounds as a broker keeps its data;
+  across rounds as a broker keeps its data, populated ahead of the writes with one madvise
+  per window (what a segment does) or faulted one page at a time by the copy;
 - the same, advised for transparent huge pages (what kera did before; on this machine, a VM
   whose balloon hands freed 2 MiB blocks back to its host, it cost 3-4x plain pages);
 - memory reused from a `SegmentPool` (a broker whose retention or tiering frees segments).
@@ -53,12 +54,15 @@ def _fill(pool, payload: bytes, kept: list) -> int:
     return chunks
 
 
-@pytest.mark.parametrize("memory", ["fresh plain pages", "fresh huge pages", "pooled"])
+@pytest.mark.parametrize("memory", ["fresh plain pages", "fresh plain pages, faulted one by one",
+                                    "fresh huge pages", "pooled"])
 def test_append_64k_chunks(benchmark, monkeypatch, memory):
     payload = bytes(chunk.encode(1, 0, 1, 0, [b"v" * 100] * CHUNK_VALUES))
     pool = SegmentPool(SEGMENTS * SEGMENT_BYTES) if memory == "pooled" else None
     if memory == "fresh huge pages":
         monkeypatch.setattr(segment_module, "anonymous_buffer", _huge_page_buffer)
+    if memory.endswith("one by one"):
+        monkeypatch.setattr(segment_module, "POPULATE_AHEAD_MAX_BYTES", 0)
     kept: list = []
     if pool is not None:
         _fill(pool, payload, kept)           # the pool now holds a round's memory

@@ -50,15 +50,20 @@ class SegmentPool:
 
     def take(self, capacity_bytes: int) -> mmap.mmap:
         """A buffer of `capacity_bytes`: a free one of that size, else new memory."""
+        return self.take_telling_reuse(capacity_bytes)[0]
+
+    def take_telling_reuse(self, capacity_bytes: int) -> tuple[mmap.mmap, bool]:
+        """take(), and whether the buffer is reused (a segment filled it before, so its pages
+        are resident and need not be populated again)."""
         self._collect()
         for buf in self._free:
             if len(buf) == capacity_bytes:
                 self._free.remove(buf)
                 self.bytes -= capacity_bytes
                 self.reused += 1
-                return buf
+                return buf, True
         self.fresh += 1
-        return anonymous_buffer(capacity_bytes)
+        return anonymous_buffer(capacity_bytes), False
 
     def give(self, buf: mmap.mmap) -> None:
         """Keep `buf` for reuse; when the pool is full the oldest free buffers go to the system
