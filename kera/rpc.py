@@ -66,9 +66,18 @@ class Connection:
         if not self.sock.poll(wait_ms, zmq.POLLOUT):
             raise Timeout(f"{self.address} is not accepting requests ({op}) after {wait_ms} ms"
                           f"{self._hint()}")
-        msg = [wire.request(op, req_id, fields), *frames]
-        self.sock.send_multipart(msg, copy=False, flags=zmq.NOBLOCK)
+        self._send_now(op, [wire.request(op, req_id, fields), *frames])
         return req_id
+
+    def _send_now(self, op: str, msg: list) -> None:
+        """Send without waiting. The daemon can go away between POLLOUT and the send (killed,
+        or its host cut off); with IMMEDIATE zmq then refuses the message, and rolls back any
+        parts it took, so nothing of it is delivered: say the peer is unreachable."""
+        try:
+            self.sock.send_multipart(msg, copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            raise PeerUnreachable(f"{self.address} went away while {op} was being sent; "
+                                  "it was not sent") from None
 
     def recv(self, timeout_s: float | None = None) -> tuple[dict, list]:
         """The next reply (header, payload frames), or Timeout."""

@@ -85,6 +85,24 @@ def test_call_to_nothing_times_out():
             conn.call("echo", {"x": 1})
 
 
+def test_a_daemon_gone_between_pollout_and_the_send_is_unreachable_not_a_zmq_error():
+    """The race CI hit: a coordinator killed after POLLOUT said yes. zmq.Again escaped the
+    request thread and killed the producer; it must be the Timeout every caller handles."""
+    srv = Server("test")
+    srv.on("echo", lambda req: ({"echo": req.fields.int("x")}, []))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    with rpc.Connection(srv.address, timeout_s=5) as conn:
+        assert conn.call("echo", {"x": 1})[0]["echo"] == 1
+        srv.stop()
+        thread.join(5)
+        deadline = time.monotonic() + 10
+        while conn.sock.poll(0, zmq.POLLOUT) and time.monotonic() < deadline:
+            time.sleep(0.01)   # until zmq has seen the peer go
+        with pytest.raises(PeerUnreachable, match="went away while echo was being sent"):
+            conn._send_now("echo", [wire.request("echo", 7, {"x": 2})])
+
+
 def test_peer_request_sent_before_the_connection_is_up_is_delivered(server):
     client = Server("client")
     replies = []
