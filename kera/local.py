@@ -298,7 +298,7 @@ class LocalCluster:
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM every daemon (brokers and backups first), SIGKILL what is left after
         `timeout_s`."""
-        for group in (self.brokers + self.backups, [self.coordinator]):
+        for group in (self.brokers + self.backups, self.coordinators):
             for d in group:
                 d.killed = True
                 d.signal(signal.SIGTERM)

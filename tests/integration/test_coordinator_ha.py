@@ -203,3 +203,8 @@ def test_standbys_refuse_and_a_paused_leader_steps_down(etcd_cluster, fresh_clus
     until(lambda: "stepping down" in paused.log_tail(), "the deposed leader's log to say so")
     with cluster.admin(timeout_s=SETTLE_TIMEOUT_S) as admin:
         assert "while-paused" in {s["name"] for s in admin.list_streams()}
+
+    # Stopping the cluster stops every coordinator, not only the first: the standbys used to
+    # be left running, retrying their etcd after the test had removed it.
+    cluster.stop()
+    assert [c.name for c in cluster.coordinators if c.running()] == []
