@@ -646,9 +646,14 @@ class Broker:
                 sid, sl, low, offsets, max_bytes, earliest, epoch = _parse_read(read)
                 if check is not None:
                     self.check_stream(sid, check)
-                self._check_epoch(sid, sl, epoch)
-                groups = self._read(sid, sl, low, offsets, max_bytes, frames, budget, earliest)
-                frames[before:] = pack(frames[before:])
+                # Looked up once per read: the epoch check, the read and the reply's epoch.
+                streamlet = self._streamlet_for_read(sid, sl)
+                current = None if streamlet is None else streamlet.epoch
+                self._check_epoch(sid, sl, epoch, current)
+                groups = self._read(streamlet, sl, low, offsets, max_bytes, frames, budget,
+                                    earliest)
+                if len(frames) - before > 1:
+                    frames[before:] = pack(frames[before:])
             except KeraError as err:
                 del frames[before:]
                 results.append([[err.code, err.message, err.retriable], 0, []])
@@ -656,9 +661,10 @@ class Broker:
                     epochs.append(None)
                 continue
             results.append([None, len(frames) - before, groups])
-            self._count_fetched(sid, budget[1] - chunks_before, bytes_before - budget[0])
+            if budget[1] != chunks_before:
+                self._count_fetched(sid, budget[1] - chunks_before, bytes_before - budget[0])
             if epochs is not None:
-                epochs.append(self.history_epoch(sid, sl))
+                epochs.append(current)
         self.counters.add("fetch_chunks", budget[1])
         self.counters.add("fetch_bytes", FETCH_REPLY_MAX_BYTES - budget[0])
         return results, frames
@@ -678,10 +684,10 @@ class Broker:
         if stream is not None:
             check(stream.info.name)
 
-    def _check_epoch(self, sid: int, sl: int, epoch: int | None) -> None:
-        """A cursor of another history than the streamlet's current one is refused: its group
-        numbers and offsets name records that no longer exist (kera.broker.history_epoch)."""
-        current = self.history_epoch(sid, sl)
+    def _check_epoch(self, sid: int, sl: int, epoch: int | None, current: int | None) -> None:
+        """A cursor of another history than the streamlet's `current` one is refused: its
+        group numbers and offsets name records that no longer exist
+        (kera.broker.history_epoch)."""
         if epoch is None or epoch == current:
             return
         if current is None and self.streams[sid].info.replication > 1:
@@ -693,15 +699,15 @@ class Broker:
             f"streamlet's current history is epoch {current if current is not None else 'none (empty)'}:"
             " its data was lost; start again from 'earliest' or 'latest'")
 
-    def _read(self, sid, sl, low, offsets, max_bytes, frames, budget, earliest=False) -> list:
-        streamlet = self._streamlet_for_read(sid, sl)
+    def _read(self, streamlet: Streamlet | None, sl, low, offsets, max_bytes, frames, budget,
+              earliest=False) -> list:
         if streamlet is None:
             _check_cursor_end(sl, 0, low, offsets)
             return []
         first = streamlet.first_group
         _check_cursor_end(sl, first + len(streamlet.groups), low, offsets)
         if low < first:
-            if not earliest and self.retention.gone(sid, streamlet, low, offsets):
+            if not earliest and self.retention.gone(streamlet.stream_id, streamlet, low, offsets):
                 self.counters.add("fetch_out_of_range")
                 raise OffsetOutOfRange(
                     f"position no longer available: group {low} of streamlet {sl} was deleted "
@@ -862,13 +868,21 @@ def _check_cursor_end(sl: int, end_group: int, low: int, offsets: dict) -> None:
                                f"{end_group}): the data it read was lost")
 
 
+_U32_MAX = 2**32 - 1   # wire fields that are u32 (streamlet, group numbers) or u64
+_U64_MAX = 2**64 - 1
+
+
 def _parse_read(read) -> tuple[int, int, int, dict, int, bool, int | None]:
     if not isinstance(read, list) or len(read) != 4:
         raise BadRequest("a read is [sid, sl, cursor, max_bytes]")
     sid, sl, cursor, max_bytes = read
-    _check_int(sid, "sid", 2**64 - 1)
-    _check_int(sl, "sl", 2**32 - 1)
-    _check_int(max_bytes, "max_bytes", 2**64 - 1)
+    # One test for the usual well-formed read (a fetch carries one read per streamlet, each
+    # checked field by field was a tenth of a fetch); the precise error otherwise.
+    if not (type(sid) is int and type(sl) is int and type(max_bytes) is int
+            and 0 <= sid <= _U64_MAX and 0 <= sl <= _U32_MAX and 0 <= max_bytes <= _U64_MAX):
+        _check_int(sid, "sid", _U64_MAX)
+        _check_int(sl, "sl", _U32_MAX)
+        _check_int(max_bytes, "max_bytes", _U64_MAX)
     low, offsets, earliest, epoch = parse_cursor(cursor)
     return sid, sl, low, offsets, min(max(max_bytes, 1), FETCH_READ_MAX_BYTES), earliest, epoch
 
@@ -879,27 +893,36 @@ def parse_cursor(cursor) -> tuple[int, dict, bool, int | None]:
     if not isinstance(cursor, dict):
         raise BadRequest("cursor must be a map")
     low = cursor.get("low", 0)
-    _check_int(low, "low", 2**32 - 1)
+    _check_int(low, "low", _U32_MAX)
     raw = cursor.get("offsets", {})
     if not isinstance(raw, dict) or len(raw) > FETCH_CURSOR_GROUPS_MAX:
         raise BadRequest(f"cursor offsets must be a map of at most {FETCH_CURSOR_GROUPS_MAX} groups")
     offsets: dict[int, int] = {}
     for g, off in raw.items():
-        if isinstance(g, str) and g.isdigit() and len(g) <= 10:
-            g = int(g)   # tolerate string keys (a JSON-minded client)
-        _check_int(g, "cursor group", 2**32 - 1)
-        _check_int(off, "cursor offset", 2**64 - 1)
+        if not (type(g) is int and type(off) is int and 0 <= g <= _U32_MAX
+                and 0 <= off <= _U64_MAX):
+            g = _cursor_group(g)
+            _check_int(off, "cursor offset", _U64_MAX)
         offsets[g] = off
     earliest = cursor.get("earliest", False)
     if not isinstance(earliest, bool):
         raise BadRequest("cursor 'earliest' must be a boolean")
     epoch = cursor.get("epoch")
     if epoch is not None:
-        _check_int(epoch, "cursor epoch", 2**64 - 1)
+        _check_int(epoch, "cursor epoch", _U64_MAX)
     return low, offsets, earliest, epoch
 
 
+def _cursor_group(g) -> int:
+    if isinstance(g, str) and g.isdigit() and len(g) <= 10:
+        g = int(g)   # tolerate string keys (a JSON-minded client)
+    _check_int(g, "cursor group", _U32_MAX)
+    return g
+
+
 def _check_int(value, name: str, hi: int) -> None:
+    if type(value) is int and 0 <= value <= hi:
+        return
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
         raise BadRequest(f"'{name}' must be an integer in [0, {hi}]")
 

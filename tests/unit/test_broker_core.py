@@ -190,6 +190,34 @@ def test_fetch_errors_are_per_read():
         b.fetch("not a list")
 
 
+@pytest.mark.parametrize("read, field", [
+    ([True, 0, {}, 1000], "'sid'"), ([-1, 0, {}, 1000], "'sid'"), ([2**64, 0, {}, 1000], "'sid'"),
+    ([1, False, {}, 1000], "'sl'"), ([1, 2**32, {}, 1000], "'sl'"), ([1, 0.0, {}, 1000], "'sl'"),
+    ([1, 0, {}, True], "'max_bytes'"), ([1, 0, {}, -5], "'max_bytes'"),
+    ([1, 0, {"offsets": {0: True}}, 1000], "'cursor offset'"),
+    ([1, 0, {"offsets": {0: -1}}, 1000], "'cursor offset'"),
+    ([1, 0, {"offsets": {0: 2**64}}, 1000], "'cursor offset'"),
+    ([1, 0, {"offsets": {2**32: 0}}, 1000], "'cursor group'"),
+    ([1, 0, {"offsets": {False: 0}}, 1000], "'cursor group'"),
+    ([1, 0, {"offsets": {"x": 0}}, 1000], "'cursor group'"),
+])
+def test_each_bad_field_of_a_read_is_refused_by_name(read, field):
+    b = broker()
+    b.produce("a", [make()], 0.0)
+    results, frames = b.fetch([read, [1, 0, cursor(), 1000]])
+    assert results[0][0][0] == "bad_request" and field in results[0][0][1]
+    assert results[1][0] is None and results[1][1] == 1 and len(frames) == 1
+
+
+def test_reads_at_the_bounds_of_each_field_are_parsed():
+    b = broker()
+    b.produce("a", [make()], 0.0)
+    results, _ = b.fetch([[2**64 - 1, 0, cursor(), 2**64 - 1], [1, 2**32 - 1, cursor(), 0],
+                          [1, 0, {"offsets": {"0": 1, 2**32 - 1: 1}}, 1000]])
+    assert [r[0] and r[0][0] for r in results] == ["unknown_stream", "not_ready",
+                                                   "offset_out_of_range"]
+
+
 def test_metadata_adds_moves_and_deletes_streams():
     b = broker(desc(1), desc(2))
     b.produce("a", [make(sid=2)], 0.0)
