@@ -55,14 +55,17 @@ class Batch:
     @property
     def values_blob(self) -> memoryview:
         """The value bytes of these records (value_offsets index into it)."""
-        off = self.chunk.value_offsets
-        return self.chunk.values_blob[int(off[self.skip]):]
+        if not self.skip:   # the usual whole chunk: no numpy scalar to read
+            return self.chunk.values_blob
+        return self.chunk.values_blob[int(self.chunk.value_offsets[self.skip]):]
 
     @property
     def value_offsets(self) -> np.ndarray:
         """u32/int64 offsets (len + 1) of each value in values_blob."""
+        if not self.skip:
+            return self.chunk.value_offsets
         off = self.chunk.value_offsets[self.skip:]
-        return off - off[0] if self.skip else off
+        return off - off[0]
 
     @property
     def timestamps(self) -> np.ndarray:
