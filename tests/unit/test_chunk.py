@@ -175,3 +175,16 @@ def test_one_timestamp_for_all_records_and_its_range():
     assert chunk.Chunk(make([b"a"], ts=np.int64(9))).timestamps.tolist() == [9]
     with pytest.raises(ValueError, match="does not fit a signed 64-bit integer"):
         make([b"a"], ts=1 << 63)
+
+
+@pytest.mark.parametrize("cuts", [[], [0], [3], [0, 5, 5, 9], [1, 2, 3, 4, 5, 6, 7, 8]])
+def test_a_chunk_sealed_from_parts_is_the_chunk_sealed_from_their_join(cuts):
+    body = bytes(chunk.encode(1, 0, 1, 0, [b"ab", b"", b"cdefg"]))[chunk.HEADER_SIZE:]
+    parts = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)])]
+    sealed = chunk.seal_parts(0, [memoryview(p) for p in parts], 9, 8, 7, 6, 3)
+    assert sealed == chunk.seal(0, body, 9, 8, 7, 6, 3)
+    h = chunk.verify(sealed)
+    assert (h.producer_id, h.sequence, h.stream_id, h.streamlet, h.record_count) == (9, 8, 7, 6, 3)
+    assert (h.group, h.segment, h.base_offset, h.number) == (
+        chunk.UNSET_U32, chunk.UNSET_U32, chunk.UNSET_U64, None)
+    assert chunk.Chunk(sealed).values() == [b"ab", b"", b"cdefg"]
