@@ -71,6 +71,7 @@ FLAGS_KNOWN = FLAG_KEYS | FLAGS_V2
 # only them, to check and record the locks (kera.broker.locks).
 FLAG_CONDITION = 0x20
 FLAGS_KNOWN_V3 = FLAGS_KNOWN | FLAG_CONDITION
+_FLAGS_OF_VERSION = {VERSION: FLAG_KEYS, VERSION_2: FLAGS_KNOWN, VERSION_3: FLAGS_KNOWN_V3}
 CONDITION_LOCKS_HEADER = "kera-locks"
 CONDITION_HWM_HEADER = "kera-high-water-mark"
 # zstd level 3 is the library's default: most of the ratio at a fraction of the CPU of higher levels.
@@ -82,6 +83,7 @@ assert HEADER_SIZE_V1 == 64
 NUMBER = struct.Struct("<Q")
 NUMBER_AT = 64
 HEADER_SIZE = HEADER_SIZE_V1 + NUMBER.size   # version 3: every chunk this kera writes
+_HEADER_V3 = struct.Struct(HEADER.format + "Q")   # a version 3 header, its number included
 # A version 3 header in the two pieces its checksum covers (magic, version, flags | every
 # field after the checksum, the record number last): built and summed without a buffer.
 _HEADER_LEAD = struct.Struct("<HBB")
@@ -133,33 +135,37 @@ class ChunkHeader(NamedTuple):
 
 def read_header(buf) -> ChunkHeader:
     """Parse and sanity-check the header; raises CorruptChunk on anything off."""
-    if len(buf) < HEADER_SIZE_V1:
-        raise CorruptChunk(f"chunk of {len(buf)} bytes is shorter than its {HEADER_SIZE_V1}-byte header")
-    (magic, version, flags, header_crc, body_crc, body_len, producer_id, sequence, stream_id,
-     streamlet, count, group, segment, base_offset) = HEADER.unpack_from(buf, 0)
+    size = len(buf)
+    if size >= HEADER_SIZE and buf[2] == VERSION_3:   # every chunk this kera writes
+        fields = _HEADER_V3.unpack_from(buf, 0)
+    elif size < HEADER_SIZE_V1:
+        raise CorruptChunk(f"chunk of {size} bytes is shorter than its {HEADER_SIZE_V1}-byte header")
+    else:
+        fields = HEADER.unpack_from(buf, 0) + (UNSET_U64,)
+    magic, version, flags = fields[0], fields[1], fields[2]
     if magic != MAGIC:
         raise CorruptChunk(f"bad chunk magic 0x{magic:04x}")
-    if version not in VERSIONS:
+    known = _FLAGS_OF_VERSION.get(version)
+    if known is None:
         raise CorruptChunk(f"unsupported chunk version {version}: upgrade this kera to read it")
-    if flags & ~(FLAG_KEYS if version == VERSION else FLAGS_KNOWN if version == VERSION_2
-                 else FLAGS_KNOWN_V3):
+    if flags & ~known:
         raise CorruptChunk(f"unknown flags 0x{flags:02x} in a version {version} chunk")
     if flags & COMPRESSION_MASK == COMPRESSION_MASK:   # code 3: no such codec
         raise CorruptChunk(f"unknown compression code in flags 0x{flags:02x}")
+    body_len = fields[5]
     hsize = HEADER_SIZE if version == VERSION_3 else HEADER_SIZE_V1
-    if hsize + body_len > len(buf):
-        raise CorruptChunk(f"chunk body of {body_len} bytes is truncated to {len(buf) - hsize}")
+    if hsize + body_len > size:
+        raise CorruptChunk(f"chunk body of {body_len} bytes is truncated to {size - hsize}")
     if flags & COMPRESSION_MASK:
         if body_len < PLAIN_LEN.size:
             raise CorruptChunk(f"compressed chunk body of {body_len} bytes has no length prefix")
-    elif _fixed_columns_size(count, flags) > body_len:
-        raise CorruptChunk(f"{count} records cannot fit a {body_len}-byte body")
-    number = None
-    if version == VERSION_3:
-        number, = NUMBER.unpack_from(buf, NUMBER_AT)
-        number = None if number == UNSET_U64 else number
-    return ChunkHeader(flags, header_crc, body_crc, body_len, producer_id, sequence, stream_id,
-                       streamlet, count, group, segment, base_offset, version, number)
+    elif _fixed_columns_size(fields[10], flags) > body_len:
+        raise CorruptChunk(f"{fields[10]} records cannot fit a {body_len}-byte body")
+    number = fields[14]
+    # ChunkHeader's fields are the header's from flags to base_offset, then version and
+    # number; tuple.__new__ skips the namedtuple's Python-level constructor.
+    return tuple.__new__(ChunkHeader, fields[2:14] + (
+        version, None if number == UNSET_U64 else number))
 
 
 def chunk_size(buf, at: int = 0) -> int:
@@ -194,9 +200,9 @@ def verify(buf) -> ChunkHeader:
     receiver runs on every chunk before storing it."""
     header = read_header(buf)
     mv = memoryview(buf)
-    if header_crc(mv) != header.header_crc:
+    hsize = HEADER_SIZE if header.version == VERSION_3 else HEADER_SIZE_V1
+    if crc32c(mv[8:hsize], crc32c(mv[:4])) != header.header_crc:   # header_crc, inlined
         raise CorruptChunk("chunk header checksum mismatch")
-    hsize = header.header_size
     if crc32c(mv[hsize:hsize + header.body_len]) != header.body_crc:
         raise CorruptChunk("chunk body checksum mismatch")
     return header
