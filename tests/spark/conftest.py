@@ -12,6 +12,7 @@ import shutil
 import sys
 
 import pytest
+from standalone import stop_active_spark
 
 
 def _spark_available() -> bool:
@@ -20,14 +21,6 @@ def _spark_available() -> bool:
     except ImportError:
         return False
     return shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))
-
-
-def stop_active_spark() -> None:
-    """Stop this process's SparkContext, whichever kind it is."""
-    from pyspark import SparkContext
-    active = SparkContext._active_spark_context
-    if active is not None:
-        active.stop()
 
 
 def _alive(session) -> bool:

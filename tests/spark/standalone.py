@@ -186,3 +186,13 @@ class StandaloneSpark:
         for key, value in conf.items():
             builder = builder.config(key, value)
         return builder.getOrCreate()
+
+
+def stop_active_spark() -> None:
+    """Stop this process's SparkContext, whichever kind it is (local or standalone). Here,
+    not in conftest.py: `from conftest import` finds whichever test directory's conftest
+    pytest loaded last (tests/hosts' when it is collected after this directory)."""
+    from pyspark import SparkContext
+    active = SparkContext._active_spark_context
+    if active is not None:
+        active.stop()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from standalone import wait_until
+from standalone import stop_active_spark, wait_until
 from test_spark_connector import broker_stats, create, opts, produce, read_all
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
@@ -227,7 +227,6 @@ def kera_zip(tmp_path_factory) -> str:
 def session_with_python(standalone, python: str, app: str):
     """A new session on `standalone` whose Python workers (executors' and the driver's
     planners) run `python`; PySpark reads PYSPARK_PYTHON when the context starts."""
-    from conftest import stop_active_spark
     stop_active_spark()
     saved = os.environ.get("PYSPARK_PYTHON")
     os.environ["PYSPARK_PYTHON"] = python
