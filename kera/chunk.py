@@ -56,7 +56,6 @@ MAGIC = 0x4B45
 VERSION = 1
 VERSION_2 = 2  # value nulls, headers, compression
 VERSION_3 = 3  # the record number in a 72-byte header
-VERSIONS = (VERSION, VERSION_2, VERSION_3)
 FLAG_KEYS = 0x01
 FLAG_VALUE_NULLS = 0x02
 FLAG_HEADERS = 0x04

@@ -223,7 +223,7 @@ def _plan_rows(values: np.ndarray, timestamps, capacity: int,
     ts = timestamps_column(timestamps, n)
     if n and width > max_record_bytes:
         raise RecordTooLarge(f"a record of {width} bytes exceeds max_record_bytes={max_record_bytes}")
-    ranges = _split_uniform(n, width + RECORD_OVERHEAD_BYTES, capacity) if n else []
+    ranges = _split_uniform(n, width + RECORD_OVERHEAD_BYTES, capacity)
     return n, _keyless_pieces(values, ts, ranges, None)
 
 
