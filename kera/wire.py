@@ -40,6 +40,9 @@ HEADER_ARRAY_LEN_MAX = 100_000
 HEADER_MAP_LEN_MAX = 100_000
 
 _packer = msgpack.Packer(use_bin_type=True)
+_LIMITS = {"raw": False, "strict_map_key": False, "max_str_len": HEADER_STR_LEN_MAX,
+           "max_bin_len": HEADER_BIN_LEN_MAX, "max_array_len": HEADER_ARRAY_LEN_MAX,
+           "max_map_len": HEADER_MAP_LEN_MAX, "max_ext_len": 0}
 
 
 def pack(obj: dict) -> bytes:
@@ -70,12 +73,15 @@ def unpack_header(frame, containers_max: int = REPLY_CONTAINERS_MAX) -> dict:
     arrays in all; BadRequest for anything else."""
     if len(frame) > MAX_HEADER_BYTES:
         raise BadRequest(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
-    budget = _ContainerBudget(containers_max)
     try:
-        obj = msgpack.unpackb(frame, raw=False, strict_map_key=False, object_hook=budget,
-                              list_hook=budget, max_str_len=HEADER_STR_LEN_MAX,
-                              max_bin_len=HEADER_BIN_LEN_MAX, max_array_len=HEADER_ARRAY_LEN_MAX,
-                              max_map_len=HEADER_MAP_LEN_MAX, max_ext_len=0)
+        if len(frame) <= containers_max:
+            # Every map and array takes at least one byte, so this frame cannot hold more
+            # than its budget: skip the per-container hook, which doubled the decode time of
+            # a 64-read fetch (issue 15 profile).
+            obj = msgpack.unpackb(frame, **_LIMITS)
+        else:
+            budget = _ContainerBudget(containers_max)
+            obj = msgpack.unpackb(frame, object_hook=budget, list_hook=budget, **_LIMITS)
     except _OverBudget:
         raise BadRequest(f"header holds more than {containers_max} maps and arrays") from None
     except Exception as exc:  # msgpack raises several unrelated types for garbage input

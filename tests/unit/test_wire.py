@@ -72,6 +72,20 @@ def test_header_container_budget_counts_every_nesting_level():
     assert len(wire.unpack_header(nested)["stats"]["a"]) == 60_000   # a reply may hold more
 
 
+@pytest.mark.parametrize("budget", [8, 20, 100])
+def test_header_container_budget_holds_for_frames_shorter_and_longer_than_it(budget):
+    # A frame no longer than its budget is decoded without counting (each container takes a
+    # byte); the bound must hold the same on both sides of that length.
+    for inner in range(budget + 3):
+        header = {"a": [[]] * inner}                      # inner + 2 maps and arrays
+        frame = wire.pack(header)
+        if inner + 2 <= budget:
+            assert wire.unpack_header(frame, budget) == header
+        else:
+            with pytest.raises(BadRequest, match=f"more than {budget} maps and arrays"):
+                wire.unpack_header(frame, budget)
+
+
 def test_every_bound_is_consistent():
     assert wire.MAX_HEADER_BYTES < wire.MAX_FRAME_BYTES <= wire.MESSAGE_BYTES_MAX
     assert wire.REQUEST_CONTAINERS_MAX <= wire.REPLY_CONTAINERS_MAX
