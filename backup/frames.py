@@ -30,9 +30,9 @@ def split_chunks(frames) -> list[memoryview]:
         at = 0
         while at < len(view):
             try:
-                header = chunk.verify(view[at:])
+                end = chunk.verified_end(view, at)
             except CorruptChunk as err:
                 raise CorruptChunk(f"frame {index}, byte {at}: {err.message}") from None
-            chunks.append(view[at:at + header.size])
-            at += header.size
+            chunks.append(view[at:end])
+            at = end
     return chunks

