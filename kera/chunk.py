@@ -207,7 +207,7 @@ def frame_chunks(frame) -> Iterator[memoryview]:
 def verify(buf) -> ChunkHeader:
     """Check header sanity and both checksums; returns the header. The pair of checks a
     receiver runs on every chunk before storing it."""
-    mv = memoryview(buf)
+    mv = buf if type(buf) is memoryview else memoryview(buf)
     fields = _header_fields(mv, 0)
     _check_sums(mv, 0, fields)
     return _as_header(fields)
@@ -595,6 +595,11 @@ def _timestamps_bytes(timestamps, n: int) -> bytes:
 
 # --------------------------------------------------------------------------- reading
 
+# Column dtypes, passed to np.frombuffer positionally: its keyword form costs 0.4 us more a call
+# (0.75 against 0.36 us), about a tenth of a 1 KiB chunk's decode on a consumer.
+_U4, _I8, _U1 = np.dtype("<u4"), np.dtype("<i8"), np.dtype(np.uint8)
+
+
 class Chunk:
     """A decoded view over one chunk's bytes: numpy columns without copying."""
 
@@ -617,11 +622,11 @@ class Chunk:
         # of a consumer's busy samples at 1 KiB chunks (the streams preset).
         self._timestamps = None
         base += 8 * n
-        self.value_offsets = np.frombuffer(self.buf, dtype="<u4", count=n + 1, offset=base)
+        self.value_offsets = np.frombuffer(self.buf, _U4, n + 1, base)
         base += 4 * (n + 1)
         self.key_offsets = None
         if h.has_keys:
-            self.key_offsets = np.frombuffer(self.buf, dtype="<u4", count=n + 1, offset=base)
+            self.key_offsets = np.frombuffer(self.buf, _U4, n + 1, base)
             base += 4 * (n + 1)
         self._values_at = base
         self._keys_at = base + int(self.value_offsets[-1])
@@ -649,8 +654,7 @@ class Chunk:
     def timestamps(self) -> np.ndarray:
         """i8[n]: each record's time in µs, a view of the chunk's bytes."""
         if self._timestamps is None:
-            self._timestamps = np.frombuffer(self.buf, dtype="<i8", count=len(self),
-                                             offset=self.header.header_size)
+            self._timestamps = np.frombuffer(self.buf, _I8, len(self), self.header.header_size)
         return self._timestamps
 
     @property
@@ -667,14 +671,14 @@ class Chunk:
     def key_nulls(self) -> np.ndarray | None:
         if self.key_offsets is None:
             return None
-        return np.frombuffer(self.buf, dtype=np.uint8, count=len(self), offset=self._nulls_at)
+        return np.frombuffer(self.buf, _U1, len(self), self._nulls_at)
 
     @property
     def value_nulls(self) -> np.ndarray | None:
         """u8[n], 1 where the value is None (a tombstone); None when the chunk has none."""
         if self._vnulls_at < 0:
             return None
-        return np.frombuffer(self.buf, dtype=np.uint8, count=len(self), offset=self._vnulls_at)
+        return np.frombuffer(self.buf, _U1, len(self), self._vnulls_at)
 
     def values(self) -> list[bytes | None]:
         blob = bytes(self.values_blob)
@@ -695,11 +699,11 @@ class Chunk:
         if self._headers_at < 0:
             return [[] for _ in range(n)]
         at = self._headers_at
-        index = np.frombuffer(self.buf, dtype="<u4", count=n + 1, offset=at).tolist()
+        index = np.frombuffer(self.buf, _U4, n + 1, at).tolist()
         m = index[-1]
         koff_at = at + 4 * (n + 1)
-        koff = np.frombuffer(self.buf, dtype="<u4", count=m + 1, offset=koff_at).tolist()
-        voff = np.frombuffer(self.buf, dtype="<u4", count=m + 1, offset=koff_at + 4 * (m + 1)).tolist()
+        koff = np.frombuffer(self.buf, _U4, m + 1, koff_at).tolist()
+        voff = np.frombuffer(self.buf, _U4, m + 1, koff_at + 4 * (m + 1)).tolist()
         k_at = koff_at + 8 * (m + 1)
         kblob = bytes(self.buf[k_at:k_at + koff[-1]])
         vblob = bytes(self.buf[k_at + koff[-1]:k_at + koff[-1] + voff[-1]])
@@ -718,11 +722,11 @@ class Chunk:
             return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)),
                                             _header_struct([], []), type=HEADERS_ARROW_TYPE)
         at = self._headers_at
-        index = np.frombuffer(self.buf, dtype="<u4", count=n + 1, offset=at)
+        index = np.frombuffer(self.buf, _U4, n + 1, at)
         m = int(index[-1])
         koff_at = at + 4 * (n + 1)
-        koff = np.frombuffer(self.buf, dtype="<u4", count=m + 1, offset=koff_at)
-        voff = np.frombuffer(self.buf, dtype="<u4", count=m + 1, offset=koff_at + 4 * (m + 1))
+        koff = np.frombuffer(self.buf, _U4, m + 1, koff_at)
+        voff = np.frombuffer(self.buf, _U4, m + 1, koff_at + 4 * (m + 1))
         k_at = koff_at + 8 * (m + 1)
         kblob = self.buf[k_at:k_at + int(koff[-1])]
         vblob = self.buf[k_at + int(koff[-1]):k_at + int(koff[-1]) + int(voff[-1])]
