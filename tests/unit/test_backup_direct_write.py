@@ -1,0 +1,79 @@
+"""Replica files written with O_DIRECT (kera.backup.direct_write, kera.backup.disk.flush): any
+offset and length, across the staging buffer's end, leave the file holding exactly the bytes
+written, as buffered writes do; a file shorter than the flush's offset is an error, not a gap."""
+
+import errno
+import os
+import random
+
+import pytest
+
+from kera import chunk
+from kera.backup import direct_write, disk
+from kera.backup.meta import Meta
+from kera.backup.store import FlushJob
+
+BLOCK = direct_write.BLOCK_BYTES
+
+
+def _open_direct(path) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o644)
+    except OSError as err:
+        if err.errno == errno.EINVAL:
+            pytest.skip(f"{path.parent}'s filesystem refuses O_DIRECT")
+        raise
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_appends_at_any_offset_leave_exactly_the_bytes_written(tmp_path, monkeypatch, seed):
+    # A staging buffer of 3 blocks: most appends cross its end at least once.
+    monkeypatch.setattr(direct_write, "STAGING_BYTES", 3 * BLOCK)
+    rng = random.Random(seed)
+    path = tmp_path / "replica.seg"
+    fd = _open_direct(path)
+    expect = bytearray()
+    try:
+        for _ in range(40):
+            buffers = [rng.randbytes(rng.choice([0, 1, 7, BLOCK - 1, BLOCK, BLOCK + 5, 9000]))
+                       for _ in range(rng.randrange(1, 5))]
+            direct_write.write(fd, [memoryview(b) for b in buffers], len(expect))
+            expect += b"".join(buffers)
+            assert os.fstat(fd).st_size == len(expect)
+            assert path.read_bytes() == bytes(expect)
+    finally:
+        os.close(fd)
+
+
+def test_a_file_shorter_than_the_offset_is_refused(tmp_path):
+    fd = _open_direct(tmp_path / "short.seg")
+    try:
+        direct_write.write(fd, [b"x" * 100], 0)
+        with pytest.raises(OSError, match="ends at byte 100, before the 200 bytes"):
+            direct_write.write(fd, [b"y"], 200)
+    finally:
+        os.close(fd)
+
+
+def _chunks(n: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    return [chunk.encode(1, i, 2, 0, [rng.randbytes(rng.randrange(1, 3000))]) for i in range(n)]
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "page_cache"])
+def test_flushes_write_the_replica_through_either_path(tmp_path, monkeypatch, direct):
+    if direct:
+        os.close(_open_direct(tmp_path / "probe"))
+    monkeypatch.setattr(disk, "_direct_works", direct)
+    key = (1, 0, 7)
+    data, offset = _chunks(30, 1), 0
+    for cut in (5, 6, 19, 30):
+        done = sum(map(len, data[:cut]))
+        start = sum(map(len, data[:offset]))
+        disk.flush(tmp_path, FlushJob(key, start, tuple(memoryview(c) for c in data[offset:cut]),
+                                      Meta(*key, done, cut == 30)))
+        assert disk.segment_path(tmp_path, key).read_bytes() == b"".join(data[:cut])
+        offset = cut
+    assert disk._direct_works is direct    # O_DIRECT was taken, not given up on
+    [record] = disk.scan(tmp_path)
+    assert (record.length, record.closed) == (len(b"".join(data)), True)
