@@ -48,6 +48,11 @@ def write(fd: int, buffers, offset: int) -> None:
         _read_head(fd, stage, start, fill)
     at = start
     for buf in buffers:
+        n = len(buf)
+        if fill + n < STAGING_BYTES:   # most buffers: one copy (a flush of 1 KiB chunks has many)
+            stage[fill:fill + n] = buf
+            fill += n
+            continue
         view = memoryview(buf)
         while len(view):
             n = min(len(view), STAGING_BYTES - fill)
