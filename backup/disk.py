@@ -17,6 +17,7 @@ allows it (kera.backup.direct_write says why), through the page cache where it d
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 from pathlib import Path
@@ -62,10 +63,11 @@ def flush(root: Path, job: FlushJob) -> None:
     # file counts, so it goes (its record, if one is left, then names more than the file holds
     # and `scan` skips it).
     truncate = os.O_TRUNC if job.offset == 0 else 0
-    fd, created, direct = _open_segment(segment_path(root, job.key), truncate)
+    path = segment_path(root, job.key)
+    fd, created, direct = _open_segment(path, truncate)
     try:
         if direct:
-            direct_write.write(fd, job.buffers, job.offset)
+            _write_direct(fd, path, job)
         else:
             _pwrite_all(fd, job.buffers, job.offset)
         os.fdatasync(fd)
@@ -75,6 +77,23 @@ def flush(root: Path, job: FlushJob) -> None:
     # below is what commits the bytes.
     if write_meta(root, job.meta) or created:
         fsync_dir(directory)
+
+
+def _write_direct(fd: int, path: Path, job: FlushJob) -> None:
+    """O_DIRECT, or the page cache from now on if the device refuses the alignment
+    (EINVAL: a logical block larger than direct_write.BLOCK_BYTES)."""
+    global _direct_works
+    try:
+        direct_write.write(fd, job.buffers, job.offset)
+    except OSError as err:
+        if err.errno != errno.EINVAL:
+            raise
+        _direct_works = False
+        log.info("replica files are written through the page cache: an O_DIRECT write was "
+                 "refused under %s (%s)", path.parent, err)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+        _pwrite_all(fd, job.buffers, job.offset)
+        os.ftruncate(fd, job.meta.length)   # past it: what the refused attempt may have padded
 
 
 def _open_segment(path: Path, flags: int) -> tuple[int, bool, bool]:
