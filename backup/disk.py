@@ -82,15 +82,10 @@ def flush(root: Path, job: FlushJob) -> None:
 def _write_direct(fd: int, path: Path, job: FlushJob) -> None:
     """O_DIRECT, or the page cache from now on if the device refuses the alignment
     (EINVAL: a logical block larger than direct_write.BLOCK_BYTES)."""
-    global _direct_works
     try:
         direct_write.write(fd, job.buffers, job.offset)
     except OSError as err:
-        if err.errno != errno.EINVAL:
-            raise
-        _direct_works = False
-        log.info("replica files are written through the page cache: an O_DIRECT write was "
-                 "refused under %s (%s)", path.parent, err)
+        _give_up_direct(err, path, "an O_DIRECT write")
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
         _pwrite_all(fd, job.buffers, job.offset)
         os.ftruncate(fd, job.meta.length)   # past it: what the refused attempt may have padded
@@ -99,17 +94,22 @@ def _write_direct(fd: int, path: Path, job: FlushJob) -> None:
 def _open_segment(path: Path, flags: int) -> tuple[int, bool, bool]:
     """An fd of a replica file for writing, whether it was created, and whether it is O_DIRECT
     (kera.backup.direct_write); a filesystem without O_DIRECT (tmpfs) gets buffered writes."""
-    global _direct_works
     if _direct_works:
         try:
             return (*_open_or_create(path, flags | os.O_RDWR | os.O_DIRECT), True)
         except OSError as err:
-            if err.errno != errno.EINVAL:
-                raise
-            _direct_works = False
-            log.info("replica files are written through the page cache: O_DIRECT refused "
-                     "under %s (%s)", path.parent, err)
+            _give_up_direct(err, path, "opening with O_DIRECT")
     return (*_open_or_create(path, flags | os.O_WRONLY), False)
+
+
+def _give_up_direct(err: OSError, path: Path, what: str) -> None:
+    """On EINVAL (O_DIRECT refused), write through the page cache from now on; raise the rest."""
+    global _direct_works
+    if err.errno != errno.EINVAL:
+        raise err
+    _direct_works = False
+    log.info("replica files are written through the page cache from now on: %s was refused "
+             "under %s (%s)", what, path.parent, err)
 
 
 def _open_or_create(path: Path, flags: int) -> tuple[int, bool]:
