@@ -4,9 +4,10 @@ Why: a buffered write copies the data into page-cache pages that the kernel must
 files grow. On the machine kera is measured on (a Firecracker VM whose balloon hands free memory
 back to the host), that copy cost 3.5-3.9 ms of CPU per MiB once the page cache had to grow,
 against 0.2-0.3 ms through O_DIRECT from a warm buffer; it was half of each backup's CPU at
-64 KiB chunks (perf, issue 15: `copy_folio_from_iter_atomic`). Storage engines that keep their
-own cache (Redpanda's log, ScyllaDB) write with O_DIRECT for the same reason, and a backup never
-reads its files back except to recover.
+64 KiB chunks (perf, issue 15: `copy_folio_from_iter_atomic`); a whole flush, fdatasync and
+`.meta` record included, costs 0.7 ms per MiB this way (bench/test_backup_flush.py). Storage
+engines that keep their own cache (Redpanda's log, ScyllaDB) write with O_DIRECT too, and a
+backup reads its files back only to serve recovery.
 
 O_DIRECT wants the buffer address, the file offset and the length aligned to the device's
 logical block (BLOCK_BYTES covers 512-byte and 4 KiB blocks). A flush that starts inside a block
@@ -41,6 +42,8 @@ def _staging() -> memoryview:
 def write(fd: int, buffers, offset: int) -> None:
     """Write the concatenation of `buffers` at `offset` of `fd` (opened O_RDWR | O_DIRECT).
     Raises OSError on an I/O error, a full disk or a file shorter than `offset`."""
+    if not any(map(len, buffers)):
+        return   # a flush that only closes the replica: its record changes, not its bytes
     stage = _staging()
     start = offset - offset % BLOCK_BYTES
     fill = offset - start            # the head of the first block, already on disk

@@ -382,8 +382,7 @@ def values_columns(values) -> tuple[object, np.ndarray]:
 
 def _numpy_columns(values: np.ndarray):
     n = values.shape[0]
-    # The blob is a flat uint8 view, not a bytes copy: seal_parts' join is its one copy
-    # (a 16 KiB chunk's second copy was a sixth of send_batch's samples at R=1).
+    # The blob is a flat uint8 view, not a bytes copy: seal_parts' join is its one copy.
     if values.dtype == np.uint8 and values.ndim == 2:
         return np.ascontiguousarray(values).reshape(-1), _uniform_offsets(n, values.shape[1])
     if values.dtype.kind == "S" and values.ndim == 1:

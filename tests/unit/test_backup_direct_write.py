@@ -71,12 +71,16 @@ def test_flushes_write_the_replica_through_either_path(tmp_path, monkeypatch, di
         done = sum(map(len, data[:cut]))
         start = sum(map(len, data[:offset]))
         disk.flush(tmp_path, FlushJob(key, start, tuple(memoryview(c) for c in data[offset:cut]),
-                                      Meta(*key, done, cut == 30)))
+                                      Meta(*key, done, False)))
         assert disk.segment_path(tmp_path, key).read_bytes() == b"".join(data[:cut])
         offset = cut
+    total = len(b"".join(data))     # not a multiple of a block: a close rewrites nothing
+    disk.flush(tmp_path, FlushJob(key, total, (), Meta(*key, total, True)))
+    assert disk.segment_path(tmp_path, key).read_bytes() == b"".join(data)
     assert disk._direct_works is direct    # O_DIRECT was taken, not given up on
     [record] = disk.scan(tmp_path)
-    assert (record.length, record.closed) == (len(b"".join(data)), True)
+    assert (record.length, record.closed) == (total, True)
+    assert total % BLOCK
 
 
 def test_a_device_refusing_the_alignment_falls_back_to_the_page_cache(tmp_path, monkeypatch):
