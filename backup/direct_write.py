@@ -63,7 +63,7 @@ def write(fd: int, buffers, offset: int) -> None:
             fill += n
             view = view[n:]
             if fill == STAGING_BYTES:
-                _write_exact(fd, stage, at)
+                _write_exact(fd, stage[:STAGING_BYTES], at)
                 at += STAGING_BYTES
                 fill = 0
     if fill % BLOCK_BYTES:

@@ -55,6 +55,30 @@ def test_a_file_shorter_than_the_offset_is_refused(tmp_path):
         os.close(fd)
 
 
+def test_the_staging_buffer_is_reused_after_a_failed_write(tmp_path, monkeypatch):
+    # A write refused half way (256-byte blocks on this 512-byte device: its first 4 KiB go,
+    # its padded tail is refused) leaves this thread's staging buffer full of its bytes. The
+    # next write reuses that buffer and must store only its own bytes, behind the head it
+    # reads back, and cut off the rest.
+    monkeypatch.setattr(direct_write, "STAGING_BYTES", BLOCK)
+    bad, good = _open_direct(tmp_path / "bad.seg"), _open_direct(tmp_path / "good.seg")
+    try:
+        direct_write.write(good, [b"g" * 10], 0)
+        monkeypatch.setattr(direct_write, "BLOCK_BYTES", 256)
+        monkeypatch.setattr(direct_write, "_ZEROS", bytes(256))
+        with pytest.raises(OSError) as refused:
+            direct_write.write(bad, [b"x" * (BLOCK + 188)], 0)
+        assert refused.value.errno == errno.EINVAL
+        assert (tmp_path / "bad.seg").read_bytes() == b"x" * BLOCK   # the part that went
+        monkeypatch.setattr(direct_write, "BLOCK_BYTES", BLOCK)
+        monkeypatch.setattr(direct_write, "_ZEROS", bytes(BLOCK))
+        direct_write.write(good, [b"h" * 5], 10)
+        assert (tmp_path / "good.seg").read_bytes() == b"g" * 10 + b"h" * 5
+    finally:
+        os.close(bad)
+        os.close(good)
+
+
 def _chunks(n: int, seed: int) -> list[bytes]:
     rng = random.Random(seed)
     return [chunk.encode(1, i, 2, 0, [rng.randbytes(rng.randrange(1, 3000))]) for i in range(n)]
