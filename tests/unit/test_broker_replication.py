@@ -149,6 +149,25 @@ def test_short_runs_are_packed_in_order_into_one_frame():
             for c in chunks_of(w)] == [(1, 0), (2, 0), (1, 0), (1, 1), (1, 1)]
 
 
+def test_level_replicas_share_one_packed_payload_and_one_behind_gets_its_own():
+    b = broker(desc(1, R=3), desc(2, R=3), backups=(1, 2, 3))
+    fb = FakeBackups()
+    b.produce("a", [make(seq=0), make(sid=2), make(seq=1)], 0.0)   # 3 runs: packed
+    w1, w2 = b.sync(0.0)
+    assert w1.backup_id != w2.backup_id
+    assert w1.frames is w2.frames and [type(f) for f in w1.frames] == [bytes]   # packed once
+    ack(b, fb, [w1])            # the second replica's write is still in flight
+    b.produce("b", [make(seq=2), make(seq=1, sid=2)], 0.0)
+    [w3] = b.sync(0.0)          # only the first replica has room: what came since
+    assert w3.backup_id == w1.backup_id and len(chunks_of(w3)) == 2
+    ack(b, fb, [w2])
+    [w4] = b.sync(0.0)          # the second one catches up with the same references
+    assert w4.backup_id == w2.backup_id and w4.frames is not w3.frames
+    assert [bytes(f) for f in w4.frames] == [bytes(f) for f in w3.frames]
+    ack(b, fb, [w3, w4])
+    assert [t for t, _ in b.take_replies()] == ["a", "b"]
+
+
 def test_packed_frames_are_bounded_and_a_lone_short_run_is_not_copied(monkeypatch):
     runs = [memoryview(bytes([i]) * 100) for i in range(7)]
     monkeypatch.setattr(frame_pack, "PACKED_FRAME_BYTES_MAX", 250)
