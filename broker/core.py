@@ -365,6 +365,10 @@ class Broker:
         (tiering, retention) can make room, non-retriable when nothing ever will."""
         info = stream.info
         group = None if streamlet is None else streamlet.slots[producer_id % info.active_groups]
+        if group is not None and group.segments and not group.closed:
+            last = group.segments[-1]
+            if last.used_bytes + size <= last.capacity_bytes:
+                return   # most chunks: room in the open segment, nothing opens (growth's rule)
         segments, groups = growth(group, (size,), info.segment_size_bytes, info.group_segments)
         if groups:
             self._check_groups(stream, streamlet, sl, groups)

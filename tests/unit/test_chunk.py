@@ -84,13 +84,16 @@ def test_layout_lies_are_refused_even_with_valid_checksums():
 
 
 @pytest.mark.parametrize("records", [3, 64, 100])   # checked as a list, and with numpy
-@pytest.mark.parametrize("damage", ["backwards", "not from 0"])
-def test_value_offsets_that_run_backwards_or_start_late_are_refused(records, damage):
+@pytest.mark.parametrize("damage", ["backwards", "not from 0", "ends early", "ends late"])
+def test_value_offsets_that_run_backwards_start_late_or_miss_the_end_are_refused(records, damage):
     good = chunk.Chunk(make([b"ab"] * records))
     body = bytearray(good.buf[chunk.HEADER_SIZE:])
     at = 8 * records                                  # value_offsets, after the timestamps
     if damage == "backwards":
         struct.pack_into("<I", body, at + 4 * (records - 1), 2 * records + 1)  # > the last
+    elif damage.startswith("ends"):   # the last offset is not where the values' bytes end
+        last = 2 * records + (1 if damage == "ends late" else -1)
+        struct.pack_into("<I", body, at + 4 * records, last)
     else:
         struct.pack_into("<I", body, at, 1)
     resealed = chunk.seal(0, bytes(body), 1, 0, 1, 0, records)
