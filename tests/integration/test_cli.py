@@ -31,6 +31,32 @@ def test_help_exits_zero(command, capsys):
     assert out.startswith("usage: kera") and len(out.splitlines()) > 3
 
 
+def test_a_daemon_process_tunes_its_garbage_collector_and_says_so(tmp_path):
+    """`kera coordinator|broker|backup` are kera's own processes: kera.gc_policy applies."""
+    import threading
+
+    from kera import gc_policy
+    from kera.local import free_port
+    port = free_port("127.0.0.1")
+    proc = subprocess.Popen([sys.executable, "-m", "kera", "coordinator", "--host", "127.0.0.1",
+                             "--port", str(port), "--dir", str(tmp_path), "--log-level", "DEBUG"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watchdog = threading.Timer(60.0, proc.kill)   # a coordinator that never serves ends the read
+    watchdog.start()
+    try:
+        lines = []
+        for line in proc.stdout:   # ends when the process does
+            lines.append(line)
+            if "serving on" in line:
+                break
+    finally:
+        watchdog.cancel()
+        proc.terminate()
+        proc.wait(timeout=30)
+    said = [line for line in lines if "kera.gc_policy" in line]
+    assert said and f"thresholds ({gc_policy.YOUNG_COLLECTION_OBJECTS}," in said[0], "".join(lines)
+
+
 def test_entry_points_run():
     for argv in ([sys.executable, "-m", "kera", "--help"], ["kera", "stream", "--help"]):
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
