@@ -6,7 +6,10 @@ producers do for every 4 KiB chunk (35 records of 100 bytes).
 
 The figure to read is the time per chunk for each input kind; no assertion on it. On
 2026-11-26 (issue 15) the 2-D rows went from 19.2 to 8.0 us per chunk once planning stopped
-measuring each record and the encoder cached its offsets and repeated its timestamp.
+measuring each record and the encoder cached its offsets and repeated its timestamp. Later
+that day 2-D rows got an encode path of their own (no keys, headers, compression or condition:
+kera.chunk._encode_rows): 7.0 -> 6.0 us (8 rows) and 7.4 -> 6.4 us (35 rows), the best of
+five runs alternated with the commit before.
 """
 
 from __future__ import annotations

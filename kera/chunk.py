@@ -452,6 +452,9 @@ def encode(producer_id: int, sequence: int, stream_id: int, streamlet: int, valu
     microseconds; `headers` None or one sequence of (str, bytes) pairs (or None) per record;
     `compression` None, "lz4" or "zstd"; `condition` None or (lock ids, high-water mark) for a
     conditional append (FLAG_CONDITION)."""
+    if (type(values) is np.ndarray and values.dtype == _U1 and values.ndim == 2 and keys is None
+            and headers is None and compression is None and condition is None):
+        return _encode_rows(producer_id, sequence, stream_id, streamlet, values, timestamps)
     if condition is not None:
         headers = _with_condition(headers, len(values), *condition)
     value_nulls = None
@@ -462,6 +465,22 @@ def encode(producer_id: int, sequence: int, stream_id: int, streamlet: int, valu
     return encode_columns(producer_id, sequence, stream_id, streamlet, blob, offsets, keys,
                           timestamps, value_nulls, headers, compression,
                           FLAG_CONDITION if condition is not None else 0)
+
+
+def _encode_rows(producer_id: int, sequence: int, stream_id: int, streamlet: int,
+                 rows: np.ndarray, timestamps) -> bytes:
+    """`encode` of a 2-D uint8 array of values alone (one row per value): what encode_columns
+    builds for it, without the steps of the other layouts (bench/test_batch_encode.py)."""
+    n, width = rows.shape
+    # A flat view: seal_parts counts its parts' lengths, and a 2-D array's is its row count.
+    body = [_timestamps_bytes(timestamps, n), _uniform_offsets_bytes(n, width),
+            np.ascontiguousarray(rows).reshape(-1)]
+    return seal_parts(0, body, producer_id, sequence, stream_id, streamlet, n)
+
+
+@functools.lru_cache(maxsize=UNIFORM_OFFSETS_CACHED)
+def _uniform_offsets_bytes(n: int, width: int) -> bytes:
+    return _uniform_offsets(n, width).tobytes()
 
 
 def _with_condition(headers, n: int, locks, high_water_mark: int) -> list:

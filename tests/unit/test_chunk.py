@@ -191,3 +191,15 @@ def test_a_chunk_sealed_from_parts_is_the_chunk_sealed_from_their_join(cuts):
     assert (h.group, h.segment, h.base_offset, h.number) == (
         chunk.UNSET_U32, chunk.UNSET_U32, chunk.UNSET_U64, None)
     assert chunk.Chunk(sealed).values() == [b"ab", b"", b"cdefg"]
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (35, 100), (3, 0), (100, 7)])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_rows_encode_to_the_same_bytes_as_the_general_columns_path(shape, layout):
+    rows = np.random.default_rng(3).integers(0, 256, size=shape, dtype=np.uint8)
+    if layout == "strided":
+        rows = np.repeat(rows, 2, axis=1)[:, ::2]     # the same values, not C-contiguous
+    got = chunk.encode(1, 2, 3, 4, rows, timestamps=123)
+    blob, offsets = chunk.values_columns(np.ascontiguousarray(rows))
+    assert got == chunk.encode_columns(1, 2, 3, 4, blob, offsets, None, 123)
+    assert chunk.Chunk(got).values() == [bytes(r) for r in rows]
