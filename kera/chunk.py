@@ -75,7 +75,8 @@ CONDITION_LOCKS_HEADER = "kera-locks"
 CONDITION_HWM_HEADER = "kera-high-water-mark"
 # zstd level 3 is the library's default: most of the ratio at a fraction of the CPU of higher levels.
 ZSTD_LEVEL = 3
-PLAIN_LEN = struct.Struct("<I")
+U32 = struct.Struct("<I")   # a little-endian u32 field: offsets, checksums, lengths
+PLAIN_LEN = U32              # the plain length before a compressed body
 HEADER = struct.Struct("<HBBIIIQQQIIIIQ")
 HEADER_SIZE_V1 = HEADER.size   # versions 1 and 2
 assert HEADER_SIZE_V1 == 64
@@ -241,7 +242,7 @@ def stamp(buf, group: int, segment: int, base_offset: int, number: int | None = 
         _ATTRS_NUMBER.pack_into(buf, ATTRS_AT, group, segment, base_offset, number)
     else:
         ATTRS.pack_into(buf, ATTRS_AT, group, segment, base_offset)
-    PLAIN_LEN.pack_into(buf, 4, header_crc(buf))
+    U32.pack_into(buf, 4, header_crc(buf))
 
 
 def header_crc(buf) -> int:
@@ -320,12 +321,12 @@ def check_columns(buf, h: ChunkHeader) -> None:
     n = h.record_count
     hsize = h.header_size
     at = hsize + 8 * n
-    first, = PLAIN_LEN.unpack_from(buf, at)
-    size = 12 * n + 4 + PLAIN_LEN.unpack_from(buf, at + 4 * n)[0]
+    first, = U32.unpack_from(buf, at)
+    size = 12 * n + 4 + U32.unpack_from(buf, at + 4 * n)[0]
     at += 4 * (n + 1)
     if h.flags & FLAG_KEYS:
-        k_first, = PLAIN_LEN.unpack_from(buf, at)
-        size += 4 * (n + 1) + PLAIN_LEN.unpack_from(buf, at + 4 * n)[0] + n
+        k_first, = U32.unpack_from(buf, at)
+        size += 4 * (n + 1) + U32.unpack_from(buf, at + 4 * n)[0] + n
         first |= k_first
         at += 4 * (n + 1)
     if h.flags & FLAG_VALUE_NULLS:
@@ -355,12 +356,12 @@ def _headers_size(buf, at: int, n: int, end: int) -> int:
     """Bytes of the headers section starting at `at`, from its offset columns' last entries."""
     if at + 4 * (n + 1) > end:
         raise CorruptChunk("chunk headers index runs past its body")
-    m, = PLAIN_LEN.unpack_from(buf, at + 4 * n)
+    m, = U32.unpack_from(buf, at + 4 * n)
     k_at = at + 4 * (n + 1)
     if k_at + 8 * (m + 1) > end:
         raise CorruptChunk(f"chunk headers of {m} entries run past its body")
-    keys_len, = PLAIN_LEN.unpack_from(buf, k_at + 4 * m)
-    values_len, = PLAIN_LEN.unpack_from(buf, k_at + 4 * (m + 1) + 4 * m)
+    keys_len, = U32.unpack_from(buf, k_at + 4 * m)
+    values_len, = U32.unpack_from(buf, k_at + 4 * (m + 1) + 4 * m)
     return 4 * (n + 1) + 8 * (m + 1) + keys_len + values_len
 
 
@@ -588,7 +589,7 @@ def seal_parts(flags: int, body: list, producer_id: int, sequence: int, stream_i
     head = _HEADER_LEAD.pack(MAGIC, VERSION_3, flags)
     rest = _HEADER_AFTER_CRC.pack(body_crc, body_len, producer_id, sequence, stream_id, streamlet,
                                   count, UNSET_U32, UNSET_U32, UNSET_U64, UNSET_U64)
-    return b"".join([head, PLAIN_LEN.pack(crc32c(rest, crc32c(head))), rest, *body])
+    return b"".join([head, U32.pack(crc32c(rest, crc32c(head))), rest, *body])
 
 
 def reseal(chunk, producer_id: int, sequence: int) -> bytes:
@@ -634,7 +635,7 @@ class Chunk:
         self.buf = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
         h = verify(self.buf) if check else read_header(self.buf)
         self.header = h
-        if not h[0] & _COLUMN_FLAGS:
+        if not h.flags & _COLUMN_FLAGS:
             self._plain_values(h)
             return
         hsize = h.header_size
@@ -676,15 +677,15 @@ class Chunk:
 
     def _plain_values(self, h: ChunkHeader) -> None:
         """__init__ of the usual chunk: uncompressed values alone (no keys, nulls or headers).
-        The same columns and checks, without the other layouts' steps (a fifth of the decode
-        of a 1 KiB chunk, bench/test_chunk_decode.py)."""
+        The same columns and checks, without the other layouts' steps (0.3 of the 4.5 us that
+        decoding a 1 KiB chunk took, bench/test_chunk_decode.py)."""
         n = h.record_count
         base = (HEADER_SIZE if h.version == VERSION_3 else HEADER_SIZE_V1) + 8 * n
         self._timestamps = None
         self.value_offsets = offsets = np.frombuffer(self.buf, _U4, n + 1, base)
         self.key_offsets = None
         self._values_at = base = base + 4 * (n + 1)
-        self._keys_at = end = base + PLAIN_LEN.unpack_from(self.buf, base - 4)[0]
+        self._keys_at = end = base + U32.unpack_from(self.buf, base - 4)[0]
         self._nulls_at = self._vnulls_at = self._headers_at = -1
         if end != base - 12 * n - 4 + h.body_len or not _monotonic(offsets):
             raise CorruptChunk("chunk columns do not match its body length")

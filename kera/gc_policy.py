@@ -10,7 +10,8 @@ are frozen out of every later collection, and young collections wait for more al
 ran in the same benchmark window after this.
 
 Only processes kera runs itself (`kera broker|backup|coordinator`): a library must not change
-its application's collector (the client libraries leave it alone; README, "Performance notes").
+its application's collector (the client libraries leave it alone; README, "Benchmarks", says
+what an application can do).
 """
 
 from __future__ import annotations
