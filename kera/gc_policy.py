@@ -1,13 +1,13 @@
 """The cyclic garbage collector's settings for kera's daemon processes.
 
 A daemon allocates per request and reference counting frees almost all of it at once; the
-cyclic collector finds next to nothing. At CPython's default threshold (a young collection
-every 700 net container allocations) it still ran 14-26 times a second in each backup under the
-benchmark's presets (R=3, gc.callbacks), because a replication write's chunks live until they
-are flushed, and every full collection (one every few seconds) walked all the objects loaded at
-start (modules, numpy, pyzmq, msgpack). A daemon's start-up objects are never garbage, so they
-are frozen out of every later collection, and young collections wait for more allocations: none
-ran in the same benchmark window after this.
+cyclic collector is for reference cycles, which request handling rarely makes. At CPython's
+default threshold (a young collection every 700 net container allocations) it still ran 14-26
+times a second in each backup under the benchmark's presets (R=3, counted with gc.callbacks),
+and every full collection (one every few seconds) walked all the objects loaded at start
+(modules, numpy, pyzmq, msgpack). A daemon's start-up objects are never garbage, so they are
+frozen out of every later collection, and young collections wait for more allocations: none ran
+in the same benchmark window after this.
 
 Only processes kera runs itself (`kera broker|backup|coordinator`): a library must not change
 its application's collector (the client libraries leave it alone; README, "Benchmarks", says
