@@ -6,8 +6,8 @@ was the largest item of the broker loop at 64 KiB chunks: 35% of its py-spy samp
 throughput preset), the loop waiting while the kernel zeroes pages. Python's `mmap.madvise`
 holds the GIL for the call; through ctypes, which lets it go, a worker thread
 (`broker-populate`) faults the next window in while the loop serves requests. The kernel's work
-is the same; it runs beside the loop, not inside it (1.08x records/s at 64 KiB chunks, R=3,
-against inline in one run).
+is the same; it runs beside the loop, not inside it: 1.05x records/s at 64 KiB chunks, 1.06x
+at 16 KiB, no change at 4 KiB (R=3, throughput preset, against inline alternated in one run).
 
 A window the worker has not reached yet is faulted by the append's copy itself, as on a kernel
 without MADV_POPULATE_WRITE: the worker only ever saves work, so nothing waits on it.
