@@ -31,11 +31,12 @@ def test_help_exits_zero(command, capsys):
     assert out.startswith("usage: kera") and len(out.splitlines()) > 3
 
 
-def test_a_daemon_process_tunes_its_garbage_collector_and_says_so(tmp_path):
-    """`kera coordinator|broker|backup` are kera's own processes: kera.gc_policy applies."""
+def test_a_daemon_process_tunes_its_garbage_collector_and_allocator_and_says_so(tmp_path):
+    """`kera coordinator|broker|backup` are kera's own processes: kera.gc_policy and
+    kera.malloc_policy apply."""
     import threading
 
-    from kera import gc_policy
+    from kera import gc_policy, malloc_policy
     from kera.local import free_port
     port = free_port("127.0.0.1")
     proc = subprocess.Popen([sys.executable, "-m", "kera", "coordinator", "--host", "127.0.0.1",
@@ -55,6 +56,9 @@ def test_a_daemon_process_tunes_its_garbage_collector_and_says_so(tmp_path):
         proc.wait(timeout=30)
     said = [line for line in lines if "kera.gc_policy" in line]
     assert said and f"thresholds ({gc_policy.YOUNG_COLLECTION_OBJECTS}," in said[0], "".join(lines)
+    said = [line for line in lines if "kera.malloc_policy" in line]
+    assert said and f"mmap threshold {malloc_policy.MMAP_THRESHOLD_BYTES} bytes" in said[0], \
+        "".join(lines)
 
 
 def test_entry_points_run():
