@@ -6,8 +6,9 @@ glibc serves such sizes with a map of fresh pages and unmaps them on free (its t
 128 KiB, rises only as far as the largest size freed so far), and gives the top of its heap back
 once 128 KiB of it is free: a daemon under load then faults in every received byte again. On
 this project's machine (a VM, where a fresh page costs 1-2 us) each backup took 6,000-6,600 page
-faults a second at 64 KiB chunks (R=3, throughput preset), the broker 19,000 besides those of
-its segments; with the settings below the backups took 110-140.
+faults a second at 64 KiB chunks (R=3, throughput preset); with the settings below, 24-230 (in
+three runs). The broker's own faults are mostly its segments' fresh memory
+(kera.broker.populator), which no allocator setting saves.
 
 `mallopt` sets them, through ctypes, for the whole process once at start. Only processes kera
 runs itself (`kera broker|backup|coordinator`), as for kera.gc_policy: the client libraries
