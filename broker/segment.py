@@ -12,15 +12,14 @@ import logging
 import mmap
 from array import array
 
-from kera.broker.populator import MADV_POPULATE_WRITE
 from kera.chunk import stamp
 
 _PRIVATE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-# madvise(MADV_POPULATE_WRITE) (kera.broker.populator): fault a range in with one call instead
-# of one trap per 4 KiB page. Copying chunks into fresh memory measured 2.1 us per 4 KiB chunk
-# populated ahead against 3.1-3.6 us faulted page by page, and 31-34 us against 45 us per 64 KiB
-# chunk (issue 15; bench/test_segment_memory.py). A segment whose pool has a populator (the
-# broker daemon's) leaves the call to its worker thread; others make it inline.
+# madvise(MADV_POPULATE_WRITE) (Linux 5.14; Python 3.11's mmap does not name it): fault a range
+# in with one call instead of one trap per 4 KiB page. Copying chunks into fresh memory
+# measured 2.1 us per 4 KiB chunk populated ahead against 3.1-3.6 us faulted page by page, and
+# 31-34 us against 45 us per 64 KiB chunk (issue 15; bench/test_segment_memory.py).
+MADV_POPULATE_WRITE = 23
 # How far ahead of its writes a segment is populated at most. The window grows with what the
 # segment holds (never more than that again), so a segment that receives little stays small:
 # thousands of quiet streams must not each make 1 MiB resident.
@@ -60,7 +59,7 @@ class Segment:
         self.buf: mmap.mmap | None = self.memory
         self.mv: memoryview | None = memoryview(self.buf)
         self.used_bytes = 0
-        # The buffer's first bytes faulted in, or handed to the populator to be: all of a reused one.
+        # The buffer's first bytes known to be faulted in: all of a reused one.
         self.populated_bytes = capacity_bytes if reused else 0
         # One entry per chunk, in append order. u32 positions/sizes: a segment is at most
         # 1 GiB (the coordinator's bound); u64 record offsets.
@@ -100,19 +99,14 @@ class Segment:
 
     def _populate(self, end: int) -> None:
         """Fault in the buffer up to `end` and a window beyond it (as large as what is already
-        written, at most POPULATE_AHEAD_MAX_BYTES) with one madvise call: on the pool's
-        populator thread when there is one (this append's copy faults its own pages if it gets
-        there first), else here."""
+        written, at most POPULATE_AHEAD_MAX_BYTES) with one madvise call."""
         global _populate_works
         start = self.populated_bytes
         ahead = min(POPULATE_AHEAD_MAX_BYTES, max(start, _PAGE_BYTES))
         stop = -(-max(end, start + ahead) // _PAGE_BYTES) * _PAGE_BYTES   # whole pages
         stop = min(stop, self.capacity_bytes)
         self.populated_bytes = stop
-        populator = None if self.pool is None else self.pool.populator
-        if populator is not None:
-            populator.request(self.memory, start, stop - start)
-        elif _populate_works:
+        if _populate_works and ahead:
             try:
                 self.memory.madvise(MADV_POPULATE_WRITE, start, stop - start)
             except OSError as err:   # EINVAL before Linux 5.14: the copy faults the pages

@@ -47,9 +47,6 @@ class SegmentPool:
         self._free: deque[mmap.mmap] = deque()      # no view left: ready, oldest first
         self.reused = 0                      # takes served from the pool
         self.fresh = 0                       # takes that mapped new memory
-        # Faults fresh segments' pages in off the loop (kera.broker.populator.Populator): the
-        # broker daemon sets one; without, segments populate inline.
-        self.populator = None
 
     def take(self, capacity_bytes: int) -> mmap.mmap:
         """A buffer of `capacity_bytes`: a free one of that size, else new memory."""
@@ -86,9 +83,5 @@ class SegmentPool:
             (self._waiting if in_use(buf) else self._free).append(buf)
 
     def stats(self) -> dict:
-        out = {"bytes": self.bytes, "waiting": len(self._waiting), "free": len(self._free),
-               "reused": self.reused, "fresh": self.fresh}
-        if self.populator is not None:   # windows faulted in off the loop, or left to appends
-            out.update(populated_windows=self.populator.requested,
-                       populate_skipped=self.populator.skipped)
-        return out
+        return {"bytes": self.bytes, "waiting": len(self._waiting), "free": len(self._free),
+                "reused": self.reused, "fresh": self.fresh}

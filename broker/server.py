@@ -27,7 +27,6 @@ from kera.coordinator_session import CoordinatorSession
 from kera.broker import history_epoch, replica_report
 from kera.broker.core import Broker, BrokerConfig, parse_cursor
 from kera.broker.memory import default_memory_limit_bytes
-from kera.broker.populator import POPULATE_JOBS_MAX, Populator, populate
 from kera.broker.recovery_service import RecoveryService
 from kera.broker.segment_pool import SEGMENT_POOL_BYTES
 from kera.broker.tier import TierConfig
@@ -69,10 +68,6 @@ class BrokerDaemon:
         self.node = node or socket.gethostname()
         self.core = Broker(self.node, cfg)
         self.server = env.server("broker", host, port, security)
-        # Fresh segment memory faulted in by a thread beside the loop (kera.broker.populator).
-        self.populator = Populator(env.worker("broker-populate", populate, POPULATE_JOBS_MAX))
-        self.core.segment_pool.populator = self.populator
-        self.server.poller.register(self.populator.worker.wake_fd, zmq.POLLIN)
         # ACLs as the coordinator last sent them (-1: none yet; heartbeats ask for them).
         self.acl_version = -1
         # Replication acks arrive through peer callbacks, after the request batch's hook has
@@ -210,7 +205,6 @@ class BrokerDaemon:
         """Expire, send the replication writes due, answer produce requests now durable."""
         now = self.clock.monotonic()
         core = self.core
-        self.populator.collect()
         self.tiering.pump()
         self.recovery.pump()
         core.tick(now)
@@ -354,7 +348,6 @@ class BrokerDaemon:
             self.server.run()
         finally:
             self.tiering.shutdown()
-            self.populator.close()
 
     def stop(self) -> None:
         self.server.stop()

@@ -8,7 +8,7 @@ once 128 KiB of it is free: a daemon under load then faults in every received by
 this project's machine (a VM, where a fresh page costs 1-2 us) each backup took 6,000-6,600 page
 faults a second at 64 KiB chunks (R=3, throughput preset); with the settings below, 24-230 (in
 three runs). The broker's own faults are mostly its segments' fresh memory
-(kera.broker.populator), which no allocator setting saves.
+(kera.broker.segment, populated a window at a time), which no allocator setting saves.
 
 `mallopt` sets them, through ctypes, for the whole process once at start. Only processes kera
 runs itself (`kera broker|backup|coordinator`), as for kera.gc_policy: the client libraries

@@ -40,9 +40,6 @@ from tests.sim.network import Network
 from tests.sim.scheduler import Scheduler
 from tests.sim.shell import SimHost, SimServer
 
-# How long the broker's populator thread takes per window of segment memory (sim seconds).
-POPULATE_DELAY_S = 0.0005
-
 class MemoryStore:
     """kera.coordinator.store on a dict: what `save` wrote, `load` reads back (as JSON)."""
 
@@ -245,9 +242,6 @@ class SimBroker(_Slot):
         self.server = s = d.server
         s.checker = self.checker
         s.daemon = d
-        # The populator's thread faults segment memory in: a fixed while per window (no draw
-        # from the run's generator, so seeds replay as they did before it existed).
-        d.populator.worker.bind(s, d.populator.collect, lambda: POPULATE_DELAY_S)
         produce = s.handlers["produce"]
 
         def on_produce(req, produce=produce):
