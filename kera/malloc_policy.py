@@ -4,7 +4,7 @@ libzmq allocates every message it receives with malloc, and a request's frames (
 requests and replication writes of packed chunks, fetch replies) are 64 KiB to several MiB.
 glibc serves such sizes with a map of fresh pages and unmaps them on free (its threshold,
 128 KiB, rises only as far as the largest size freed so far), and gives the top of its heap back
-once 128 KiB of it is free: a daemon under load then faults in every received byte again. On
+once 128 KiB of it is free: a daemon under load then faults much of what it receives in again. On
 this project's machine (a VM, where a fresh page costs 1-2 us) each backup took 6,000-6,600 page
 faults a second at 64 KiB chunks (R=3, throughput preset); with the settings below, 24-230 (in
 three runs). The broker's own faults are mostly its segments' fresh memory
