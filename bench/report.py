@@ -4,7 +4,9 @@ Each configuration's numbers are the medians over its alternating trials, and th
 kera / Kafka of those medians (for latency and CPU, lower is better: a ratio below 1 favours
 kera there). With `--baseline REF` the table also has kera@REF (system "kera-baseline") and a
 ratio row kera / kera@REF (`baseline_ratios`): below 1 for latency and CPU, above 1 for
-records/s, means the working tree improved on REF.
+records/s, means the working tree improved on REF. Each ratio row also gives the lowest and
+highest ratio of single rounds (a round: one trial of each system, run back to back) for
+records/s and CPU, so a reader sees how far one round strays from the median on a shared machine.
 """
 
 from __future__ import annotations
@@ -35,34 +37,60 @@ PLOTS = {  # file: (title, metric, y label)
 }
 
 
+# Each ratio row: its key in a summary, the two systems it compares, and whether it compares
+# rates only (Kafka's Java tools: their latency is not end to end and their client CPU includes
+# JVM start-up).
+RATIO_PAIRS = {"ratios": ("kera", "kafka", False),
+               "curve_ratios": ("kera-curve", "kera", False),
+               "baseline_ratios": ("kera", "kera-baseline", False),
+               "tuned_ratios": ("kera", "kafka-tuned", False),
+               "java_ratios": ("kera", "kafka-java", True)}
+# The metrics whose round-by-round ratios a ratio row also gives as a range (the spread a
+# reader needs to judge a median ratio on a shared 2-core machine: runs differ by 10-25%).
+SPREAD_METRICS = ("producer_records_per_s", "cpu_s_per_million")
+
+
 def summarize(config: dict) -> dict:
-    """Medians per system and kera/Kafka ratios for one configuration's trials."""
+    """Medians per system, the ratio rows' ratios of medians and the spread of each ratio over
+    the rounds (`ratio_spreads`), for one configuration's trials."""
     trials = [TrialResult(**t) for t in config["trials"]]
     medians = {s: {m: median_of([t for t in trials if t.system == s], m) for m in METRICS}
                for s in SYSTEMS}
-    ratios = _ratios(medians["kera"], medians["kafka"])
     ran = [s for s in SYSTEMS if any(t.system == s for t in trials)]
     integrity = {s: all(t.drained and t.consumed == t.acked and t.failed == 0
                         for t in trials if t.system == s) for s in ran}
-    return {"medians": medians, "ratios": ratios,
-            "curve_ratios": _ratios(medians["kera-curve"], medians["kera"]),
-            "baseline_ratios": _ratios(medians["kera"], medians["kera-baseline"]),
-            "tuned_ratios": _ratios(medians["kera"], medians["kafka-tuned"]),
-            "java_ratios": _rate_ratios(medians["kera"], medians["kafka-java"]),
-            "integrity_ok": integrity,
-            "trials_per_system": {s: sum(t.system == s for t in trials) for s in SYSTEMS},
-            "machine_busy_fraction": median_of(trials, "machine_busy_fraction"),
-            "other_cpu_s": median_of(trials, "other_cpu_s")}
+    summary = {"medians": medians}
+    for key, (a, b, rates_only) in RATIO_PAIRS.items():
+        summary[key] = _ratios(medians[a], medians[b], rates_only)
+    summary["ratio_spreads"] = {key: paired_spread(trials, a, b, rates_only)
+                                for key, (a, b, rates_only) in RATIO_PAIRS.items()}
+    summary.update({"integrity_ok": integrity,
+                    "trials_per_system": {s: sum(t.system == s for t in trials) for s in SYSTEMS},
+                    "machine_busy_fraction": median_of(trials, "machine_busy_fraction"),
+                    "other_cpu_s": median_of(trials, "other_cpu_s")})
+    return summary
 
 
-def _ratios(a: dict, b: dict) -> dict:
-    return {m: a[m] / b[m] if a[m] is not None and b[m] else None for m in METRICS}
+def _ratios(a: dict, b: dict, rates_only: bool = False) -> dict:
+    return {m: a[m] / b[m] if a[m] is not None and b[m] and (m in RATE_METRICS or not rates_only)
+            else None for m in METRICS}
 
 
-def _rate_ratios(a: dict, b: dict) -> dict:
-    """Ratios of rates only: against Kafka's Java tools, whose latency is not end to end and
-    whose client CPU includes JVM start-up."""
-    return {m: r if m in RATE_METRICS else None for m, r in _ratios(a, b).items()}
+def paired_spread(trials: list[TrialResult], a: str, b: str, rates_only: bool = False) -> dict:
+    """For each SPREAD_METRICS metric: [lowest, highest, rounds] of a/b over the rounds where
+    both systems have a trial of the same repeat (trials alternate, so a round's two trials
+    ran side by side); none for a metric with fewer than two such rounds."""
+    by_repeat = {(t.system, t.repeat): t for t in trials}
+    spread = {}
+    for m in SPREAD_METRICS:
+        if rates_only and m not in RATE_METRICS:
+            continue
+        pairs = [(getattr(t, m), getattr(by_repeat[(b, t.repeat)], m))
+                 for t in trials if t.system == a and (b, t.repeat) in by_repeat]
+        ratios = [x / y for x, y in pairs if x is not None and y]
+        if len(ratios) >= 2:
+            spread[m] = [min(ratios), max(ratios), len(ratios)]
+    return spread
 
 
 def machine_info() -> dict:
@@ -150,15 +178,27 @@ def _config_rows(results: dict, config: dict, ceil: dict) -> list[str]:
             f"{_fmt(m['cpu_s_per_million'], 2)} | {_fmt(m['server_cpu_s_per_million'], 2)} | "
             f"{frac} | {'yes' if s['integrity_ok'][system] else 'NO'} |")
     busy = f"busy {(s['machine_busy_fraction'] or 0):.0%}, other {(s['other_cpu_s'] or 0):.1f} s"
-    for what, ratios in (("kera/Kafka", s["ratios"]),
-                         ("kera/kafka-tuned", s.get("tuned_ratios") or {}),
-                         ("kera/kafka-java (rates)", s.get("java_ratios") or {}),
-                         ("CURVE/plaintext", s.get("curve_ratios") or {}),
-                         (f"kera/{system_label(results, 'kera-baseline')}",
-                          s.get("baseline_ratios") or {})):
+    spreads = s.get("ratio_spreads") or {}     # results written before spreads have none
+    for key, what in (("ratios", "kera/Kafka"), ("tuned_ratios", "kera/kafka-tuned"),
+                      ("java_ratios", "kera/kafka-java (rates)"),
+                      ("curve_ratios", "CURVE/plaintext"),
+                      ("baseline_ratios", f"kera/{system_label(results, 'kera-baseline')}")):
+        ratios = s.get(key) or {}
         if any(v is not None for v in ratios.values()):
-            lines.append(_ratio_row(label, what, ratios, busy))
+            note = "; ".join(filter(None, [spread_note(spreads.get(key) or {}), busy]))
+            lines.append(_ratio_row(label, what, ratios, note))
     return lines
+
+
+def spread_note(spread: dict) -> str:
+    """"rounds 1.58-2.43x rec/s, 0.50-0.60x CPU (3)": the lowest and highest ratio of the
+    rounds (paired_spread); empty without two rounds."""
+    names = {"producer_records_per_s": "rec/s", "cpu_s_per_million": "CPU"}
+    parts = [f"{lo:.2f}-{hi:.2f}x {names[m]}" for m, (lo, hi, _n) in spread.items()]
+    if not parts:
+        return ""
+    rounds = max(n for _lo, _hi, n in spread.values())
+    return f"rounds {', '.join(parts)} ({rounds})"
 
 
 def _baseline_note(results: dict) -> list[str]:

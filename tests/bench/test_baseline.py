@@ -15,7 +15,7 @@ import pytest
 
 from bench import baseline as bl
 from bench.cli import add_arguments, apply_overrides, choose_systems, make_systems
-from bench.report import markdown, summarize, write_plots
+from bench.report import markdown, paired_spread, summarize, write_plots
 from bench.runner import TrialError, TrialResult
 from bench.workload import PRESETS, Workload
 
@@ -300,3 +300,54 @@ def test_table_has_the_baseline_column_and_ratio_row(tmp_path):
 def test_plots_draw_the_baseline(tmp_path):
     paths = write_plots(tmp_path, _results(tmp_path))
     assert paths and all(p.read_bytes().startswith(b"\x89PNG") for p in paths)
+
+
+# ---------------------------------------------------------------------- spread over rounds
+
+def _rounds(*pairs, a="kera", b="kera-baseline") -> list[TrialResult]:
+    """Trials of two systems, round by round: pairs of (a rate, b rate, a CPU, b CPU)."""
+    trials = []
+    for i, (ra, rb, ca, cb) in enumerate(pairs):
+        trials += [_trial(a, ra, repeat=i, cpu_s_per_million=ca),
+                   _trial(b, rb, repeat=i, cpu_s_per_million=cb)]
+    return trials
+
+
+def test_the_spread_pairs_each_round_with_its_partner():
+    trials = _rounds((1200.0, 1000.0, 1.0, 2.0), (1500.0, 1000.0, 1.5, 2.0),
+                     (900.0, 600.0, 1.0, 1.6))
+    spread = paired_spread(trials, "kera", "kera-baseline")
+    assert spread["producer_records_per_s"] == pytest.approx([1.2, 1.5, 3])
+    assert spread["cpu_s_per_million"] == pytest.approx([0.5, 0.75, 3])
+
+
+def test_a_round_without_its_partner_or_a_single_round_gives_no_spread():
+    one = _rounds((1200.0, 1000.0, 1.0, 2.0))
+    assert paired_spread(one, "kera", "kera-baseline") == {}
+    unpaired = one + [_trial("kera", 3000.0, repeat=1)]      # its baseline trial failed
+    assert paired_spread(unpaired, "kera", "kera-baseline") == {}
+
+
+def test_rate_only_rows_give_no_cpu_spread():
+    trials = _rounds((1200.0, 1000.0, 1.0, 2.0), (1500.0, 1000.0, 1.5, 2.0), b="kafka-java")
+    spread = paired_spread(trials, "kera", "kafka-java", rates_only=True)
+    assert set(spread) == {"producer_records_per_s"}
+
+
+def test_the_ratio_row_shows_the_spread_of_the_rounds(tmp_path):
+    results = _results(tmp_path)
+    config = results["configurations"][0]
+    config["trials"] = [t.to_dict() for t in _rounds((1200.0, 1000.0, 1.0, 2.0),
+                                                       (1500.0, 1000.0, 1.5, 2.0))]
+    config["summary"] = summarize(config)
+    row = [line for line in markdown(results).splitlines() if "**kera/kera@abc1234**" in line]
+    assert len(row) == 1
+    assert "rounds 1.20-1.50x rec/s, 0.50-0.75x CPU (2); busy 50%" in row[0]
+    assert "**1.35x**" in row[0]           # the median ratio stays the headline
+
+
+def test_results_written_before_spreads_still_render(tmp_path):
+    results = _results(tmp_path)
+    del results["configurations"][0]["summary"]["ratio_spreads"]
+    row = [line for line in markdown(results).splitlines() if "**kera/kera@abc1234**" in line]
+    assert row and "rounds" not in row[0]
