@@ -37,14 +37,14 @@ PLOTS = {  # file: (title, metric, y label)
 }
 
 
-# Each ratio row: its key in a summary, the two systems it compares, and whether it compares
-# rates only (Kafka's Java tools: their latency is not end to end and their client CPU includes
-# JVM start-up).
-RATIO_PAIRS = {"ratios": ("kera", "kafka", False),
-               "curve_ratios": ("kera-curve", "kera", False),
-               "baseline_ratios": ("kera", "kera-baseline", False),
-               "tuned_ratios": ("kera", "kafka-tuned", False),
-               "java_ratios": ("kera", "kafka-java", True)}
+# Each ratio row, in table order: its key in a summary, the two systems it compares, whether it
+# compares rates only (Kafka's Java tools: their latency is not end to end and their client CPU
+# includes JVM start-up), and its label ({baseline}: the baseline's label, `system_label`).
+RATIO_PAIRS = {"ratios": ("kera", "kafka", False, "kera/Kafka"),
+               "tuned_ratios": ("kera", "kafka-tuned", False, "kera/kafka-tuned"),
+               "java_ratios": ("kera", "kafka-java", True, "kera/kafka-java (rates)"),
+               "curve_ratios": ("kera-curve", "kera", False, "CURVE/plaintext"),
+               "baseline_ratios": ("kera", "kera-baseline", False, "kera/{baseline}")}
 # The metrics whose round-by-round ratios a ratio row also gives as a range (the spread a
 # reader needs to judge a median ratio on a shared 2-core machine: runs differ by 10-25%).
 SPREAD_METRICS = ("producer_records_per_s", "cpu_s_per_million")
@@ -60,10 +60,10 @@ def summarize(config: dict) -> dict:
     integrity = {s: all(t.drained and t.consumed == t.acked and t.failed == 0
                         for t in trials if t.system == s) for s in ran}
     summary = {"medians": medians}
-    for key, (a, b, rates_only) in RATIO_PAIRS.items():
+    for key, (a, b, rates_only, _label) in RATIO_PAIRS.items():
         summary[key] = _ratios(medians[a], medians[b], rates_only)
     summary["ratio_spreads"] = {key: paired_spread(trials, a, b, rates_only)
-                                for key, (a, b, rates_only) in RATIO_PAIRS.items()}
+                                for key, (a, b, rates_only, _label) in RATIO_PAIRS.items()}
     summary.update({"integrity_ok": integrity,
                     "trials_per_system": {s: sum(t.system == s for t in trials) for s in SYSTEMS},
                     "machine_busy_fraction": median_of(trials, "machine_busy_fraction"),
@@ -179,14 +179,12 @@ def _config_rows(results: dict, config: dict, ceil: dict) -> list[str]:
             f"{frac} | {'yes' if s['integrity_ok'][system] else 'NO'} |")
     busy = f"busy {(s['machine_busy_fraction'] or 0):.0%}, other {(s['other_cpu_s'] or 0):.1f} s"
     spreads = s.get("ratio_spreads") or {}     # results written before spreads have none
-    for key, what in (("ratios", "kera/Kafka"), ("tuned_ratios", "kera/kafka-tuned"),
-                      ("java_ratios", "kera/kafka-java (rates)"),
-                      ("curve_ratios", "CURVE/plaintext"),
-                      ("baseline_ratios", f"kera/{system_label(results, 'kera-baseline')}")):
+    baseline = system_label(results, "kera-baseline")
+    for key, (_a, _b, _rates_only, what) in RATIO_PAIRS.items():
         ratios = s.get(key) or {}
         if any(v is not None for v in ratios.values()):
             note = "; ".join(filter(None, [spread_note(spreads.get(key) or {}), busy]))
-            lines.append(_ratio_row(label, what, ratios, note))
+            lines.append(_ratio_row(label, what.format(baseline=baseline), ratios, note))
     return lines
 
 
