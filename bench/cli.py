@@ -76,6 +76,9 @@ def run_benchmark(workloads: list[Workload], *, preset: str, description: str, r
             results["files"]["plots"] = [p.name for p in report.write_plots(out_dir, results)]
     finally:
         results["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+        for config in results["configurations"]:
+            if "summary" not in config:   # interrupted (Ctrl-C) mid-configuration
+                config["summary"] = report.summarize(config)   # of its trials so far
         results["files"]["json"] = report.write_json(out_dir, results).name
         results["files"]["markdown"] = report.write_markdown(out_dir, results).name
         report.write_json(out_dir, results)

@@ -1,6 +1,8 @@
 """The harness' pure pieces: workload assignments, send-time stamps, latency percentiles,
-CPU accounting from /proc, preset selection."""
+CPU accounting from /proc, preset selection, and what a run interrupted by Ctrl-C still writes."""
 
+import contextlib
+import json
 import os
 import struct
 import time
@@ -8,9 +10,11 @@ import time
 import numpy as np
 import pytest
 
+from bench import cli
 from bench.cli import apply_overrides, select
 from bench.latency import LatencyHistogram, stamp_rows, stamps_from_blob, stamps_from_values
 from bench.procstat import machine_cpu_s, process_cpu_s, self_cpu_s
+from bench.runner import TrialResult
 from bench.workload import (ONE_PER_SUB_PARTITION, PRESETS, Workload, consumer_partitions,
                             producer_streams)
 
@@ -112,3 +116,47 @@ def test_selection_and_overrides():
     assert [w.tags["streams"] for w in r3] == [8, 32, 128, 512]
     short = apply_overrides(r3, ["duration_s=1.5", "producers=1"])
     assert all(w.duration_s == 1.5 and w.producers == 1 and w.replication == 3 for w in short)
+
+
+class _InterruptedSystem:
+    """A system whose second trial is interrupted (Ctrl-C), as a user stopping a run."""
+
+    def __init__(self, trial):
+        self.calls = 0
+        self._trial = trial
+
+    def settings(self, w):
+        return {}
+
+    def ensure(self, w):
+        return False            # no new cluster: no warm-up trial
+
+    def client_env(self):
+        return contextlib.nullcontext()
+
+    def trial(self, w, prefix, repeat=0):
+        self.calls += 1
+        if self.calls > 1:
+            raise KeyboardInterrupt
+        return self._trial
+
+    def stop(self):
+        pass
+
+
+def test_an_interrupted_run_writes_what_it_measured_and_stays_interrupted(tmp_path, monkeypatch):
+    done = TrialResult(system="kera", label="w", repeat=0, producer_records_per_s=1000.0,
+                       producer_mb_per_s=0.1, consumer_records_per_s=1000.0, latency_p50_ms=1.0,
+                       latency_p99_ms=2.0, cpu_s_per_million=3.0, server_cpu_s_per_million=1.0,
+                       acked=5, consumed=5, failed=0, window_s=1.0, window_acked=5,
+                       window_consumed=5, server_cpu_s=0.1, producer_cpu_s=0.1,
+                       consumer_cpu_s=0.1, machine_busy_fraction=0.5, other_cpu_s=0.0,
+                       drained=True)
+    monkeypatch.setattr(cli, "make_systems", lambda *a, **k: {"kera": _InterruptedSystem(done)})
+    with pytest.raises(KeyboardInterrupt):     # not a KeyError from writing the report
+        cli.run_benchmark([Workload("w")], preset="p", description="d", repeats=2,
+                          out_dir=tmp_path, systems=("kera",), plots=False, warm_up=False)
+    results = json.loads((tmp_path / "results.json").read_text())
+    [config] = results["configurations"]
+    assert config["summary"]["trials_per_system"]["kera"] == 1
+    assert "| w | kera | 1,000 |" in (tmp_path / "results.md").read_text()
