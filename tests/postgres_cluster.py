@@ -3,6 +3,7 @@
     pg = PostgresServer().start()          # initdb, start, wait until it accepts connections
     pg.dsn                                 # "host=127.0.0.1 port=P user=postgres dbname=postgres"
     pg.terminate(application_name="kera-outbox")   # pg_terminate_backend on those sessions
+    pg.wait_session("kera-outbox", timeout_s=20)   # until such a session is connected (again)
     pg.stop()                              # fast shutdown, then the data dir is removed
 
 `postgres_bin_dir()` installs Debian's `postgresql` when no `initdb` is found (on the PATH or in
@@ -116,6 +117,18 @@ class PostgresServer:
                                 "WHERE application_name = %s AND pid <> pg_backend_pid()",
                                 (application_name,)).fetchall()
         return len(rows)
+
+    def wait_session(self, application_name: str, timeout_s: float) -> None:
+        """Until a session with that application_name is connected (a client that lost its
+        connection has connected again)."""
+        deadline = time.monotonic() + timeout_s
+        with self.connect(autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                if conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name"
+                                " = %s", (application_name,)).fetchone()[0]:
+                    return
+                time.sleep(POLL_INTERVAL_S)
+        raise TimeoutError(f"no {application_name!r} session connected within {timeout_s} s")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

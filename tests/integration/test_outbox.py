@@ -300,16 +300,23 @@ def test_killed_database_connections_harvesting_resumes(postgres, cluster, outbo
     writer = Writer(postgres, table, rows=3000, pause_s=0.002)
     writer.start()
     killed = 0
-    for _ in range(KILL_TRIES_MAX):   # between terms there is no session to kill: try again
+    for _ in range(KILL_TRIES_MAX):
         wait_published_some(cluster.bootstrap, stream, at_least=200 * (killed + 1))
+        # between terms (a second's backoff, then a new connection) there is no session to
+        # kill: wait for the next term's; it may still end before the kill, so try again
+        postgres.wait_session(APPLICATION_NAME, timeout_s=LEADER_TIMEOUT_S)
         killed += postgres.terminate(APPLICATION_NAME)
         if killed >= 3:
             break
     writer.join()
+    after = Writer(postgres, table, rows=300, pause_s=0.002)   # written after the last kill
+    after.run()
     wait_drained(postgres, table)
     assert killed >= 3
     assert harvesters.log(0).read_text().count("took over") >= 2
-    check_published(read_stream(cluster.bootstrap, stream), writer.ids)
+    written = {key: writer.ids.get(key, []) + after.ids.get(key, [])
+               for key in writer.ids.keys() | after.ids.keys()}
+    check_published(read_stream(cluster.bootstrap, stream), written)
 
 
 def test_kill_9_of_a_broker_none_lost_none_twice(postgres, fresh_cluster, tmp_path):
