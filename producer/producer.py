@@ -388,8 +388,9 @@ class Producer:
                 raise Timeout(f"send: buffer of {self.buffer_bytes} bytes still full after "
                               f"{self.send_timeout_s:.1f} s")
             self._acc.seal_all()  # lingering open chunks hold buffer space too
-            self._idle = False
-            self._wake()
+            if self._idle:   # else a wake-up is pending: its turn sends what was sealed
+                self._idle = False
+                self._wake()
             self._cond.wait(left)
 
     def _wake(self) -> None:
