@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import resource
 import shutil
 import struct
 from array import array
@@ -154,17 +155,37 @@ class LiveWrite(NamedTuple):
     data: memoryview
 
 
-# Open file pairs (.seg, .live) kept by LiveFiles: the open segments of busy R=1 streamlets
-# (one per active group) write without an open/close per request; more are reopened as needed.
-LIVE_FILES_OPEN_MAX = 64
+# Open file pairs (.seg, .live) kept by LiveFiles at most: the open segments of busy R=1
+# streamlets (one per active group) write without an open/close per request; more are reopened
+# as needed. Reopening is what a write costs once more segments are busy than are kept: with 64
+# kept and 256 busy R=1 streams, write_live took 60% of the broker's loop, opening files a fifth
+# of it, and 256 streams acknowledged a third of what 64 did.
+LIVE_FILES_OPEN_MAX = 4096   # pairs (8192 descriptors), however high the open-file limit
+LIVE_FILES_OPEN_MIN = 16     # pairs, under a tiny open-file limit
+# The share of the process's open-file limit (RLIMIT_NOFILE, soft) live files may hold, two
+# descriptors a pair: the rest is for sockets and the tier's and reload's files.
+LIVE_FILES_FD_SHARE = 0.25
+
+
+def live_files_open_max() -> int:
+    """How many file pairs LiveFiles keeps open: LIVE_FILES_FD_SHARE of the open-file limit,
+    within LIVE_FILES_OPEN_MIN..LIVE_FILES_OPEN_MAX (1024 descriptors, a common default, keep
+    128 pairs)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return LIVE_FILES_OPEN_MAX
+    return max(LIVE_FILES_OPEN_MIN, min(LIVE_FILES_OPEN_MAX, int(soft * LIVE_FILES_FD_SHARE) // 2))
 
 
 class LiveFiles:
     """Writes LiveWrites on the loop (page cache, no sync), keeping the newest segments' files
     open. A write at byte 0 starts a segment: its files are (re)created, never a stale fd's."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, open_max: int | None = None):
         self.root = root
+        self.open_max = live_files_open_max() if open_max is None else open_max
+        if self.open_max < 1:
+            raise ValueError(f"open_max must be >= 1 file pair, not {self.open_max}")
         self.open: dict = {}          # key -> (seg fd, live fd), least recently used first
 
     def write(self, w: LiveWrite) -> None:
@@ -184,15 +205,17 @@ class LiveFiles:
                 _close(fds)
             raise
         self.open[key] = fds
-        while len(self.open) > LIVE_FILES_OPEN_MAX:
+        while len(self.open) > self.open_max:
             _close(self.open.pop(next(iter(self.open))))
 
     def _open(self, key) -> tuple[int, int]:
-        directory = streamlet_dir(self.root, key[0], key[1])
-        if not directory.is_dir():
-            directory.mkdir(parents=True, exist_ok=True)
-            fsync_dir(directory.parent)
-        seg_fd = os.open(seg_path(self.root, key), os.O_WRONLY | os.O_CREAT, 0o644)
+        path = seg_path(self.root, key)
+        try:
+            seg_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        except FileNotFoundError:   # the streamlet's first segment file: make its directory
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fsync_dir(path.parent.parent)
+            seg_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
             return seg_fd, os.open(live_path(self.root, key), flags, 0o644)

@@ -4,6 +4,8 @@ with every acknowledged chunk, its producers' sequences and its history epoch.""
 
 from pathlib import Path
 
+import pytest
+
 from kera.broker import history_epoch, reload, tier_files
 from kera.broker.core import Broker, BrokerConfig
 from kera.broker.tier import TierConfig
@@ -100,3 +102,59 @@ def test_retention_deletes_the_live_files_of_the_groups_it_drops(tmp_path):
     live_groups = {int(p.name[:10]) for p in (tmp_path / "segments").rglob("*.live")}
     assert live_groups and min(live_groups) >= b.first_group(1, 0)
     assert {int(p.name[:10]) for p in (tmp_path / "segments").rglob("*.seg")} == live_groups
+
+
+# ---------------------------------------------------------------------- LiveFiles' open files
+
+def live_write(stream_id: int, at: int, data: bytes) -> tier_files.LiveWrite:
+    """A LiveWrite of `data` at byte `at` of segment 0 of group 0 of `stream_id`."""
+    record = tier_files.SegmentRecord(stream_id, 0, 0, 0, 0, at + len(data), 1, 0, 1, 0, 0,
+                                      64 * KiB, 0, False)
+    return tier_files.LiveWrite(None, record, at, memoryview(data))
+
+
+def seg_bytes(root: Path, stream_id: int) -> bytes:
+    return tier_files.seg_path(root, (stream_id, 0, 0, 0)).read_bytes()
+
+
+def test_live_files_keep_every_busy_segment_open_up_to_their_bound(tmp_path):
+    files = tier_files.LiveFiles(tmp_path, open_max=300)
+    try:
+        for sid in range(1, 257):             # 256 busy R=1 streams, more than the old 64
+            files.write(live_write(sid, 0, b"a" * 10))
+        fds = dict(files.open)
+        for sid in range(1, 257):
+            files.write(live_write(sid, 10, b"b" * 5))
+        assert len(files.open) == 256 and files.open == fds   # no file reopened
+    finally:
+        files.close()
+    assert all(seg_bytes(tmp_path, sid) == b"a" * 10 + b"b" * 5 for sid in range(1, 257))
+    assert tier_files.read_live(tier_files.live_path(tmp_path, (7, 0, 0, 0))).length == 15
+
+
+def test_live_files_past_their_bound_close_the_oldest_and_reopen_it_when_written(tmp_path):
+    files = tier_files.LiveFiles(tmp_path, open_max=4)
+    try:
+        for sid in range(1, 7):
+            files.write(live_write(sid, 0, b"x" * 8))
+        assert sorted(key[0] for key in files.open) == [3, 4, 5, 6]
+        files.write(live_write(1, 8, b"y" * 8))   # closed above: reopened, appended after
+        assert [key[0] for key in files.open] == [4, 5, 6, 1]
+    finally:
+        files.close()
+    assert files.open == {}
+    assert seg_bytes(tmp_path, 1) == b"x" * 8 + b"y" * 8
+
+
+def test_live_files_bound_follows_the_open_file_limit(monkeypatch):
+    def limit(soft):
+        monkeypatch.setattr(tier_files.resource, "getrlimit", lambda _: (soft, soft))
+        return tier_files.live_files_open_max()
+
+    assert limit(1024) == 128                 # a quarter of the descriptors, two a pair
+    assert limit(20_000) == 2_500
+    assert limit(10 ** 7) == tier_files.LIVE_FILES_OPEN_MAX
+    assert limit(tier_files.resource.RLIM_INFINITY) == tier_files.LIVE_FILES_OPEN_MAX
+    assert limit(40) == tier_files.LIVE_FILES_OPEN_MIN
+    with pytest.raises(ValueError, match="open_max"):
+        tier_files.LiveFiles(Path("."), open_max=0)
