@@ -165,6 +165,10 @@ LIVE_FILES_OPEN_MIN = 16     # pairs, under a tiny open-file limit
 # The share of the process's open-file limit (RLIMIT_NOFILE, soft) live files may hold, two
 # descriptors a pair: the rest is for sockets and the tier's and reload's files.
 LIVE_FILES_FD_SHARE = 0.25
+# A segment's files are closed this long after its last write: a sealed segment is written no
+# more, and a file deleted meanwhile (tiered, retention, its stream deleted) keeps its disk
+# space for as long as a descriptor holds it.
+LIVE_FILES_IDLE_S = 5.0
 
 
 def live_files_open_max() -> int:
@@ -186,12 +190,15 @@ class LiveFiles:
         self.open_max = live_files_open_max() if open_max is None else open_max
         if self.open_max < 1:
             raise ValueError(f"open_max must be >= 1 file pair, not {self.open_max}")
-        self.open: dict = {}          # key -> (seg fd, live fd), least recently used first
+        # key -> ((seg fd, live fd), when last written), least recently written first
+        self.open: dict = {}
 
-    def write(self, w: LiveWrite) -> None:
-        """Raises OSError (the files of that segment are then closed, reopened next time)."""
+    def write(self, w: LiveWrite, now: float) -> None:
+        """Raises OSError (the files of that segment are then closed, reopened next time).
+        `now`: the monotonic clock, for close_idle."""
         key = w.record.key
-        fds = self.open.pop(key, None)
+        entry = self.open.pop(key, None)
+        fds = None if entry is None else entry[0]
         if fds is not None and w.at == 0:
             _close(fds)
             fds = None
@@ -204,9 +211,18 @@ class LiveFiles:
             if fds is not None:
                 _close(fds)
             raise
-        self.open[key] = fds
+        self.open[key] = (fds, now)
         while len(self.open) > self.open_max:
-            _close(self.open.pop(next(iter(self.open))))
+            _close(self.open.pop(next(iter(self.open)))[0])
+
+    def close_idle(self, now: float) -> None:
+        """Close the files of the segments not written for LIVE_FILES_IDLE_S (the oldest come
+        first: this stops at the first one written since)."""
+        while self.open:
+            key = next(iter(self.open))
+            if self.open[key][1] > now - LIVE_FILES_IDLE_S:
+                return
+            _close(self.open.pop(key)[0])
 
     def _open(self, key) -> tuple[int, int]:
         path = seg_path(self.root, key)
@@ -225,7 +241,7 @@ class LiveFiles:
 
     def close(self) -> None:
         while self.open:
-            _close(self.open.pop(next(iter(self.open))))
+            _close(self.open.pop(next(iter(self.open)))[0])
 
 
 def _close(fds: tuple[int, int]) -> None:
@@ -237,7 +253,7 @@ def write_live(root: Path, w: LiveWrite) -> None:
     """One LiveWrite, its files opened and closed (tests, tools)."""
     files = LiveFiles(root)
     try:
-        files.write(w)
+        files.write(w, 0.0)
     finally:
         files.close()
 

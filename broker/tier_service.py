@@ -98,9 +98,10 @@ class TierService:
         core.set_wall_clock(int(self.clock.time() * 1000), int(self.clock.monotonic() * 1000))
         if self.worker is None:
             return
+        now = self.clock.monotonic()
+        self.live_files.close_idle(now)
         for req in core.take_repair_reads():
             self._send_repair(req)
-        now = self.clock.monotonic()
         for job, _, error in self.worker.completions():
             # A write may fail with OSError; anything else is a bug, which stops the daemon.
             core.tier_job_done(job, expected(error, OSError), now)
@@ -113,9 +114,10 @@ class TierService:
         reply goes; a failed write fails the request (retriable: its retry is a duplicate,
         acknowledged only once a later write succeeded)."""
         failed = None
+        now = self.clock.monotonic()
         for w in self.core.take_live_writes():
             try:
-                self.live_files.write(w)
+                self.live_files.write(w, now)
                 self.core.live_written(w, None)
             except OSError as err:
                 self.core.live_written(w, err)

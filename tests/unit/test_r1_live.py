@@ -121,11 +121,11 @@ def test_live_files_keep_every_busy_segment_open_up_to_their_bound(tmp_path):
     files = tier_files.LiveFiles(tmp_path, open_max=300)
     try:
         for sid in range(1, 257):             # 256 busy R=1 streams, more than the old 64
-            files.write(live_write(sid, 0, b"a" * 10))
-        fds = dict(files.open)
+            files.write(live_write(sid, 0, b"a" * 10), 0.0)
+        fds = {key: entry[0] for key, entry in files.open.items()}
         for sid in range(1, 257):
-            files.write(live_write(sid, 10, b"b" * 5))
-        assert len(files.open) == 256 and files.open == fds   # no file reopened
+            files.write(live_write(sid, 10, b"b" * 5), 1.0)
+        assert {key: entry[0] for key, entry in files.open.items()} == fds   # none reopened
     finally:
         files.close()
     assert all(seg_bytes(tmp_path, sid) == b"a" * 10 + b"b" * 5 for sid in range(1, 257))
@@ -136,9 +136,9 @@ def test_live_files_past_their_bound_close_the_oldest_and_reopen_it_when_written
     files = tier_files.LiveFiles(tmp_path, open_max=4)
     try:
         for sid in range(1, 7):
-            files.write(live_write(sid, 0, b"x" * 8))
+            files.write(live_write(sid, 0, b"x" * 8), 0.0)
         assert sorted(key[0] for key in files.open) == [3, 4, 5, 6]
-        files.write(live_write(1, 8, b"y" * 8))   # closed above: reopened, appended after
+        files.write(live_write(1, 8, b"y" * 8), 0.0)   # closed above: reopened, appended after
         assert [key[0] for key in files.open] == [4, 5, 6, 1]
     finally:
         files.close()
@@ -158,3 +158,25 @@ def test_live_files_bound_follows_the_open_file_limit(monkeypatch):
     assert limit(40) == tier_files.LIVE_FILES_OPEN_MIN
     with pytest.raises(ValueError, match="open_max"):
         tier_files.LiveFiles(Path("."), open_max=0)
+
+
+def test_live_files_close_the_files_of_segments_no_longer_written(tmp_path):
+    """A sealed, tiered or deleted segment is written no more: its descriptors go, so a
+    deleted file's disk space is not held."""
+    idle_s = tier_files.LIVE_FILES_IDLE_S
+    files = tier_files.LiveFiles(tmp_path, open_max=100)
+    try:
+        files.write(live_write(1, 0, b"a" * 8), 0.0)
+        files.write(live_write(2, 0, b"b" * 8), 1.0)
+        files.write(live_write(1, 8, b"c" * 8), 2.0)    # stream 1 written last
+        files.close_idle(1.0 + idle_s - 0.1)
+        assert sorted(key[0] for key in files.open) == [1, 2]
+        tier_files.seg_path(tmp_path, (2, 0, 0, 0)).unlink()   # deleted (retention) meanwhile
+        files.close_idle(1.0 + idle_s)
+        assert [key[0] for key in files.open] == [1]
+        files.close_idle(2.0 + idle_s)
+        assert files.open == {}
+        files.write(live_write(1, 16, b"d" * 8), 3.0)   # written again: reopened
+    finally:
+        files.close()
+    assert seg_bytes(tmp_path, 1) == b"a" * 8 + b"c" * 8 + b"d" * 8
