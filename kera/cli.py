@@ -21,7 +21,7 @@ import sys
 import time
 
 import kera
-from kera import cli_groups, cli_security, config, gc_policy, malloc_policy
+from kera import cli_groups, cli_security, config, file_limit, gc_policy, malloc_policy
 from kera import cli_outbox
 from kera import cli_deliver
 from kera.admin import DEFAULT_REBALANCE_TIMEOUT_S
@@ -797,6 +797,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in DAEMONS and not getattr(args, "unavailable", False):
         gc_policy.tune_daemon()   # a process of kera's own: see kera.gc_policy
         malloc_policy.tune_daemon()   # and kera.malloc_policy
+        file_limit.tune_daemon()      # and kera.file_limit
     try:
         _probe_bootstrap(args)
         return int(args.func(args) or 0)

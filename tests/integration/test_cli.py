@@ -7,12 +7,15 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from kera import cli
 from kera.local import LocalCluster
 from kera.probe import PROBE_TIMEOUT_S
+
+LOW_SOFT_OPEN_FILES = 256   # a daemon started under a soft limit well below any hard one
 
 COMMANDS = [
     [], ["coordinator"], ["broker"], ["backup"], ["local"], ["stream"], ["stream", "create"],
@@ -31,17 +34,24 @@ def test_help_exits_zero(command, capsys):
     assert out.startswith("usage: kera") and len(out.splitlines()) > 3
 
 
-def test_a_daemon_process_tunes_its_garbage_collector_and_allocator_and_says_so(tmp_path):
-    """`kera coordinator|broker|backup` are kera's own processes: kera.gc_policy and
-    kera.malloc_policy apply."""
+def test_a_daemon_process_tunes_its_collector_allocator_and_file_limit_and_says_so(tmp_path):
+    """`kera coordinator|broker|backup` are kera's own processes: kera.gc_policy,
+    kera.malloc_policy and kera.file_limit apply (started here with a soft open-file limit of
+    256, as a system with a low default would start it)."""
+    import resource
     import threading
 
-    from kera import gc_policy, malloc_policy
+    from kera import file_limit, gc_policy, malloc_policy
     from kera.local import free_port
+    soft_started, hard = LOW_SOFT_OPEN_FILES, resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    raised = file_limit.OPEN_FILES_MAX if hard == resource.RLIM_INFINITY else \
+        min(hard, file_limit.OPEN_FILES_MAX)
     port = free_port("127.0.0.1")
     proc = subprocess.Popen([sys.executable, "-m", "kera", "coordinator", "--host", "127.0.0.1",
                              "--port", str(port), "--dir", str(tmp_path), "--log-level", "DEBUG"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                                  (soft_started, hard)))
     watchdog = threading.Timer(60.0, proc.kill)   # a coordinator that never serves ends the read
     watchdog.start()
     try:
@@ -50,6 +60,7 @@ def test_a_daemon_process_tunes_its_garbage_collector_and_allocator_and_says_so(
             lines.append(line)
             if "serving on" in line:
                 break
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
     finally:
         watchdog.cancel()
         proc.terminate()
@@ -59,6 +70,10 @@ def test_a_daemon_process_tunes_its_garbage_collector_and_allocator_and_says_so(
     said = [line for line in lines if "kera.malloc_policy" in line]
     assert said and f"mmap threshold {malloc_policy.MMAP_THRESHOLD_BYTES} bytes" in said[0], \
         "".join(lines)
+    said = [line for line in lines if "kera.file_limit" in line]
+    assert said and f"raised from {soft_started} to {raised}" in said[0], "".join(lines)
+    open_files = next(line for line in limits.splitlines() if line.startswith("Max open files"))
+    assert open_files.split()[3] == str(raised), limits
 
 
 def test_entry_points_run():
