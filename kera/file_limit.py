@@ -36,5 +36,6 @@ def tune_daemon() -> int:
         log.warning("open-file limit stays %d (raising it to %d was refused: %s); raise "
                     "`ulimit -n` for many connections or busy R=1 streams", soft, target, err)
         return soft
-    log.info("open-file limit raised from %d to %d (the hard limit)", soft, target)
+    log.info("open-file limit raised from %d to %d (hard limit %s)", soft, target,
+             "unlimited" if hard == resource.RLIM_INFINITY else hard)
     return target
