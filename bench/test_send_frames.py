@@ -1,7 +1,8 @@
 """A daemon's send of chunk frames (issue 15): pyzmq's default copy threshold (64 KiB) against
 kera.server.ZERO_COPY_MIN_BYTES, for 4 KiB and 64 KiB chunks taken from a segment-like mmap;
-and short non-adjacent chunks sent one frame each against packed into one frame
-(kera.frame_pack.pack).
+short non-adjacent chunks sent one frame each against packed into one frame
+(kera.frame_pack.pack); and one payload sent to two peers, made into zmq Frames per send against
+once (kera.server.share_payloads).
 
     python -m pytest bench/test_send_frames.py -q --benchmark-enable
 
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 import mmap
 import threading
+import time
 
 import pytest
 import zmq
 
 from kera.frame_pack import pack as _pack
-from kera.server import ZERO_COPY_MIN_BYTES
+from kera.server import ZERO_COPY_MIN_BYTES, send_frames, share_payloads
 
 FRAMES_PER_ROUND = 2000
 FRAMES_PER_MESSAGE = 4
@@ -110,6 +112,53 @@ def test_send_short_chunks(benchmark, segment, chunks_per_write, layout):
     _measure(benchmark, link, send_round, messages)
     benchmark.extra_info.update(chunks_per_write=chunks_per_write,
                                 chunks_per_round=messages * chunks_per_write)
+
+
+@pytest.mark.parametrize("chunk_bytes", [16 * 1024, 64 * 1024 - 512])
+@pytest.mark.parametrize("payload", ["per-peer", "shared"])
+def test_send_payload_to_two_peers(benchmark, segment, chunk_bytes, payload):
+    """A replication payload sent to two backups (R=3): each send making its own zmq message
+    from the views, against the views made into Frames once and sent to both
+    (kera.server.share_payloads). `cpu_us_per_payload` is this process's CPU (sender, its zmq
+    threads and both drain threads) per payload over the rounds."""
+    links = [Link(), Link()]
+    for link in links:
+        link.dealer.copy_threshold = ZERO_COPY_MIN_BYTES
+    messages = FRAMES_PER_ROUND // FRAMES_PER_MESSAGE
+
+    def send_round():
+        offset = 0
+        for _ in range(messages):
+            views = []
+            for _ in range(FRAMES_PER_MESSAGE):
+                if offset + chunk_bytes > SEGMENT_BYTES:
+                    offset = 0
+                views.append(segment[offset:offset + chunk_bytes])
+                offset += chunk_bytes
+            frames = share_payloads([views, views])[0] if payload == "shared" else views
+            for link in links:
+                send_frames(link.dealer, [b"header", *frames])
+
+    cpu_before = time.process_time()
+    _measure(benchmark, _Both(links), send_round, messages)
+    cpu_s = time.process_time() - cpu_before
+    benchmark.extra_info.update(chunk_bytes=chunk_bytes, frames_per_payload=FRAMES_PER_MESSAGE,
+                                cpu_us_per_payload=cpu_s / ((ROUNDS + 1) * messages) * 1e6)
+
+
+class _Both:
+    """Two links waited on and closed as one (for _measure)."""
+
+    def __init__(self, links: list[Link]):
+        self.links = links
+        self.received = self
+
+    def acquire(self, timeout: float) -> bool:
+        return all(link.received.acquire(timeout=timeout) for link in self.links)
+
+    def close(self) -> None:
+        for link in self.links:
+            link.close()
 
 
 def _measure(benchmark, link: Link, send_round, messages: int) -> None:

@@ -208,15 +208,17 @@ class BrokerDaemon:
         self.tiering.pump()
         self.recovery.pump()
         core.tick(now)
-        for w in core.sync(now):
-            self._send_write(w)
+        writes = core.sync(now)
+        # The replicas of a segment that are level get the same payload list (VirtualLog._write).
+        for w, frames in zip(writes, self.server.share([w.frames for w in writes])):
+            self._send_write(w, frames)
         for token, result in core.take_replies():
             if isinstance(result, KeraError):
                 self.server.fail(token, result)
             else:
                 self.server.reply(token, {"results": result})
 
-    def _send_write(self, w: ReplicationWrite) -> None:
+    def _send_write(self, w: ReplicationWrite, frames: list) -> None:
         core = self.core   # a write of a previous incarnation is accounted by that core
 
         def done(header, frames, error, w=w):
@@ -225,7 +227,7 @@ class BrokerDaemon:
         # The core times writes out itself (tick); the peer's deadline, the same, also drops a
         # write still waiting for its connection, so no stale write reaches a replaced backup.
         timeout_s = self.core.cfg.replication_timeout_s
-        self.server.peer(w.address).request("replicate", w.fields, w.frames, timeout_s, done)
+        self.server.peer(w.address).request("replicate", w.fields, frames, timeout_s, done)
 
     # ------------------------------------------------------------------ coordinator
     def _on_refused(self, op: str, error: KeraError) -> None:

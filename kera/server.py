@@ -77,6 +77,24 @@ def send_frames(sock: zmq.Socket, parts: list) -> None:
         sock.send(part, _NOBLOCK_MORE if i < last else _NOBLOCK, copy=False)
 
 
+def share_payloads(payloads: list[list]) -> list[list]:
+    """`payloads` (frame lists, one per outgoing message) with each list that appears more than
+    once, by identity, made into zmq Frames once: zmq then sends every copy of a Frame by
+    reference, so a payload sent to N peers costs one zero-copy hand-off (one wake-up of
+    pyzmq's collector thread when all are sent), or one copy below ZERO_COPY_MIN_BYTES, not N.
+    A broker sends each replication payload to every backup of the segment (R-1 of them).
+    Sending a payload to 2 peers cost the sender 8-12% less CPU this way with 64 KiB frames,
+    15-19% with 16 KiB ones (side by side, bench/test_send_frames.py); the throughput preset
+    at 64 KiB chunks, R=3, showed no change (1.00x, rounds 0.89-1.13x)."""
+    seen: dict[int, list | None] = {}
+    for frames in payloads:
+        key = id(frames)
+        seen[key] = frames if key in seen else None
+    shared = {key: [zmq.Frame(f, copy=len(f) < ZERO_COPY_MIN_BYTES) for f in frames]
+              for key, frames in seen.items() if frames is not None}
+    return [shared.get(id(frames), frames) for frames in payloads]
+
+
 @dataclass(slots=True)
 class Request:
     identity: bytes
@@ -338,6 +356,10 @@ class Server:
             if peer.broken is None:
                 self.poller.unregister(peer.sock)
             peer.close()
+
+    def share(self, payloads: list[list]) -> list[list]:
+        """`payloads` ready to send, the ones sent to several peers made once (share_payloads)."""
+        return share_payloads(payloads)
 
     # ------------------------------------------------------------------ replies
     def reply(self, req: Request, fields: dict | None = None, frames=()) -> None:

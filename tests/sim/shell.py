@@ -273,6 +273,9 @@ class SimServer(Node, kera_server.Server):
         else:
             self.reply(req, result)
 
+    def share(self, payloads: list[list]) -> list[list]:
+        return payloads   # the simulated network delivers bytes: no zmq Frames to share
+
     def reply(self, req: SimRequest, fields: dict | None = None, frames=()) -> None:
         self._send(req.identity, req.src_inc, wire.ok_reply(req.id, fields), frames)
 

@@ -62,3 +62,53 @@ def test_reply_frames_arrive_intact_on_both_sides_of_the_threshold(shell, size):
 def test_senders_pack_exactly_the_pieces_the_server_would_copy():
     from kera import frame_pack
     assert frame_pack.PACK_RUN_BYTES_MAX == kera_server.ZERO_COPY_MIN_BYTES
+
+
+def test_a_payload_sent_to_several_peers_is_made_into_frames_once():
+    from kera.broker.segment_pool import in_use
+    big_buf, big = _segment_like(kera_server.ZERO_COPY_MIN_BYTES, 1)
+    small = b"s" * (kera_server.ZERO_COPY_MIN_BYTES - 1)
+    twice, once = [big, small], [small]
+    out = kera_server.share_payloads([twice, once, twice])
+    assert out[1] is once                       # sent once: left as it is
+    assert out[0] is out[2] and out[0] is not twice
+    assert all(isinstance(f, zmq.Frame) for f in out[0])
+    assert [f.bytes for f in out[0]] == [bytes(big), small]
+    del big, twice
+    assert in_use(big_buf)                      # the long frame references the buffer...
+    assert out[0][1].buffer.obj is not small    # ...the short one is a copy
+
+
+@pytest.mark.parametrize("size", [kera_server.ZERO_COPY_MIN_BYTES - 1, 64 * 1024])
+def test_a_shared_payload_arrives_intact_at_every_peer(size):
+    receivers = [kera_server.Server(f"backup-{i}") for i in range(2)]
+    got: dict[str, list] = {}
+
+    def keep(req, name):
+        got[name] = [bytes(f) for f in req.frames]
+        return {}
+
+    for r in receivers:
+        r.handlers["replicate"] = lambda req, name=r.name: keep(req, name)
+    sender = kera_server.Server("broker")
+    try:
+        buf, view = _segment_like(size, 0xCD)
+        payload = [view[: size // 2], view[size // 2:]]
+        shared = sender.share([payload, payload])
+        del view, payload
+        replies = []
+        for r, frames in zip(receivers, shared):
+            sender.peer(f"127.0.0.1:{r.port}").request(
+                "replicate", {}, frames, RECEIVE_TIMEOUT_S,
+                lambda header, frames, error: replies.append(error))
+        del shared
+        deadline = time.monotonic() + RECEIVE_TIMEOUT_S
+        while len(replies) < 2 and time.monotonic() < deadline:
+            for s in (sender, *receivers):
+                s.run_once(0.005)
+        assert replies == [None, None]
+        half = bytes([0xCD]) * (size // 2)
+        assert got == {r.name: [half, bytes([0xCD]) * (size - size // 2)] for r in receivers}
+    finally:
+        for s in (sender, *receivers):
+            s.close()
