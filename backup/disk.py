@@ -16,8 +16,6 @@ allows it (kera.backup.direct_write says why), through the page cache where it d
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 from pathlib import Path
@@ -33,10 +31,6 @@ from kera.backup.replica import Key
 from kera.backup.store import DiskRead, DropJob, FlushJob
 
 log = logging.getLogger(__name__)
-
-IOV_MAX = 1024  # buffers per pwritev call (the Linux limit)
-# False once a filesystem refused O_DIRECT (EINVAL: tmpfs): then every flush writes buffered.
-_direct_works = hasattr(os, "O_DIRECT")
 
 
 def base_name(key: Key) -> str:
@@ -67,9 +61,9 @@ def flush(root: Path, job: FlushJob) -> None:
     fd, created, direct = _open_segment(path, truncate)
     try:
         if direct:
-            _write_direct(fd, path, job)
+            direct_write.write_or_fall_back(fd, path, job.buffers, job.offset, job.meta.length)
         else:
-            _pwrite_all(fd, job.buffers, job.offset)
+            direct_write.pwrite_all(fd, job.buffers, job.offset)
         os.fdatasync(fd)
     finally:
         os.close(fd)
@@ -79,37 +73,15 @@ def flush(root: Path, job: FlushJob) -> None:
         fsync_dir(directory)
 
 
-def _write_direct(fd: int, path: Path, job: FlushJob) -> None:
-    """O_DIRECT, or the page cache from now on if the device refuses the alignment
-    (EINVAL: a logical block larger than direct_write.BLOCK_BYTES)."""
-    try:
-        direct_write.write(fd, job.buffers, job.offset)
-    except OSError as err:
-        _give_up_direct(err, path, "an O_DIRECT write")
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-        _pwrite_all(fd, job.buffers, job.offset)
-        os.ftruncate(fd, job.meta.length)   # past it: what the refused attempt may have padded
-
-
 def _open_segment(path: Path, flags: int) -> tuple[int, bool, bool]:
     """An fd of a replica file for writing, whether it was created, and whether it is O_DIRECT
     (kera.backup.direct_write); a filesystem without O_DIRECT (tmpfs) gets buffered writes."""
-    if _direct_works:
+    if direct_write.works():
         try:
             return (*_open_or_create(path, flags | os.O_RDWR | os.O_DIRECT), True)
         except OSError as err:
-            _give_up_direct(err, path, "opening with O_DIRECT")
+            direct_write.give_up(err, path, "opening with O_DIRECT")
     return (*_open_or_create(path, flags | os.O_WRONLY), False)
-
-
-def _give_up_direct(err: OSError, path: Path, what: str) -> None:
-    """On EINVAL (O_DIRECT refused), write through the page cache from now on; raise the rest."""
-    global _direct_works
-    if err.errno != errno.EINVAL:
-        raise err
-    _direct_works = False
-    log.info("replica files are written through the page cache from now on: %s was refused "
-             "under %s (%s)", what, path.parent, err)
 
 
 def _open_or_create(path: Path, flags: int) -> tuple[int, bool]:
@@ -134,24 +106,6 @@ def remove(root: Path, key: Key) -> None:
     fsync) before the next, so that order holds after a machine crash too."""
     for path in (meta_path(root, key), segment_path(root, key)):
         unlink_durable(path)
-
-
-def _pwrite_all(fd: int, buffers, offset: int) -> None:
-
-    pending = [b for b in buffers if len(b)]
-    while pending:
-        batch = pending[:IOV_MAX]
-        written = os.pwritev(fd, batch, offset)
-        offset += written
-        # Drop what was written; a short write leaves the tail of one buffer to go again.
-        consumed = 0
-        while consumed < len(batch) and written >= len(batch[consumed]):
-            written -= len(batch[consumed])
-            consumed += 1
-        rest = pending[consumed:]
-        if written:
-            rest[0] = rest[0][written:]
-        pending = rest
 
 
 def write_meta(root: Path, meta: Meta) -> bool:

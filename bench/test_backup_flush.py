@@ -19,7 +19,7 @@ import os
 import pytest
 
 from kera import chunk
-from kera.backup import disk
+from kera.backup import direct_write, disk
 from kera.backup.meta import Meta
 from kera.backup.store import FlushJob
 
@@ -52,7 +52,7 @@ def _flush_files(root, first: int, payload: bytes) -> int:
 
 @pytest.mark.parametrize("path", ["o_direct", "page_cache"])
 def test_flush_64k_chunks_into_new_files(benchmark, tmp_path, monkeypatch, path):
-    monkeypatch.setattr(disk, "_direct_works", path == "o_direct")
+    monkeypatch.setattr(direct_write, "_works", path == "o_direct")
     payload = bytes(chunk.encode(1, 0, 1, 0, [b"v" * 100] * CHUNK_VALUES))
     totals = []
 
@@ -62,7 +62,7 @@ def test_flush_64k_chunks_into_new_files(benchmark, tmp_path, monkeypatch, path)
         totals.append((written, _cpu_s() - cpu))
 
     benchmark.pedantic(round_, rounds=ROUNDS, iterations=1, warmup_rounds=0)
-    assert disk._direct_works is (path == "o_direct")
+    assert direct_write._works is (path == "o_direct")
     mib = sum(w for w, _ in totals) / MIB
     print(f"\n{path}: {sum(c for _, c in totals) * 1000 / mib:.2f} ms CPU per MiB flushed "
           f"({mib:.0f} MiB)")

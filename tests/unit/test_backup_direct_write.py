@@ -88,7 +88,7 @@ def _chunks(n: int, seed: int) -> list[bytes]:
 def test_flushes_write_the_replica_through_either_path(tmp_path, monkeypatch, direct):
     if direct:
         os.close(_open_direct(tmp_path / "probe"))
-    monkeypatch.setattr(disk, "_direct_works", direct)
+    monkeypatch.setattr(direct_write, "_works", direct)
     key = (1, 0, 7)
     data, offset = _chunks(30, 1), 0
     for cut in (5, 6, 19, 30):
@@ -101,7 +101,7 @@ def test_flushes_write_the_replica_through_either_path(tmp_path, monkeypatch, di
     total = len(b"".join(data))     # not a multiple of a block: a close rewrites nothing
     disk.flush(tmp_path, FlushJob(key, total, (), Meta(*key, total, True)))
     assert disk.segment_path(tmp_path, key).read_bytes() == b"".join(data)
-    assert disk._direct_works is direct    # O_DIRECT was taken, not given up on
+    assert direct_write._works is direct    # O_DIRECT was taken, not given up on
     [record] = disk.scan(tmp_path)
     assert (record.length, record.closed) == (total, True)
     assert total % BLOCK
@@ -112,14 +112,14 @@ def test_a_device_refusing_the_alignment_falls_back_to_the_page_cache(tmp_path, 
     # refuses those O_DIRECT writes with EINVAL, as a device with blocks larger than
     # BLOCK_BYTES would refuse ours.
     os.close(_open_direct(tmp_path / "probe"))
-    monkeypatch.setattr(disk, "_direct_works", True)
+    monkeypatch.setattr(direct_write, "_works", True)
     monkeypatch.setattr(direct_write, "BLOCK_BYTES", 256)
     monkeypatch.setattr(direct_write, "_ZEROS", bytes(256))
     key, data = (1, 0, 8), [chunk.encode(1, 0, 2, 0, [b"x"])]   # padded to one 256-byte block
     assert len(data[0]) <= 256
     disk.flush(tmp_path, FlushJob(key, 0, tuple(map(memoryview, data)),
                                   Meta(*key, len(b"".join(data)), False)))
-    assert disk._direct_works is False
+    assert direct_write._works is False
     assert disk.segment_path(tmp_path, key).read_bytes() == b"".join(data)
     more = _chunks(2, 3)
     disk.flush(tmp_path, FlushJob(key, len(b"".join(data)), tuple(map(memoryview, more)),
