@@ -167,7 +167,12 @@ def _one_line(what: str, t: TrialResult) -> str:
     return (f"{what}: produce {t.producer_records_per_s:,.0f} rec/s "
             f"({t.producer_mb_per_s:.1f} MB/s), consume {t.consumer_records_per_s:,.0f} rec/s, "
             f"p99 {p99} ms, {cpu} CPU s/Mrec, acked {t.acked:,} {ok}, "
-            f"machine busy {t.machine_busy_fraction:.0%}")
+            f"machine busy {t.machine_busy_fraction:.0%}{_disk(t)}")
+
+
+def _disk(t: TrialResult) -> str:
+    mb_s = t.server_disk_mb_per_s
+    return "" if mb_s is None else f", servers wrote {mb_s:,.1f} MB/s to disk"
 
 
 # ---------------------------------------------------------------------- selection

@@ -1,4 +1,5 @@
-"""CPU seconds from /proc, without psutil: per process (all its threads) and for the machine.
+"""CPU seconds and disk writes from /proc, without psutil: per process (all its threads) and
+for the machine.
 
 The machine is shared, so every measurement also records how busy the whole machine was:
 CPU used by processes outside the system under test is noise the results should show.
@@ -27,6 +28,25 @@ def process_cpu_s(pid: int) -> float | None:
 def processes_cpu_s(pids) -> float:
     """Summed CPU seconds of `pids` (a process that is gone counts 0)."""
     return sum(process_cpu_s(pid) or 0.0 for pid in pids)
+
+
+def process_write_bytes(pid: int) -> int | None:
+    """Bytes process `pid` has sent, or dirtied in the page cache, to storage (its
+    /proc/PID/io `write_bytes`: O_DIRECT and buffered writes alike), None if it is gone or
+    not readable."""
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"write_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def processes_write_bytes(pids) -> int:
+    """Summed `process_write_bytes` of `pids` (a process that is gone counts 0)."""
+    return sum(process_write_bytes(pid) or 0 for pid in pids)
 
 
 def machine_cpu_s() -> tuple[float, float]:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from .latency import LatencyHistogram
-from .procstat import machine_cpu_s, processes_cpu_s
+from .procstat import machine_cpu_s, processes_cpu_s, processes_write_bytes
 from .workers import Control, consumer_main, producer_main
 from .workload import Workload
 
@@ -65,6 +65,7 @@ class TrialResult:
     latency_p999_ms: float | None = None
     latency_kind: str | None = END_TO_END    # or "producer ack" (Kafka's Java tools)
     tool: dict = field(default_factory=dict, repr=False)   # kafka-java: the tools' own numbers
+    server_disk_mb_per_s: float | None = None   # the servers' writes to storage in the window
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -106,8 +107,10 @@ def _run(system, w: Workload, prefix: str, repeat: int) -> TrialResult:
         pids = system.server_pids()
         _sleep_until(window_start)
         server0, machine0 = processes_cpu_s(pids), machine_cpu_s()
+        written0 = processes_write_bytes(pids)
         _sleep_until(window_end)
         server1, machine1 = processes_cpu_s(pids), machine_cpu_s()
+        written = processes_write_bytes(pids) - written0
 
         produced = _collect(ctl, procs, "result", w.producers,
                             RESULT_TIMEOUT_S + w.duration_s, system, role="producer")
@@ -124,8 +127,10 @@ def _run(system, w: Workload, prefix: str, repeat: int) -> TrialResult:
             if p.is_alive():
                 p.kill()
                 p.join(5)
-    return _result(system.name, w, repeat, produced, consumed, drained,
-                   server1 - server0, machine1[0] - machine0[0], machine1[1] - machine0[1])
+    result = _result(system.name, w, repeat, produced, consumed, drained,
+                     server1 - server0, machine1[0] - machine0[0], machine1[1] - machine0[1])
+    result.server_disk_mb_per_s = written / 1e6 / w.duration_s
+    return result
 
 
 def _sleep_until(t: float) -> None:

@@ -120,9 +120,11 @@ class KeraSystem(_System):
     def start(self, layout: dict, cluster_dir: Path):
         from kera.local import LocalCluster
 
+        memory = layout.get("memory_limit_mib")
         return LocalCluster(cluster_dir, brokers=layout["brokers"], backups=layout["backups"],
                             virtual_logs=layout["virtual_logs"], log_level="WARNING",
-                            secure=self.secure)
+                            secure=self.secure,
+                            extra_broker_args=["--memory-limit", f"{memory}MiB"] if memory else ())
 
     def cluster_dir(self) -> Path:
         return self.cluster.data_dir

@@ -51,6 +51,9 @@ class Workload:
     compression: str = "none"           # both: none, lz4 or zstd (per kera chunk / Kafka batch)
     payload: str = "random"             # record bytes: random (incompressible) or text (words)
     headers: int = 0                    # both: header pairs per record ("h<i>" -> 8 bytes)
+    # The kera broker's --memory-limit, MiB; 0: its default (a quarter of RAM). Kafka has none
+    # (its brokers write to the page cache as always).
+    memory_limit_mib: int = 0
     tags: dict = field(default_factory=dict, compare=False, hash=False)  # the swept values, for tables
 
     def __post_init__(self) -> None:
@@ -67,6 +70,8 @@ class Workload:
             raise ValueError(f"compression={self.compression!r}: use one of {', '.join(COMPRESSIONS)}")
         if self.payload not in PAYLOADS:
             raise ValueError(f"payload={self.payload!r}: use one of {', '.join(PAYLOADS)}")
+        if self.memory_limit_mib < 0:
+            raise ValueError("memory_limit_mib must be >= 0 (0: the broker's default)")
         if self.duration_s <= 0 or self.warmup_s < 0:
             raise ValueError("duration_s must be > 0 and warmup_s >= 0")
 
@@ -108,7 +113,8 @@ class Workload:
 
     def kera_layout(self) -> dict:
         return {"brokers": 1, "backups": self.replication - 1,
-                "virtual_logs": self.effective_virtual_logs}
+                "virtual_logs": self.effective_virtual_logs,
+                "memory_limit_mib": self.memory_limit_mib}
 
     def kafka_layout(self) -> dict:
         return {"brokers": self.replication,
@@ -252,6 +258,27 @@ def _headers() -> Preset:
                   "drops headers)", tuple(out))
 
 
+# The memory-full preset's broker budget: above what the open segments map (32 streamlets x 4
+# groups x 8 MiB = 1 GiB, counted whole), and filled within the warm-up at these rates.
+MEMORY_FULL_LIMIT_MIB = 2048
+MEMORY_FULL_WARMUP_S = 15.0
+
+
+def _memory_full() -> Preset:
+    out = []
+    for kib in (16, 64):
+        out.append(Workload(f"memory-full-{kib}k-r3", producers=2, consumers=2, streams=1,
+                            streamlets=32, active_groups=4, replication=3,
+                            chunk_size_bytes=kib * KiB, memory_limit_mib=MEMORY_FULL_LIMIT_MIB,
+                            warmup_s=MEMORY_FULL_WARMUP_S, duration_s=8.0,
+                            tags={"R": 3, "chunk_KiB": kib, "memory_MiB": MEMORY_FULL_LIMIT_MIB}))
+    return Preset("memory-full", "the throughput preset's R=3 rows in steady state: the kera "
+                  f"broker's --memory-limit is {MEMORY_FULL_LIMIT_MIB} MiB, filled during a "
+                  f"{MEMORY_FULL_WARMUP_S:.0f} s warm-up, so it writes to its disk (tiers) all "
+                  "it takes in while measured; Kafka's brokers are as always (the page cache)",
+                  tuple(out))
+
+
 def _reference() -> Preset:
     out = []
     for r in (1, 3):
@@ -276,4 +303,5 @@ def _latency_r3() -> Preset:
 
 
 PRESETS = {p.name: p for p in (_quick(), _streams(), _clients(), _throughput(), _vlogs(),
-                               _compression(), _headers(), _reference(), _latency_r3())}
+                               _compression(), _headers(), _reference(), _latency_r3(),
+                               _memory_full())}

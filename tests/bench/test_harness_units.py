@@ -13,7 +13,8 @@ import pytest
 from bench import cli
 from bench.cli import apply_overrides, select
 from bench.latency import LatencyHistogram, stamp_rows, stamps_from_blob, stamps_from_values
-from bench.procstat import machine_cpu_s, process_cpu_s, self_cpu_s
+from bench.procstat import (machine_cpu_s, process_cpu_s, process_write_bytes,
+                            processes_write_bytes, self_cpu_s)
 from bench.runner import TrialResult
 from bench.workload import (ONE_PER_SUB_PARTITION, PRESETS, Workload, consumer_partitions,
                             producer_streams)
@@ -60,8 +61,21 @@ def test_records_with_headers_fill_exactly_one_kera_chunk():
 def test_layouts_for_replication():
     w = Workload("w", replication=3, streams=2, streamlets=4, active_groups=2,
                  virtual_logs=ONE_PER_SUB_PARTITION)
-    assert w.kera_layout() == {"brokers": 1, "backups": 2, "virtual_logs": 16}
+    assert w.kera_layout() == {"brokers": 1, "backups": 2, "virtual_logs": 16,
+                               "memory_limit_mib": 0}
     assert w.kafka_layout() == {"brokers": 3, "min_insync_replicas": 2}
+
+
+def test_the_memory_full_preset_gives_the_broker_a_limit_its_open_segments_fit_under():
+    segment_mib = 8                       # the coordinator's default segment size
+    for w in PRESETS["memory-full"].workloads:
+        limit = w.kera_layout()["memory_limit_mib"]
+        assert limit == w.memory_limit_mib > 0
+        assert limit > w.sub_partitions * segment_mib      # open segments are counted whole
+        assert w.warmup_s > w.duration_s                   # time to fill it before measuring
+    assert w.kafka_layout() == Workload("k", replication=3).kafka_layout()
+    with pytest.raises(ValueError):
+        Workload("w", memory_limit_mib=-1)
 
 
 def test_stamps_survive_both_decoders():
@@ -108,6 +122,17 @@ def test_cpu_accounting_from_proc():
     assert process_cpu_s(2 ** 22 + 12345) is None
     busy, total = machine_cpu_s()
     assert 0 < busy < total
+
+
+def test_disk_writes_from_proc(tmp_path):
+    before = process_write_bytes(os.getpid())
+    with open(tmp_path / "f", "wb") as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+    assert process_write_bytes(os.getpid()) - before >= 1 << 20
+    assert processes_write_bytes([os.getpid(), 2 ** 22 + 12345]) >= 1 << 20
+    assert process_write_bytes(2 ** 22 + 12345) is None
 
 
 def test_selection_and_overrides():
