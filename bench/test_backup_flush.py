@@ -14,8 +14,6 @@ O_DIRECT (kera.backup.direct_write).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from kera import chunk
@@ -23,17 +21,13 @@ from kera.backup import direct_write, disk
 from kera.backup.meta import Meta
 from kera.backup.store import FlushJob
 
+from .procstat import cpu_ms_per_mib
+
 CHUNK_VALUES = 600                     # ~64 KiB chunks of 100-byte values
 JOB_BYTES = 1 << 20                    # a flush job's bytes
 FILE_BYTES = 16 << 20                  # a replica's bytes (a flush job writes at most this)
 FILES = 32                             # per round: 512 MiB
 ROUNDS = 3
-MIB = 1 << 20
-
-
-def _cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 def _flush_files(root, first: int, payload: bytes) -> int:
@@ -54,15 +48,7 @@ def _flush_files(root, first: int, payload: bytes) -> int:
 def test_flush_64k_chunks_into_new_files(benchmark, tmp_path, monkeypatch, path):
     monkeypatch.setattr(direct_write, "_works", path == "o_direct")
     payload = bytes(chunk.encode(1, 0, 1, 0, [b"v" * 100] * CHUNK_VALUES))
-    totals = []
-
-    def round_():
-        cpu = _cpu_s()
-        written = _flush_files(tmp_path, len(totals) * FILES, payload)
-        totals.append((written, _cpu_s() - cpu))
-
-    benchmark.pedantic(round_, rounds=ROUNDS, iterations=1, warmup_rounds=0)
+    ms, mib = cpu_ms_per_mib(
+        benchmark, lambda i: _flush_files(tmp_path, i * FILES, payload), ROUNDS)
     assert direct_write._works is (path == "o_direct")
-    mib = sum(w for w, _ in totals) / MIB
-    print(f"\n{path}: {sum(c for _, c in totals) * 1000 / mib:.2f} ms CPU per MiB flushed "
-          f"({mib:.0f} MiB)")
+    print(f"\n{path}: {ms:.2f} ms CPU per MiB flushed ({mib:.0f} MiB)")

@@ -63,6 +63,19 @@ def segment():
     yield memoryview(buf)
 
 
+def _views(segment: memoryview, offset: int, count: int, size: int,
+           stride: int) -> tuple[list, int]:
+    """`count` views of `size` bytes, `stride` apart from `offset` (wrapping at the segment's
+    end), and the offset after them."""
+    views = []
+    for _ in range(count):
+        if offset + stride > SEGMENT_BYTES:
+            offset = 0
+        views.append(segment[offset:offset + size])
+        offset += stride
+    return views, offset
+
+
 @pytest.mark.parametrize("chunk_bytes", [4 * 1024, 64 * 1024 - 512])
 @pytest.mark.parametrize("threshold", ["pyzmq-default", "kera"])
 def test_send_chunk_frames(benchmark, segment, chunk_bytes, threshold):
@@ -74,13 +87,8 @@ def test_send_chunk_frames(benchmark, segment, chunk_bytes, threshold):
     def send_round():
         offset = 0
         for _ in range(messages):
-            frames = [b"header"]
-            for _ in range(FRAMES_PER_MESSAGE):
-                if offset + chunk_bytes > SEGMENT_BYTES:
-                    offset = 0
-                frames.append(segment[offset:offset + chunk_bytes])
-                offset += chunk_bytes
-            link.dealer.send_multipart(frames, copy=False)
+            views, offset = _views(segment, offset, FRAMES_PER_MESSAGE, chunk_bytes, chunk_bytes)
+            link.dealer.send_multipart([b"header", *views], copy=False)
 
     _measure(benchmark, link, send_round, messages)
     benchmark.extra_info.update(chunk_bytes=chunk_bytes, copy_threshold=link.dealer.copy_threshold,
@@ -100,12 +108,7 @@ def test_send_short_chunks(benchmark, segment, chunks_per_write, layout):
     def send_round():
         offset = 0
         for _ in range(messages):
-            views = []
-            for _ in range(chunks_per_write):
-                if offset + stride > SEGMENT_BYTES:
-                    offset = 0
-                views.append(segment[offset:offset + size])
-                offset += stride
+            views, offset = _views(segment, offset, chunks_per_write, size, stride)
             frames = views if layout == "frame-per-chunk" else _pack(views)
             link.dealer.send_multipart([b"header", *frames], copy=False)
 
@@ -129,12 +132,7 @@ def test_send_payload_to_two_peers(benchmark, segment, chunk_bytes, payload):
     def send_round():
         offset = 0
         for _ in range(messages):
-            views = []
-            for _ in range(FRAMES_PER_MESSAGE):
-                if offset + chunk_bytes > SEGMENT_BYTES:
-                    offset = 0
-                views.append(segment[offset:offset + chunk_bytes])
-                offset += chunk_bytes
+            views, offset = _views(segment, offset, FRAMES_PER_MESSAGE, chunk_bytes, chunk_bytes)
             frames = share_payloads([views, views])[0] if payload == "shared" else views
             for link in links:
                 send_frames(link.dealer, [b"header", *frames])

@@ -14,7 +14,6 @@ summary line's CPU ms per MiB of each path (the process's user + system time).
 from __future__ import annotations
 
 import mmap
-import os
 
 import pytest
 
@@ -22,16 +21,12 @@ from kera import chunk
 from kera.backup import direct_write
 from kera.broker import tier_files
 
+from .procstat import cpu_ms_per_mib
+
 SEGMENT_BYTES = 8 << 20                # the default segment
 CHUNK_VALUES = 600                     # ~64 KiB chunks of 100-byte values
 FILES = 48                             # per round: 384 MiB
 ROUNDS = 3
-MIB = 1 << 20
-
-
-def _cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 def _segment() -> tuple[memoryview, int, int]:
@@ -55,15 +50,7 @@ def _write_files(root, first: int, data, length: int, chunks: int) -> int:
 def test_tier_8mib_segments_into_new_files(benchmark, tmp_path, monkeypatch, path):
     monkeypatch.setattr(direct_write, "_works", path == "o_direct")
     data, length, chunks = _segment()
-    totals = []
-
-    def round_():
-        cpu = _cpu_s()
-        written = _write_files(tmp_path, len(totals) * FILES, data, length, chunks)
-        totals.append((written, _cpu_s() - cpu))
-
-    benchmark.pedantic(round_, rounds=ROUNDS, iterations=1, warmup_rounds=0)
+    ms, mib = cpu_ms_per_mib(
+        benchmark, lambda i: _write_files(tmp_path, i * FILES, data, length, chunks), ROUNDS)
     assert direct_write._works is (path == "o_direct")
-    mib = sum(w for w, _ in totals) / MIB
-    print(f"\n{path}: {sum(c for _, c in totals) * 1000 / mib:.2f} ms CPU per MiB tiered "
-          f"({mib:.0f} MiB)")
+    print(f"\n{path}: {ms:.2f} ms CPU per MiB tiered ({mib:.0f} MiB)")
