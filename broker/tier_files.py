@@ -17,10 +17,10 @@ counts up to the last whole record of its `.live` file; once the tier commits th
 `.live` file is ignored and removed.
 
 A `.seg` file holds the segment's chunks back to back, exactly the bytes the segment holds in
-memory (stamped, checksummed), written with O_DIRECT when new (`_open_segment_file` says why).
-The `.meta` file is its commit record (below): the `.seg` counts
-only once its record exists, and only its `length` bytes. Write order: chunk bytes, fdatasync,
-record to a temporary name, fsync, rename, fsync the directory; a crash at any point leaves
+memory (stamped, checksummed), written with O_DIRECT when new (`_open_segment_file` says
+why). The `.meta` file is its commit record (below): the `.seg` counts only once its record
+exists, and only its `length` bytes. Write order: chunk bytes, fdatasync, record to a
+temporary name, fsync, rename, fsync the directory; a crash at any point leaves
 either no record (the `.seg` is an orphan, removed at the next start) or a whole one. Deletion
 removes the record first.
 
@@ -342,9 +342,9 @@ def _open_segment_file(path: Path) -> tuple[int, bool]:
     A new file is written with O_DIRECT where the filesystem takes it: through the page cache,
     writing 8 MiB segments cost the tier thread 2.0 ms of CPU per MiB on this project's VM
     while the page cache grew (kera.backup.direct_write says why), against 0.15 ms
-    (bench/test_tier_write.py), and a broker at its memory limit tiers all it takes in. Readers then map the
-    file and fault its pages in from the device, as reads of data older than the memory holds
-    should. An existing file is an R=1 segment's (its live writes made it): no O_TRUNC, since
+    (bench/test_tier_write.py), and a broker at its memory limit tiers all it takes in.
+    Readers then map the file and fault its pages in from the device, as reads of data older
+    than the memory holds should. An existing file is an R=1 segment's (its live writes made it): no O_TRUNC, since
     its `.live` record vouches for those acknowledged bytes until the `.meta` exists, and
     through the page cache, which holds them already."""
     if direct_write.works():
