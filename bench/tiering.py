@@ -1,4 +1,5 @@
-"""Tiering figures, measured in one run on a local cluster (one broker, R=1):
+"""Tiering figures, measured in one run on a local cluster (one broker; R=1, or R copies with
+R-1 backups under `--replication R`):
 
 1. Broker resident memory over a long ingest with a memory limit: RSS, and the part of it
    that segments take (anonymous shared maps: RssShmem), sampled every `--sample-s` while
@@ -9,7 +10,10 @@
    size, each read whole by a fresh consumer (bulk `poll_batch`). The disk stream is read once
    with its files' pages evicted from the page cache first (posix_fadvise DONTNEED: cold,
    from the device), then both streams alternately `--rounds` times (warm: page cache vs
-   memory); medians are reported.
+   memory); medians are reported. At R=1 the broker wrote each segment's file through the page
+   cache before acknowledging it; at R >= 2 it writes new files with O_DIRECT
+   (kera.broker.tier_files), so the cold read is also what a consumer just behind the memory
+   limit gets.
 
     python -m bench.tiering --ingest-mib 1024 --limit-mib 64 --out /tmp/kera-tiering
 
@@ -137,12 +141,13 @@ def run(args) -> dict:
     limit = args.limit_mib * MiB
     data = Path(tempfile.mkdtemp(prefix="kera-tiering-", dir=args.data_dir))
     seg = args.segment_mib * MiB
-    with LocalCluster(data, brokers=1, log_level="WARNING",
+    with LocalCluster(data, brokers=1, backups=args.replication - 1, log_level="WARNING",
                       extra_broker_args=["--memory-limit", str(limit)]) as cluster:
         broker = cluster.brokers[0]
         with cluster.admin() as admin:
             ids = {name: admin.create_stream(name, streamlets=2, segment_size_bytes=seg,
-                                             group_segments=8)["id"]
+                                             group_segments=8,
+                                             replication=args.replication)["id"]
                    for name in ("ingest", "on-disk", "in-memory")}
         sampler = Sampler(broker.pid, broker.address, args.sample_s)
         sampler.start()
@@ -172,6 +177,7 @@ def run(args) -> dict:
     rows = sampler.rows
     ingest_rows = [r for r in rows if r["appended_mib"] > args.read_mib]
     summary = {
+        "replication": args.replication,
         "memory_limit_mib": args.limit_mib,
         "segment_mib": args.segment_mib,
         "ingested_mib": round(before_reads["bytes_appended"] / MiB, 1),
@@ -230,7 +236,8 @@ def _plot(rows, summary, path: Path) -> None:
     for i, r in enumerate(rates):
         b.text(i, r, f"{r:.0f}", ha="center", va="bottom")
     b.set_ylabel("consumer throughput (MiB/s)")
-    b.set_title(f"Reading {summary['read_mib_each']} MiB, one consumer")
+    b.set_title(f"Reading {summary['read_mib_each']} MiB, one consumer, "
+                f"R={summary['replication']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -243,9 +250,13 @@ def main(argv=None) -> int:
     p.add_argument("--read-mib", type=int, default=64, help="size of each read stream")
     p.add_argument("--sample-s", type=float, default=0.25)
     p.add_argument("--rounds", type=int, default=5, help="alternated warm reads of each stream")
+    p.add_argument("--replication", type=int, default=1,
+                   help="copies of each record: the cluster gets R-1 backups (default: 1)")
     p.add_argument("--data-dir", default=None, help="where the cluster's data goes (default: TMPDIR)")
     p.add_argument("--out", default="results/tiering")
     args = p.parse_args(argv)
+    if args.replication < 1:
+        p.error(f"--replication must be at least 1, not {args.replication}")
     print(json.dumps(run(args), indent=2))
     return 0
 
