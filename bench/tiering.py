@@ -135,6 +135,14 @@ def _write_samples(rows: list[dict], path: Path) -> None:
         w.writerows(rows)
 
 
+def _create_streams(cluster, segment_bytes: int, replication: int) -> dict[str, int]:
+    """The run's three streams; returns their ids by name."""
+    with cluster.admin() as admin:
+        return {name: admin.create_stream(name, streamlets=2, segment_size_bytes=segment_bytes,
+                                          group_segments=8, replication=replication)["id"]
+                for name in ("ingest", "on-disk", "in-memory")}
+
+
 def run(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -144,11 +152,7 @@ def run(args) -> dict:
     with LocalCluster(data, brokers=1, backups=args.replication - 1, log_level="WARNING",
                       extra_broker_args=["--memory-limit", str(limit)]) as cluster:
         broker = cluster.brokers[0]
-        with cluster.admin() as admin:
-            ids = {name: admin.create_stream(name, streamlets=2, segment_size_bytes=seg,
-                                             group_segments=8,
-                                             replication=args.replication)["id"]
-                   for name in ("ingest", "on-disk", "in-memory")}
+        ids = _create_streams(cluster, seg, args.replication)
         sampler = Sampler(broker.pid, broker.address, args.sample_s)
         sampler.start()
         # Oldest first: "on-disk" is pushed out by the long ingest; "in-memory" is written
