@@ -142,6 +142,9 @@ class WriteJob(NamedTuple):
     segment: object          # the broker's Segment (only the loop looks at it)
     record: SegmentRecord
     data: memoryview
+    # The first bytes of `data` an R=1 segment's live writes already put in its file, each
+    # write complete before its ack (TierStore.live): not written again (write_segment).
+    on_file_bytes: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -301,7 +304,7 @@ class DeleteStreamJob(NamedTuple):
 def run(root: Path, job) -> None:
     """Run one tier job (on the tier thread); raises OSError to the caller."""
     if isinstance(job, WriteJob):
-        write_segment(root, job.record, job.data)
+        write_segment(root, job.record, job.data, job.on_file_bytes)
     elif isinstance(job, DeleteJob):
         delete_segment(root, job.key)
     elif isinstance(job, DeleteStreamJob):
@@ -312,7 +315,10 @@ def run(root: Path, job) -> None:
         raise TypeError(f"unknown tier job {job!r}")
 
 
-def write_segment(root: Path, record: SegmentRecord, data) -> None:
+def write_segment(root: Path, record: SegmentRecord, data, on_file_bytes: int = 0) -> None:
+    """Write the segment's `record.length` bytes of `data` to its file, fdatasync, then commit
+    its record. `on_file_bytes`: the first bytes an existing file already holds, as `data` has
+    them (an R=1 segment's live writes); counted only if the file is that long."""
     key = record.key
     directory = streamlet_dir(root, key[0], key[1])
     if not directory.is_dir():
@@ -320,12 +326,13 @@ def write_segment(root: Path, record: SegmentRecord, data) -> None:
         fsync_dir(directory.parent)
     path = seg_path(root, key)
     view = memoryview(data)[:record.length]
-    fd, direct = _open_segment_file(path)
+    fd, direct, existed = _open_segment_file(path)
     try:
         if direct:
             direct_write.write_or_fall_back(fd, path, [view], 0, record.length)
         else:
-            _pwrite_all(fd, view, 0)
+            start = _bytes_kept(fd, min(on_file_bytes, record.length)) if existed else 0
+            _pwrite_all(fd, view[start:], start)
         os.ftruncate(fd, record.length)
         os.fdatasync(fd)
     finally:
@@ -336,25 +343,33 @@ def write_segment(root: Path, record: SegmentRecord, data) -> None:
         unlink_durable(live)
 
 
-def _open_segment_file(path: Path) -> tuple[int, bool]:
-    """An fd to write a segment's file, and whether it is O_DIRECT.
+def _open_segment_file(path: Path) -> tuple[int, bool, bool]:
+    """An fd to write a segment's file, whether it is O_DIRECT, and whether the file existed.
 
     A new file is written with O_DIRECT where the filesystem takes it: through the page cache,
     writing 8 MiB segments cost the tier thread 2.0 ms of CPU per MiB on this project's VM
     while the page cache grew (kera.backup.direct_write says why), against 0.15 ms
     (bench/test_tier_write.py), and a broker at its memory limit tiers all it takes in.
     Readers then map the file and fault its pages in from the device, as reads of data older
-    than the memory holds should. An existing file is an R=1 segment's (its live writes made it): no O_TRUNC, since
-    its `.live` record vouches for those acknowledged bytes until the `.meta` exists, and
-    through the page cache, which holds them already."""
-    if direct_write.works():
-        try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644), True
-        except FileExistsError:
-            pass
-        except OSError as err:
-            direct_write.give_up(err, path, "opening with O_DIRECT")
-    return os.open(path, os.O_WRONLY | os.O_CREAT, 0o644), False
+    than the memory holds should. An existing file is an R=1 segment's (its live writes made
+    it): no O_TRUNC, since its `.live` record vouches for those acknowledged bytes until the
+    `.meta` exists, and through the page cache, which holds them already."""
+    direct = direct_write.works()
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if direct else 0)
+    try:
+        return os.open(path, flags, 0o644), direct, False
+    except FileExistsError:
+        return os.open(path, os.O_WRONLY), False, True
+    except OSError as err:
+        if not direct:
+            raise
+        direct_write.give_up(err, path, "opening with O_DIRECT")
+        return _open_segment_file(path)    # once: O_DIRECT is given up now
+
+
+def _bytes_kept(fd: int, claimed: int) -> int:
+    """`claimed` if the file holds at least that many bytes, else 0 (all is written again)."""
+    return claimed if os.fstat(fd).st_size >= claimed else 0
 
 
 FIRST_GROUP_FILE = "first_group"

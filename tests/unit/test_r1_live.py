@@ -180,3 +180,36 @@ def test_live_files_close_the_files_of_segments_no_longer_written(tmp_path):
     finally:
         files.close()
     assert seg_bytes(tmp_path, 1) == b"a" * 8 + b"c" * 8 + b"d" * 8
+
+
+def test_tiering_writes_only_what_the_live_writes_did_not(tmp_path):
+    b = broker(tmp_path, 32 * KiB, desc())
+    b.produce(0, [make(0)], 0.0)
+    [w] = b.take_live_writes()
+    b.live_written(w, OSError(28, "No space left on device"))   # chunk 0: not on file
+    jobs = []
+    for seq in range(1, 80):
+        produce_live(b, tmp_path, seq, [make(seq)])
+        for job in b.take_tier_jobs(0.0):
+            tier_files.run(Path(tmp_path), job)
+            b.tier_job_done(job, None, 0.0)
+            jobs.append(job)
+    writes = [j for j in jobs if isinstance(j, tier_files.WriteJob)]
+    assert len(writes) >= 2
+    # Every acknowledged byte was on file: nothing is written again, but the first segment
+    # wrote its live bytes from chunk 0 on, with chunk 1's produce, so all was on file too.
+    assert all(j.on_file_bytes == j.record.length for j in writes)
+    assert read_all(restarted(tmp_path, [desc()])) == read_all(b)
+
+
+def test_a_segment_tiered_after_a_failed_live_write_writes_the_rest(tmp_path):
+    b = broker(tmp_path, LIMIT, desc())
+    produce_live(b, tmp_path, 0, [make(0)])
+    b.produce(1, [make(1)], 0.0)
+    [w] = b.take_live_writes()
+    b.live_written(w, OSError(28, "No space left on device"))   # chunk 1: memory only
+    [seg] = [s for s in b.tier.resident if len(s)]
+    job = b.tier._write_job(seg, len(seg))
+    assert 0 < job.on_file_bytes < job.record.length
+    tier_files.run(Path(tmp_path), job)
+    assert tier_files.seg_path(tmp_path, job.record.key).read_bytes() == bytes(job.data)

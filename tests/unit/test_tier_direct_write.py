@@ -1,8 +1,9 @@
 """A broker's tier writes (kera.broker.tier_files.write_segment): a new segment file is written
 with O_DIRECT, past the page cache, and holds exactly the segment's bytes under a record that
 `scan` accepts; an R=1 segment's file, which its live writes made, is rewritten through the page
-cache, keeping the bytes it held; a device refusing the alignment falls back to the page cache
-for good. Page-cache residency is read with util-linux's `fincore`."""
+cache, keeping the bytes it held, and not writing again the bytes its live writes put there; a
+device refusing the alignment falls back to the page cache for good. Page-cache residency is
+read with util-linux's `fincore`."""
 
 import errno
 import os
@@ -99,3 +100,24 @@ def test_a_device_refusing_the_alignment_makes_tier_writes_fall_back(tmp_path, d
     more, again = _segment(5)
     tier_files.write_segment(tmp_path, again, more)
     assert _written(tmp_path, again, more) == more
+
+
+def test_bytes_an_r1_file_already_holds_are_not_written_again(tmp_path, direct):
+    data, record = _segment(6)
+    path = tier_files.seg_path(tmp_path, record.key)
+    path.parent.mkdir(parents=True)
+    kept = 3000
+    path.write_bytes(b"\x5a" * kept)        # what live writes put there (a marker, to see it)
+    tier_files.write_segment(tmp_path, record, data, on_file_bytes=kept)
+    assert _written(tmp_path, record, data) == b"\x5a" * kept + data[kept:]
+
+
+@pytest.mark.parametrize("file_bytes", [None, 1000], ids=["no-file", "shorter"])
+def test_bytes_claimed_but_not_on_file_are_written(tmp_path, direct, file_bytes):
+    data, record = _segment(7)
+    path = tier_files.seg_path(tmp_path, record.key)
+    if file_bytes is not None:
+        path.parent.mkdir(parents=True)
+        path.write_bytes(data[:file_bytes])
+    tier_files.write_segment(tmp_path, record, data, on_file_bytes=3000)
+    assert _written(tmp_path, record, data) == data
