@@ -210,7 +210,7 @@ class LiveFiles:
         try:
             if fds is None:
                 fds = self._open(key)
-            _pwrite_all(fds[0], w.data, w.at)
+            direct_write.pwrite_all(fds[0], [w.data], w.at)
             os.write(fds[1], encode_record(w.record))
         except OSError:
             if fds is not None:
@@ -261,13 +261,6 @@ def write_live(root: Path, w: LiveWrite) -> None:
         files.write(w, 0.0)
     finally:
         files.close()
-
-
-def _pwrite_all(fd: int, data, offset: int) -> None:
-    view = memoryview(data)
-    at = 0
-    while at < len(view):
-        at += os.pwrite(fd, view[at:], offset + at)
 
 
 def read_live(path: Path) -> SegmentRecord | None:
@@ -332,7 +325,7 @@ def write_segment(root: Path, record: SegmentRecord, data, on_file_bytes: int = 
             direct_write.write_or_fall_back(fd, path, [view], 0, record.length)
         else:
             start = _bytes_kept(fd, min(on_file_bytes, record.length)) if existed else 0
-            _pwrite_all(fd, view[start:], start)
+            direct_write.pwrite_all(fd, [view[start:]], start)
         os.ftruncate(fd, record.length)
         os.fdatasync(fd)
     finally:
