@@ -279,6 +279,8 @@ class Broker:
     def group_closed(self, group: Group) -> None:
         if group.vlog is not None:
             group.vlog.active_groups -= 1
+        elif group.segments:
+            self.tier.segment_sealed(group.segments[-1])
         self.counters.add("groups_closed")
 
     def close_group(self, group: Group) -> None:

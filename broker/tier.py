@@ -18,6 +18,10 @@ the number of segments in memory past `SEGMENTS_RESIDENT_MAX`; producers are the
 `throttled` (retriable). If memory is full of open segments nothing could
 ever tier, so under that pressure the group of the largest durable open segment is closed
 (its next chunk opens a new group), which makes the segment sealed.
+
+R=1 segments need no write: their chunks reach their file before each ack. Once sealed with
+all chunks there, a segment is *settled* (`_settle`): it leaves memory at once, whatever the
+budget, and is read through its file as a tiered one is.
 """
 
 from __future__ import annotations
@@ -162,6 +166,9 @@ class TierStore:
         # resident segments: tiering or deletion forgets them.
         self.live_dirty: dict = {}
         self.live: dict = {}
+        # Sealed R=1 segments, oldest first, whose memory goes as soon as all their chunks are
+        # in their file (`_settle`).
+        self.settling: deque = deque()
         self.disk_bytes = 0                   # bytes of segment files on disk
         self.jobs_out = 0
         self._queue: deque = deque()          # deletions waiting for room on the tier thread
@@ -201,6 +208,19 @@ class TierStore:
             self.resident[seg] = None
             self.mapped_bytes += seg.capacity_bytes
             self.wanted_bytes = 0
+            self._seal_previous(seg)
+
+    def _seal_previous(self, seg) -> None:
+        """`seg` opened after the last segment of its group, which is sealed now."""
+        segments = () if seg.group is None else seg.group.segments
+        if len(segments) > 1 and segments[-1] is seg:
+            self.segment_sealed(segments[-2])
+
+    def segment_sealed(self, seg) -> None:
+        """No chunk will be appended to `seg` any more (a later segment opened, or its group
+        closed): an R=1 one (written to its file before its acks) goes to `settling`."""
+        if seg in self.live or seg in self.live_dirty:
+            self.settling.append(seg)
 
     def _left(self, seg) -> None:
         """A segment no longer holds memory (tiered, deleted, released)."""
@@ -212,13 +232,16 @@ class TierStore:
     # ------------------------------------------------------------------ planning
     def take_jobs(self, now: float) -> list:
         """Jobs for the tier thread: queued deletions, then writes while memory is above
-        `tier_at` (oldest sealed durable segments first)."""
+        `tier_at` (oldest sealed durable segments first). Settles R=1 segments first."""
         jobs: list = []
         jobs_max = self.cfg.jobs_max
         while self._queue and self.jobs_out < jobs_max:
             jobs.append(self._queue.popleft())
             self.jobs_out += 1
-        if self.root is None or not self.tier_at_bytes or self.jobs_out >= jobs_max:
+        if self.root is None:
+            return jobs
+        self._settle()
+        if not self.tier_at_bytes or self.jobs_out >= jobs_max:
             return jobs
         in_flight = sum(seg.capacity_bytes for seg in self.writing)
         excess = self.memory_bytes + self.wanted_bytes - in_flight - self.tier_at_bytes
@@ -261,6 +284,33 @@ class TierStore:
                     and self._relieve():
                 jobs += self.take_jobs(now)   # the segment just sealed goes now
         return jobs
+
+    def _settle(self) -> None:
+        """Let the memory of sealed R=1 segments whose chunks are all in their file (their live
+        writes put them there before each ack) go to the pool at once, whatever memory holds:
+        their reads map the file from then on, as a tiered segment's do. Nothing is written or
+        synced: the `.seg` file and its `.live` record are what a kill -9 leaves of an R=1
+        segment, which a restart reloads (kera.broker.reload), and R=1 promises no more.
+        Holding them until memory filled made an R=1 broker keep every byte twice (its memory
+        and the page cache) and fault fresh memory in for every new segment: 23% of its CPU at
+        16 KiB chunks, half of that zeroing pages (perf, `make bench`'s send_batch). Syncing
+        each one and committing its `.meta` instead cost the tier thread and the disk more
+        than it saved there (0.86-1.07x; the throughput preset at R=1 gained 1.12-1.29x)."""
+        queue = self.settling
+        disk_limit = self.cfg.disk_limit_bytes
+        while queue:
+            seg = queue[0]
+            if seg.released or seg not in self.resident or seg in self.writing:
+                queue.popleft()
+                continue
+            length, chunks, _crc = self.live.get(seg, (0, 0, 0))
+            if chunks < len(seg) or durable_chunks(seg) < chunks:
+                return    # a write of its last chunks failed or is to come: its retry does it
+            if disk_limit and self.disk_bytes + length > disk_limit:
+                return    # counted as tiered bytes, it would pass --disk-limit: memory keeps it
+            queue.popleft()
+            self.counters.add("tier_r1_settled")
+            self._tiered(seg, segment_key(seg), length)
 
     def _relieve(self) -> bool:
         """Memory is full and nothing is sealed and durable: close the group of the largest

@@ -263,6 +263,26 @@ def write_live(root: Path, w: LiveWrite) -> None:
         files.close()
 
 
+def sync_live_segments(root: Path) -> int:
+    """fdatasync every R=1 segment's `.seg` and `.live` files that no `.meta` committed (the
+    settled ones, kera.broker.tier), then their directories: an orderly stop leaves every
+    acknowledged R=1 chunk on the device, as committing its `.meta` would. Returns how many
+    segments; raises OSError."""
+    base = root / SEGMENTS_DIR
+    lives = [p for p in base.glob("*/*.live") if not p.with_suffix(".meta").exists()] \
+        if base.is_dir() else []
+    for live in lives:
+        for path in (live.with_suffix(".seg"), live):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+    for directory in {live.parent for live in lives}:
+        fsync_dir(directory)
+    return len(lives)
+
+
 def read_live(path: Path) -> SegmentRecord | None:
     """The last whole record of a `.live` file (a torn or damaged tail is skipped)."""
     with open(path, "rb") as f:

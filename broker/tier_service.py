@@ -187,7 +187,12 @@ class TierService:
             except OSError as err:
                 failed = True
                 log.error("could not write segment %s at shutdown: %s", job.record.key, err)
-        log.info("wrote %d bytes of segments to %s at shutdown in %.2f s", written, self.root,
-                 self.clock.monotonic() - started)
+        try:
+            synced = tier_files.sync_live_segments(self.root)
+        except OSError as err:
+            failed, synced = True, 0
+            log.error("could not sync the R=1 segment files in %s at shutdown: %s", self.root, err)
+        log.info("wrote %d bytes of segments and synced %d R=1 segments to %s at shutdown in "
+                 "%.2f s", written, synced, self.root, self.clock.monotonic() - started)
         if not failed:
             tier_files.write_marker(self.root / CLEAN_SHUTDOWN_FILE)

@@ -40,11 +40,15 @@ def produce(cluster, name: str, producer_id: int) -> None:
 
 
 def first_segment_file(cluster, sid: int):
+    """The file of the stream's first segment once the broker's memory no longer holds it:
+    tiered (its `.meta` committed) or, at R=1, settled (read from its file from then on)."""
     directory = cluster.data_dir / "broker-0" / "segments" / f"{sid:020d}-{0:06d}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         path = directory / f"{0:010d}-{0:06d}.seg"
-        if path.exists() and path.with_suffix(".meta").exists():
+        left_memory = (path.with_suffix(".meta").exists()
+                       or broker_stats(cluster).get("tier_r1_settled", 0) > 0)
+        if path.exists() and left_memory:
             return path
         time.sleep(0.1)
     raise AssertionError(f"no tiered segment under {directory}")

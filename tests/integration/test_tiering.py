@@ -143,6 +143,22 @@ def test_orderly_restart_r1_reloads_every_acknowledged_record(fresh_cluster):
     check_exactly_once_in_order(restart_and_read(cluster, stream, 100_000), sent)
 
 
+def test_r1_streams_hold_only_their_open_segments_in_memory(fresh_cluster):
+    # Far above what is written: only settling (kera.broker.tier) lets sealed segments go.
+    cluster = fresh_cluster(brokers=1, backups=0, log_level="WARNING",
+                            extra_broker_args=["--memory-limit", "1GiB"])
+    stream = new_stream(cluster, streamlets=2, active_groups=2)
+    sent = produce(cluster, stream, 0, 50_000)
+    sent.update(produce(cluster, stream, 1, 50_000))       # ~11 MiB into 1 MiB segments
+    s = broker_stats(cluster)
+    assert s["tier_r1_settled"] >= 5
+    assert s["memory_bytes"] <= 2 * 2 * MiB                 # 2 streamlets x 2 open groups
+    with Consumer(cluster.bootstrap, stream) as c:
+        check_exactly_once_in_order(identities(drain(c, 100_000)), sent)
+    cluster.kill_broker(0)
+    check_exactly_once_in_order(restart_and_read(cluster, stream, 100_000), sent)
+
+
 def test_killed_broker_restart_keeps_what_was_tiered(fresh_cluster):
     cluster = fresh_cluster(brokers=1, backups=0, log_level="WARNING",
                             extra_broker_args=["--memory-limit", f"{LIMIT}"])

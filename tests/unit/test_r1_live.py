@@ -1,7 +1,9 @@
 """R=1 chunks reach their segment file before the ack (kera.broker.tier_files `.live`): the
 core hands out LiveWrites, and a broker killed before tiering (no orderly stop) is reloaded
-with every acknowledged chunk, its producers' sequences and its history epoch."""
+with every acknowledged chunk, its producers' sequences and its history epoch. Sealed R=1
+segments whose chunks are all on file leave memory at once (settled, kera.broker.tier)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -57,8 +59,10 @@ def test_tiered_segments_and_live_ones_reload_together(tmp_path):
     for seq in range(80):
         produce_live(b, tmp_path, seq, [make(seq)])
         run_jobs(b, tmp_path)
+    for job in b.tier.shutdown_jobs():       # an orderly stop commits the open segment
+        tier_files.run(Path(tmp_path), job)
     segs = tmp_path / "segments"
-    assert list(segs.rglob("*.meta")) and list(segs.rglob("*.live"))
+    assert len(list(segs.rglob("*.meta"))) == 1 and len(list(segs.rglob("*.live"))) > 1
     before = read_all(b)
     b2 = restarted(tmp_path, [desc()])
     assert read_all(b2) == before
@@ -187,18 +191,16 @@ def test_tiering_writes_only_what_the_live_writes_did_not(tmp_path):
     b.produce(0, [make(0)], 0.0)
     [w] = b.take_live_writes()
     b.live_written(w, OSError(28, "No space left on device"))   # chunk 0: not on file
-    jobs = []
     for seq in range(1, 80):
         produce_live(b, tmp_path, seq, [make(seq)])
-        for job in b.take_tier_jobs(0.0):
-            tier_files.run(Path(tmp_path), job)
-            b.tier_job_done(job, None, 0.0)
-            jobs.append(job)
-    writes = [j for j in jobs if isinstance(j, tier_files.WriteJob)]
-    assert len(writes) >= 2
-    # Every acknowledged byte was on file: nothing is written again, but the first segment
-    # wrote its live bytes from chunk 0 on, with chunk 1's produce, so all was on file too.
-    assert all(j.on_file_bytes == j.record.length for j in writes)
+        run_jobs(b, tmp_path)
+    # Every acknowledged byte was on file: the first segment wrote its live bytes from chunk
+    # 0 on, with chunk 1's produce, and settled like the others; the open one at the stop
+    # is not written again.
+    assert b.tier.counters.get("tier_r1_settled") >= 2
+    [job] = b.tier.shutdown_jobs()
+    assert job.on_file_bytes == job.record.length
+    tier_files.run(Path(tmp_path), job)
     assert read_all(restarted(tmp_path, [desc()])) == read_all(b)
 
 
@@ -213,3 +215,93 @@ def test_a_segment_tiered_after_a_failed_live_write_writes_the_rest(tmp_path):
     assert 0 < job.on_file_bytes < job.record.length
     tier_files.run(Path(tmp_path), job)
     assert tier_files.seg_path(tmp_path, job.record.key).read_bytes() == bytes(job.data)
+
+
+# ---------------------------------------------------------------------- settled R=1 segments
+
+def produce_with_jobs(b, root, requests):
+    """One-chunk requests (about 1 KiB each into 8 KiB segments), far below the memory limit,
+    with the tier jobs run after each as the shell does."""
+    for seq in range(requests):
+        produce_live(b, root, seq, [make(seq)])
+        run_jobs(b, root)
+
+
+def test_sealed_r1_segments_leave_memory_below_its_limit(tmp_path):
+    b = broker(tmp_path, LIMIT, desc(G=64))
+    produce_with_jobs(b, tmp_path, 8 * 8)
+    [open_segment] = [s for s in b.tier.resident if len(s)]          # only the open one stays
+    assert open_segment is b.streams.get(1).streamlets[0].groups[-1].segments[-1]
+    settled = b.tier.counters.get("tier_r1_settled")
+    assert settled >= 5 and b.tier.memory_bytes < 2 * 8 * KiB
+    segs = tmp_path / "segments"
+    assert not list(segs.rglob("*.meta"))     # nothing written or synced: the live files stay
+    assert len(list(segs.rglob("*.live"))) == settled + 1
+    before = read_all(b)                       # the settled ones read through their files
+    assert before and b.tier.counters.get("tier_maps") >= settled
+    assert read_all(restarted(tmp_path, [desc(G=64)])) == before
+
+
+def test_settled_segments_give_their_memory_to_the_next_ones(tmp_path):
+    b = broker(tmp_path, LIMIT, desc(G=64))
+    produce_with_jobs(b, tmp_path, 8 * 8)
+    assert b.segment_pool.reused >= 3       # new segments took an earlier one's buffer
+
+
+def test_retention_deletes_the_files_of_settled_segments(tmp_path):
+    b = broker(tmp_path, LIMIT, desc(G=1, retention_bytes=4 * KiB))
+    produce_with_jobs(b, tmp_path, 60)
+    assert b.tier.counters.get("tier_r1_settled") > 0
+    assert b.enforce_retention(10**12, 10**12) > 0
+    run_jobs(b, tmp_path)
+    left = {int(p.name[:10]) for p in (tmp_path / "segments").rglob("*.seg")}
+    assert left and min(left) >= b.first_group(1, 0)
+
+
+def test_a_sealed_r1_segment_waits_for_its_chunks_to_reach_its_file(tmp_path):
+    b = broker(tmp_path, LIMIT, desc(G=64))
+    seq = 0
+    while not b.tier.settling:     # every live write fails until the first segment is sealed
+        assert b.produce(seq, [make(seq)], 0.0) is not None
+        for w in b.take_live_writes():
+            b.live_written(w, OSError(28, "No space left on device"))
+        seq += 1
+    [sealed] = b.tier.settling
+    run_jobs(b, tmp_path)
+    assert sealed in b.tier.resident and sealed.memory is not None
+    produce_live(b, tmp_path, seq, [make(seq)])   # the next produce writes it first
+    run_jobs(b, tmp_path)
+    assert sealed not in b.tier.resident and sealed.tier is not None
+    assert read_all(restarted(tmp_path, [desc(G=64)])) == read_all(b)
+
+
+def test_replicated_segments_keep_their_memory_below_the_limit(tmp_path):
+    b = broker(tmp_path, LIMIT, desc(R=2, G=64))
+    for seq in range(40):
+        b.produce(seq, [make(seq)], 0.0)
+    assert not b.tier.settling and b.take_tier_jobs(0.0) == []
+    assert len([s for s in b.tier.resident if len(s)]) > 1
+
+
+def test_settled_segments_count_against_the_disk_limit(tmp_path):
+    b = broker(tmp_path, LIMIT, desc(G=64), disk_limit_bytes=20 * KiB)
+    produce_with_jobs(b, tmp_path, 8 * 8)
+    settled = b.tier.counters.get("tier_r1_settled")
+    assert settled == 2 and b.tier.disk_bytes <= 20 * KiB    # two 8 KiB segments fit
+    assert len([s for s in b.tier.resident if len(s)]) > 1   # memory keeps the rest
+
+
+def test_an_orderly_stop_syncs_the_settled_segments_files(tmp_path, monkeypatch):
+    b = broker(tmp_path, LIMIT, desc(G=64))
+    produce_with_jobs(b, tmp_path, 8 * 8)
+    for job in b.tier.shutdown_jobs():       # the open segment: its .meta, its .live gone
+        tier_files.run(Path(tmp_path), job)
+    synced = []
+    real = tier_files.os.fdatasync
+    monkeypatch.setattr(tier_files.os, "fdatasync",
+                        lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
+    settled = b.tier.counters.get("tier_r1_settled")
+    assert tier_files.sync_live_segments(Path(tmp_path)) == settled
+    lives = sorted((tmp_path / "segments").rglob("*.live"))
+    assert len(lives) == settled
+    assert sorted(synced) == sorted(str(p) for live in lives for p in (live, live.with_suffix(".seg")))
