@@ -17,8 +17,11 @@ What is kept is a consistent prefix of each slot's history, never invented data:
   group there and drops the slot's later groups.
 * A hole in a producer's sequences (chunk k missing, k+1 present, or a first chunk that is not
   sequence 0 when the streamlet starts at group 0) cuts the slot at k+1.
+* A jump in a slot's record numbers from one of its groups to the next (the earlier group lost
+  its tail, or a whole group is missing, and the lost chunks' producers sent nothing later)
+  drops the later group and the slot's groups after it.
 
-Both are safe for acknowledged data. On the dead broker a slot's new group took the virtual
+All are safe for acknowledged data. On the dead broker a slot's new group took the virtual
 log of the slot's previous group unless that one was wholly durable already
 (kera.broker.core._slot_vlog), and durability walks a log in order, so whatever follows a
 missing chunk in its slot was never durable: never acknowledged, never read. The producer
@@ -164,6 +167,8 @@ class StreamletRebuild:
                     cut(gb.group.slot, gid, k, f"producer {pid:#x} sequence {seq} after "
                         f"{'none' if prev is None else prev}")
                 last_seq[pid] = seq
+        for slot, gid, why in self._number_gaps(ids, cuts):
+            cut(slot, gid, 0, why)
         for gid in ids:
             gb = self.groups[gid]
             c = cuts.get(gb.group.slot)
@@ -190,6 +195,29 @@ class StreamletRebuild:
                     self.stream_id, self.streamlet))
             gb.group.closed = True
             out.append(gb.group)
+        return out
+
+    def _number_gaps(self, ids: list[int], cuts: dict) -> list[tuple[int, int, str]]:
+        """(slot, group, why) for each slot whose record numbers jump from one of its groups to
+        the next (before any cut): the earlier group lost its tail, or a whole group of the
+        slot is missing, and no producer's sequences show it (the lost chunks' producers sent
+        nothing later). What follows was never durable (see the module docstring): the later
+        group goes, as after a hole inside a group, or the slot's numbers would skip records
+        no one can read."""
+        expect: dict[int, int] = {}
+        out = []
+        for gid in ids:
+            group = self.groups[gid].group
+            slot = group.slot
+            c = cuts.get(slot)
+            if (c is not None and gid >= c[0]) or group.head == 0 or group.number_base is None:
+                continue
+            nxt = expect.get(slot)
+            if nxt is not None and group.number_base != nxt:
+                out.append((slot, gid, f"records numbered from {group.number_base} after {nxt}"))
+                cuts = {**cuts, slot: (gid, 0)}    # nothing of the slot is looked at after it
+                continue
+            expect[slot] = group.number_base + group.head
         return out
 
     def newest_entries(self) -> dict[int, Entry]:

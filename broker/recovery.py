@@ -79,6 +79,9 @@ class Candidate:
     length: int
     failed: bool = False        # abandoned: damaged, or failing too often
     errors: int = 0             # passing failures (timeouts) so far
+    # Bytes the backup has flushed to its disk (list_replicas' `disk_length`): only those are
+    # a copy of a "disk" stream's chunks, which a backup acknowledges once flushed.
+    disk_length: int = 0
 
 
 @dataclass(eq=False)
@@ -108,9 +111,10 @@ class VsegTask:
                 best = c
         return best
 
-    def copies(self, end: int) -> int:
-        """Live, unfailed replicas holding the bytes below `end`."""
-        return sum(1 for c in self.candidates if not c.failed and c.length >= end)
+    def copies(self, end: int, on_disk: bool = False) -> int:
+        """Live, unfailed replicas holding the bytes below `end` (`on_disk`: flushed)."""
+        return sum(1 for c in self.candidates
+                   if not c.failed and (c.disk_length if on_disk else c.length) >= end)
 
 
 class Phase(str, Enum):
@@ -159,6 +163,8 @@ class Job:
     rebuilds: dict                    # (sid, sl) -> StreamletRebuild
     sources: dict                     # (sid, sl) -> set[(broker, epoch)]
     copies_needed: dict               # (sid, sl) -> R - 1
+    # (sid, sl) -> True for a "disk" stream: only flushed bytes count as its copies.
+    on_disk: dict = field(default_factory=dict)
     phase: Phase = Phase.BACKUPS
     lists: dict = field(default_factory=dict)     # (backup id, broker id) -> Listing
     backups: dict = field(default_factory=dict)   # backup id -> address (the view used)
@@ -248,6 +254,7 @@ class Recovery:
                                                  info.group_segments, info.segment_size_bytes)
             job.sources[key] = sources
             job.copies_needed[key] = info.replication - 1
+            job.on_disk[key] = info.durability == "disk"
             core.recovering[key] = job
         self.jobs.append(job)
         self.counters.add("recovery_jobs")
@@ -382,7 +389,7 @@ class Recovery:
             epoch = vseg >> EPOCH_SHIFT
             if epoch in epochs and length > 0:
                 job.replicas.setdefault((b, epoch, vlog, vseg), []).append(
-                    Candidate(bid, address, length))
+                    Candidate(bid, address, length, disk_length=_disk_length(r, length)))
         self._maybe_plan(job, now)
 
     def _maybe_plan(self, job: Job, now: float) -> None:
@@ -518,7 +525,10 @@ class Recovery:
         size = end - t.offset
         job.bytes_read += size
         self.counters.add("recovery_bytes_read", size)
-        durable_ok = {key: t.copies(end) >= need for key, need in job.copies_needed.items()}
+        # Readable at once only where R-1 replicas hold the chunks as their backups would have
+        # acknowledged them: a "disk" stream's unflushed tail is re-replicated first.
+        durable_ok = {key: t.copies(end, job.on_disk.get(key, False)) >= need
+                      for key, need in job.copies_needed.items()}
         source = (t.broker_id, t.epoch)
         for buf, h in chunks:
             key = (h.stream_id, h.streamlet)
@@ -650,6 +660,13 @@ def _parse_replica(r):
     if not all(_u64(v) for v in vals):
         return None
     return vals
+
+
+def _disk_length(r: dict, length: int) -> int:
+    """A listed replica's flushed bytes; 0 (nothing counted on disk) when the backup did not
+    say or said something impossible."""
+    disk = r.get("disk_length")
+    return disk if _u64(disk) and disk <= length else 0
 
 
 def _parse_read(header, frames, offset: int):

@@ -9,7 +9,7 @@ import pytest
 
 from kera import chunk
 from kera.backup.incarnations import Incarnations, keep
-from kera.backup.store import ReplicaStore
+from kera.backup.store import DiskRead, ReplicaStore
 from kera.broker.core import Broker, BrokerConfig
 from kera.broker.recovery import Recovery, reset_incarnation
 from kera.errors import BadRequest, CorruptChunk, KeraError, NotReady, Timeout
@@ -19,9 +19,9 @@ DEAD, NEW = 0, 1          # broker ids
 DEAD_EPOCH, NEW_EPOCH = 5, 9
 
 
-def desc(owner, *, R=3, streamlets=2, Q=2, recovering=None):
+def desc(owner, *, R=3, streamlets=2, Q=2, recovering=None, durability="memory"):
     d = {"name": "s", "id": SID, "streamlets": streamlets, "active_groups": Q, "replication": R,
-         "group_segments": 2, "segment_size_bytes": 4096, "durability": "memory",
+         "group_segments": 2, "segment_size_bytes": 4096, "durability": durability,
          "replication_capacity": 0, "placement": [owner] * streamlets, "brokers": {},
          "version": 1, "ready": True}
     if recovering is not None:
@@ -43,6 +43,7 @@ class Backups:
         self.dead: set[int] = set()
         self.corrupt: set[int] = set()   # backups whose reads fail verification
         self.reads: dict[int, int] = {i: 0 for i in ids}
+        self.files: dict[tuple, bytes] = {}  # (backup, replica key) -> what its disk holds
 
     def replicate(self, broker, writes, now):
         for w in writes:
@@ -78,6 +79,8 @@ class Backups:
             chunks = store.read(key, f["offset"], f["max_bytes"])
         except KeraError as err:
             return None, None, err
+        if isinstance(chunks, DiskRead):       # what the backup's disk reader would send
+            chunks = whole_chunks(self.files[(bid, key)], f["offset"], f["max_bytes"])
         end = f["offset"] + sum(map(len, chunks))
         wanted = {tuple(x) for x in f["streamlets"]} if "streamlets" in f else None
         return {"end": end, "length": store.replicas[key].length}, keep(chunks, wanted), None
@@ -110,10 +113,11 @@ def contents(b, sl):
     return out
 
 
-def new_owner(backups, alive=lambda i: True):
+def new_owner(backups, alive=lambda i: True, durability="memory"):
     b = Broker("b", BrokerConfig(virtual_logs=2), broker_id=NEW)
     b.set_epoch(NEW_EPOCH)
-    descs = [desc(NEW, recovering=[[0, [[DEAD, DEAD_EPOCH]]], [1, [[DEAD, DEAD_EPOCH]]]])]
+    descs = [desc(NEW, recovering=[[0, [[DEAD, DEAD_EPOCH]]], [1, [[DEAD, DEAD_EPOCH]]]],
+                  durability=durability)]
     b.apply_metadata(descs, 2)
     b.set_backups(backup_list(backups.stores, alive), 1.0)
     rec = Recovery(b, read_bytes=1500)
@@ -202,6 +206,42 @@ def test_readable_at_once_with_r_minus_1_copies_else_after_re_replication():
     run(b, rec, backups)                               # re-replicated to the live backups
     for sl in (0, 1):
         assert contents(b, sl) == contents(dead, sl)
+
+
+def whole_chunks(data: bytes, offset: int, max_bytes: int) -> list[bytes]:
+    """The chunks of `data` from `offset` up to `max_bytes` (at least one)."""
+    out, at = [], offset
+    while at < len(data) and (not out or at + chunk.chunk_size(data, at) - offset <= max_bytes):
+        out.append(data[at:at + chunk.chunk_size(data, at)])
+        at += len(out[-1])
+    return out
+
+
+def flush_all(backups, now=1.0):
+    """Each store writes what it holds to its disk (the flusher's work, kept by the fake)."""
+    for bid, store in backups.stores.items():
+        while jobs := store.take_flush_jobs(now + 10.0):
+            for job in jobs:
+                key = (bid, job.key)
+                backups.files[key] = backups.files.get(key, b"") + b"".join(map(bytes, job.buffers))
+                store.flush_done(job, None, now)
+
+
+@pytest.mark.parametrize("flushed", [False, True])
+def test_a_disk_streams_unflushed_replica_bytes_are_not_a_copy(flushed):
+    backups = Backups()
+    dead, _ = dead_broker(backups, seed=3)      # replicas in the backups' memory only
+    if flushed:
+        flush_all(backups)
+    b, rec = new_owner(backups, durability="disk")
+    rec.set_backups(backup_list(backups.stores), 1.5)
+    run(b, rec, backups, replicate=False, until_installed=True)
+    groups = [g for sl in (0, 1) for g in b.streams[SID].streamlets[sl].groups]
+    total = sum(g.head for g in groups)
+    readable = sum(g.durable for g in groups)
+    # A backup acknowledges a "disk" write once flushed: bytes it holds only in memory would
+    # be lost with it, so they wait for the new owner's own replication before anyone reads.
+    assert total > 0 and readable == (total if flushed else 0)
 
 
 def test_no_backup_answering_never_installs_an_empty_streamlet():

@@ -151,6 +151,30 @@ def test_missing_tail_of_a_group_detected_by_the_producers_sequence():
     assert b.produce("a", [chunk.encode(0, 2, SID, 0, [b"x"])], 1.0) is None
 
 
+def numbered(pid, seq, g, base, number, n=2):
+    """`stamped`, with the record number of its first record, as version 3 chunks carry."""
+    buf = bytearray(chunk.encode(pid, seq, SID, 0, [b"p%d-s%d-%d" % (pid, seq, i) for i in range(n)]))
+    chunk.stamp(buf, g, 0, base, number)
+    return bytes(buf)
+
+
+def test_a_jump_in_a_slots_record_numbers_drops_its_later_groups():
+    # One slot: group 0 holds p0 s0, p0 s1 and p1 s0 (records 0-5); group 1 holds p2 s0 (6-7).
+    chunks = [numbered(0, 0, 0, 0, 0), numbered(0, 1, 0, 2, 2), numbered(1, 0, 0, 4, 4),
+              numbered(2, 0, 1, 0, 6)]
+    b = core(Q=1)
+    install(b, rebuild_of(chunks, Q=1))
+    assert len(read_all(b)) == 4                      # numbers follow on: everything is kept
+    # Group 0's tail (p1 s0) is on no replica, and p1 sent nothing later: no sequence shows
+    # the hole, but group 1's records numbered from 6 after 4 do. Group 1 was never durable.
+    rb = rebuild_of(chunks[:2] + chunks[3:], Q=1)
+    b = core(Q=1)
+    install(b, rb)
+    assert read_all(b) == [(0, 0, 0, 0), (0, 2, 0, 1)] and rb.dropped == 1
+    assert b.producers.get((2, SID, 0)) is None       # p2 s0 is appended again, numbered 4
+    assert b.produce("a", [chunk.encode(2, 0, SID, 0, [b"x"])], 1.0) is None
+
+
 def test_first_chunk_of_a_producer_missing_is_a_gap_too():
     chunks = history(1, per_slot_groups=2)   # one slot: groups 0 and 1, sequences 0..5
     rb = rebuild_of([c for c in chunks if chunk.read_header(c).sequence != 0], Q=1)
