@@ -210,8 +210,9 @@ class StreamletRebuild:
             group = self.groups[gid].group
             slot = group.slot
             c = cuts.get(slot)
-            if (c is not None and gid >= c[0]) or group.head == 0 or group.number_base is None:
-                continue
+            cut_away = c is not None and (gid > c[0] or (gid == c[0] and c[1] == 0))
+            if cut_away or group.head == 0 or group.number_base is None:
+                continue    # a group cut to a few chunks still starts where its numbers say
             nxt = expect.get(slot)
             if nxt is not None and group.number_base != nxt:
                 out.append((slot, gid, f"records numbered from {group.number_base} after {nxt}"))

@@ -393,14 +393,20 @@ class Cluster:
         self._fail("declared_dead", target, self.sched.now)
 
     def _redundant(self) -> bool:
-        """Every process up and alive to the coordinator, nothing recovering, every virtual
-        segment on all its replicas, every acknowledged chunk on R-1 intact backup copies."""
+        """Every process up and alive to the coordinator, no handover pending, nothing
+        recovering, every virtual segment on all its replicas, every acknowledged chunk on R-1
+        intact backup copies."""
         if not self.coordinator.up or not all(d.up for d in self.daemons):
             return False
         core = self.coordinator.core
         for kind in ("broker", "backup"):
             if not all(m.alive for m in core.members.get(kind, {}).values()):
                 return False
+        if core.rebalancer.pending is not None:
+            # A handover started but its broker has not dropped its streams yet (its next
+            # heartbeat does): its recovery is still to come, and a second failure before it
+            # is done loses what only the broker and one backup held.
+            return False
         for stream in core.streams.values():
             if core.descriptor(stream).get("recovering"):
                 return False

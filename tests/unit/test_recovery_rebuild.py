@@ -175,6 +175,17 @@ def test_a_jump_in_a_slots_record_numbers_drops_its_later_groups():
     assert b.produce("a", [chunk.encode(2, 0, SID, 0, [b"x"])], 1.0) is None
 
 
+def test_a_number_jump_into_a_group_cut_at_a_hole_drops_that_group_too():
+    # As above, and group 1 also lost its second chunk: the hole rule alone would keep its
+    # first one, numbered 6 after group 0's 4.
+    chunks = [numbered(0, 0, 0, 0, 0), numbered(0, 1, 0, 2, 2), numbered(1, 0, 0, 4, 4),
+              numbered(2, 0, 1, 0, 6), numbered(2, 1, 1, 2, 8), numbered(2, 2, 1, 4, 10)]
+    rb = rebuild_of([chunks[i] for i in (0, 1, 3, 5)], Q=1)
+    b = core(Q=1)
+    install(b, rb)
+    assert read_all(b) == [(0, 0, 0, 0), (0, 2, 0, 1)] and rb.dropped == 2
+
+
 def test_first_chunk_of_a_producer_missing_is_a_gap_too():
     chunks = history(1, per_slot_groups=2)   # one slot: groups 0 and 1, sequences 0..5
     rb = rebuild_of([c for c in chunks if chunk.read_header(c).sequence != 0], Q=1)
