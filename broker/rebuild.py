@@ -199,11 +199,11 @@ class StreamletRebuild:
 
     def _number_gaps(self, ids: list[int], cuts: dict) -> list[tuple[int, int, str]]:
         """(slot, group, why) for each slot whose record numbers jump from one of its groups to
-        the next (before any cut): the earlier group lost its tail, or a whole group of the
-        slot is missing, and no producer's sequences show it (the lost chunks' producers sent
-        nothing later). What follows was never durable (see the module docstring): the later
-        group goes, as after a hole inside a group, or the slot's numbers would skip records
-        no one can read."""
+        the next (what the other rules cut away is not looked at): the earlier group lost its
+        tail, or a whole group of the slot is missing, and no producer's sequences show it (the
+        lost chunks' producers sent nothing later). What follows was never durable (see the
+        module docstring): the later group goes, as after a hole inside a group, or the slot's
+        numbers would skip records no one can read."""
         expect: dict[int, int] = {}
         out = []
         for gid in ids:

@@ -294,8 +294,8 @@ class TierStore:
         Holding them until memory filled made an R=1 broker keep every byte twice (its memory
         and the page cache) and fault fresh memory in for every new segment: 23% of its CPU at
         16 KiB chunks, half of that zeroing pages (perf, `make bench`'s send_batch). Syncing
-        each one and committing its `.meta` instead cost the tier thread and the disk more
-        than it saved there (0.86-1.07x; the throughput preset at R=1 gained 1.12-1.29x)."""
+        each one and committing its `.meta` instead cost more than the reused memory saved
+        there (send_batch 0.86-1.07x against holding them)."""
         queue = self.settling
         disk_limit = self.cfg.disk_limit_bytes
         while queue:
