@@ -276,7 +276,12 @@ class Failover:
                     "from backups", broker_id, epoch, why, moved, sorted(targets) or "(none live)")
 
     def assign_orphans(self, coord: "Coordinator") -> bool:
-        """Recovering streamlets whose owner is not a live incarnation go to a live broker."""
+        """Recovering streamlets whose owner's incarnation was failed over go to a live broker.
+
+        An owner merely not heard from yet (a coordinator that restarted knows no broker alive
+        until it heartbeats) keeps its streamlets: it may have rebuilt them and appended since,
+        and only failing it over (`tick`'s grace, or declared dead) names its incarnation as a
+        source. Moving them sooner lost what it appended (simulation seed 1857)."""
         if not self.recovering:
             return False
         live = self.live_brokers(coord)
@@ -291,7 +296,8 @@ class Failover:
             if stream is None:
                 continue
             for sl in sorted(per):
-                if sl < len(stream.placement) and stream.placement[sl] not in live_ids:
+                owner = stream.placement[sl] if sl < len(stream.placement) else None
+                if owner is not None and owner not in live_ids and self._orphaned(coord, owner):
                     changes.append((stream, sl))
         if not changes:
             return False
@@ -304,6 +310,11 @@ class Failover:
             log.info("stream '%s' streamlet %d (recovering) placed on broker %d",
                      stream.spec.name, sl, target)
         return True
+
+    def _orphaned(self, coord: "Coordinator", owner: int) -> bool:
+        """Is nothing of `owner` left to keep a streamlet: no such broker, or its current
+        incarnation failed over (its epoch then is among the streamlet's sources)?"""
+        return owner not in coord.members["broker"] or self.is_failed(owner)
 
     # ------------------------------------------------------------------ views
     def status(self) -> dict:

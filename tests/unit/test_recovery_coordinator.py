@@ -159,6 +159,27 @@ def test_coordinator_restart_keeps_markers_and_fails_over_brokers_that_never_ret
         make(state=dict(state, recovery={"epochs": [["x", 1]], "failed": [], "recovering": []}))
 
 
+def test_a_restarted_coordinator_leaves_a_recovering_streamlet_with_an_owner_not_heard_from_yet():
+    # Seed 1857: broker 1 took broker 0's streamlet and appended to it; the coordinator
+    # restarted; broker 0 registered again before broker 1's first heartbeat, and got the
+    # streamlet with broker 0's replicas as its only source: broker 1's appends were lost.
+    c = cluster(brokers=2)
+    c.handle("create_stream", {"name": "s", "streamlets": 2, "replication": 2}, 0.0)
+    e0, e1 = epoch(c, 0), epoch(c, 1)
+    beat(c, "broker", 1, 1.5)
+    c.tick(2.1)
+    assert c.describe_stream("s")["placement"] == [1, 1]
+    r = make(now=100.0, state=c.to_state())
+    register(r, "broker", 0, 100.1)
+    assert r.describe_stream("s")["placement"] == [1, 1]
+    assert recovering(r, "s") == [[0, [[0, e0]]]]
+    # Broker 1 never returns: after the grace it is failed over, named as a source.
+    beat(r, "broker", 0, 100.0 + 2 * DEAD_S)
+    r.tick(100.0 + 2 * DEAD_S + 0.1)
+    assert r.describe_stream("s")["placement"] == [0, 0]
+    assert recovering(r, "s") == [[0, [[0, e0], [1, e1]]], [1, [[1, e1]]]]
+
+
 def test_backups_free_replicas_of_finished_incarnations_only():
     c = cluster(brokers=2, backups=1)
     c.handle("create_stream", {"name": "s", "streamlets": 2, "replication": 2}, 0.0)
