@@ -709,6 +709,12 @@ class Cluster:
             recovering = core.descriptor(stream).get("recovering")
             if recovering:
                 return f"stream {stream.spec.name} has streamlets recovering: {recovering}"
+        # A backup restarted while the coordinator was down registers only once its register
+        # request times out and is sent again (seed 1718): until then no broker can know its
+        # in-memory replicas are gone.
+        for b in self.backups:
+            if b.up and not b.daemon.link.session.registered:
+                return f"backup {b.address} has not registered since it started"
         registered = {m.id: m.registered_version
                       for m in self.coordinator.core.members["backup"].values() if m.alive}
         for b in self.brokers:
