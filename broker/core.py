@@ -494,20 +494,29 @@ class Broker:
     def _duplicate(self, streamlet: Streamlet, key, entry: Entry, seq: int, waits: list) -> list:
         self.duplicates += 1
         g, segno, base, end = entry.group, entry.segment, entry.base_offset, entry.end_offset
+        placed = True
         if seq != entry.sequence:
-            # A retry of an older chunk: it is among the last few of its slot (the producer's
-            # requests in flight), so a short scan finds it. If not, the newest chunk's place
-            # stands for it: that one durable means every earlier one of the producer is
-            # (one slot's groups become durable in order, kera.broker.core._slot_vlog).
+            # A retry of an older chunk: it is usually among the last few of its slot (the
+            # producer's requests in flight), so a short scan finds it. If not (a retry that
+            # the network held back behind hundreds of the slot's chunks: simulation seed
+            # 2002), the answer is "stored, position unknown" (UNPLACED), given once the newest
+            # chunk is durable: then every earlier one of the producer is (one slot's groups
+            # become durable in order, kera.broker.core._slot_vlog). Naming the newest chunk's
+            # place instead told the producer a position that holds another chunk.
             found = streamlet.find_chunk(key[0], seq, self.cfg.duplicate_scan_chunks_max)
             if found is not None:
                 group, seg, i, _ = found
                 g, segno, base, end = group.id, seg.number, seg.bases[i], seg.end_offset(i)
+            else:
+                placed = False
+                self.counters.add("duplicates_unplaced")
         group = streamlet.group(g)
         # Acknowledge a duplicate only once the original is durable: the first attempt may
         # have been answered replication_failed while its chunk was still being replicated.
         if group is not None and group.durable < end:
             waits.append((group, end))
+        if not placed:
+            return list(UNPLACED)
         return _stored(group, segno, base) if group is not None else [g, segno, base]
 
     # ------------------------------------------------------------------ durability
@@ -931,6 +940,11 @@ def _check_int(value, name: str, hi: int) -> None:
         return
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
         raise BadRequest(f"'{name}' must be an integer in [0, {hi}]")
+
+
+# The produce result of a chunk stored earlier whose position this broker did not look up
+# (kera.schema.produce_result): a retry of a chunk older than `duplicate_scan_chunks_max`.
+UNPLACED: tuple = ()
 
 
 def _stored(group: Group, segment: int, base: int) -> list:

@@ -157,6 +157,9 @@ class ConditionalAppender:
         out = schema.produce_result(results[0])
         if isinstance(out, KeraError):
             raise out
+        if out is None:   # only a retry of an older chunk gets it; this sends one at a time
+            raise KeraError(f"produce reply from {address} gives no position for the chunk "
+                            f"just sent", retriable=False)
         return out
 
     def close(self) -> None:

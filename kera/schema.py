@@ -276,11 +276,15 @@ def stream_descriptor(descriptor) -> StreamInfo:
 POSITION_MAX = 2**64 - 1
 
 
-def produce_result(result) -> KeraError | tuple[int, ...]:
+def produce_result(result) -> KeraError | tuple[int, ...] | None:
     """One chunk's entry of a `produce` reply: `[g, segment, base_offset, number]` when stored
     (`number`, the record number of the chunk's first record, is absent when the broker does
-    not know it), or `[code, message, retriable]` when refused (returned as the error). A
-    malformed entry is a retriable error: the chunk is resent, never taken as stored."""
+    not know it), `[]` when stored earlier at a position the broker did not look up (returned
+    as None: a retry of a chunk older than the broker's duplicate scan, kera.broker.core), or
+    `[code, message, retriable]` when refused (returned as the error). A malformed entry is a
+    retriable error: the chunk is resent, never taken as stored."""
+    if isinstance(result, list) and not result:
+        return None
     if isinstance(result, list) and len(result) in (3, 4):
         if isinstance(result[0], str) and len(result) == 3:
             return result_error(result)

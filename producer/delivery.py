@@ -22,7 +22,9 @@ _settled = threading.Condition()
 class RecordMetadata(NamedTuple):
     """Where a record (or a send_batch chunk: `count` records from `offset` on) was stored, as
     a consumer sees it. `group`/`offset` are None for a chunk proven stored without its reply
-    (a later chunk of its lane was acknowledged first)."""
+    (a later chunk of its lane was acknowledged first), or stored by a first attempt whose
+    retry the broker answered without looking its position up (a retry older than the broker's
+    `duplicate_scan_chunks_max` chunks of its slot)."""
     stream: str
     streamlet: int
     group: int | None

@@ -152,6 +152,9 @@ class Checker:
         """A broker sends a produce reply: every chunk it acknowledges is stored and on R copies."""
         core = broker.core
         for h, r in zip(headers, results):
+            if h is not None and r == []:
+                self._check_unplaced(broker, h)
+                continue
             if h is None or not (isinstance(r, list) and len(r) in (3, 4) and isinstance(r[0], int)):
                 continue
             g, segno, base = r[:3]
@@ -181,6 +184,29 @@ class Checker:
             self._check_number(where, ident, r, stored)
             self.acked_chunks.setdefault(cid, (broker.address, broker.incarnation, replication))
             self.counts["chunks_acked_by_brokers"] += 1
+
+    def _check_unplaced(self, broker, h) -> None:
+        """An acknowledgement without a position (a retry of an older chunk than the broker's
+        duplicate scan): the chunk is stored in the streamlet, durable, and on R-1 backups."""
+        core = broker.core
+        stream = core.streams.get(h.stream_id)
+        streamlet = stream.streamlets.get(h.streamlet) if stream is not None else None
+        found = None if streamlet is None else streamlet.find_chunk(h.producer_id, h.sequence, 1 << 30)
+        where = (f"broker {broker.address} acknowledged chunk (producer {h.producer_id}, seq "
+                 f"{h.sequence}, stream {h.stream_id}/{h.streamlet}) without a position")
+        if found is None:
+            self.fail(f"{where}, but holds no such chunk")
+        group, seg, i, _ = found
+        stored = chunk.read_header(seg.view(i))
+        if stored.body_crc != h.body_crc:
+            self.fail(f"{where}, but holds other bytes under that sequence")
+        if group.durable < seg.bases[i] + stored.record_count:
+            self.fail(f"{where} beyond the durable head {group.durable}")
+        holders = self.held.get(chunk_id(stored), {})
+        if len(holders) < stream.info.replication - 1:
+            self.fail(f"{where} with R={stream.info.replication} while only backups "
+                      f"{sorted(holders)} acknowledged holding it (guarantee 1)")
+        self.counts["chunks_acked_unplaced"] += 1
 
     def _check_number(self, where: str, ident: tuple, r: list, stored) -> None:
         number = r[3] if len(r) == 4 else None

@@ -64,6 +64,17 @@ def test_duplicate_is_acknowledged_with_its_position_and_not_stored():
     assert len(fetch_one(b)[0]) == 2
 
 
+def test_a_retry_older_than_the_duplicate_scan_is_acknowledged_without_a_position():
+    # Seed 2002: a retry held back behind the scan was answered with the newest chunk's
+    # position, which holds another chunk. It is stored: say so, and say no position.
+    b = broker(duplicate_scan_chunks_max=2)
+    for seq in range(4):
+        b.produce(f"p{seq}", [make(seq=seq)], 0.0)
+    assert b.produce("r2", [make(seq=2)], 0.0) == [[0, 0, 6, 6]]   # within the scan
+    assert b.produce("r0", [make(seq=0)], 0.0) == [[]]             # beyond it
+    assert b.stats()["chunks_appended"] == 4 and b.counters.get("duplicates_unplaced") == 1
+
+
 def test_sequence_gap_and_new_producer_must_start_at_zero():
     b = broker()
     [res] = b.produce("a", [make(producer=5, seq=3)], 0.0)

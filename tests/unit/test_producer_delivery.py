@@ -37,6 +37,18 @@ def test_acked_chunk_settles_each_record_at_base_offset_plus_index():
     assert calls == [(None, RecordMetadata("s", 1, 4, 42))]
 
 
+def test_a_chunk_acknowledged_without_a_position_settles_stored_with_no_offset():
+    pipe = _pipe()
+    futures = [DeliveryFuture() for _ in range(3)]
+    _queue(pipe, 1, [(i, 1, f) for i, f in enumerate(futures)])
+    out, = pipe.build(0.0, lambda sid, sl: "b1")
+    pipe.sent(out, 7, 0.0)
+    pipe.on_reply("b1", {"id": 7, "ok": True, "results": [[]]}, 0.0)   # a retry's answer
+    delivery.settle(pipe.settled)
+    assert [f.result(0) for f in futures] == [RecordMetadata("s", 1, None, None)] * 3
+    assert pipe.stats["chunks_acked"] == 1 and not pipe.incomplete
+
+
 def test_refused_chunk_fails_its_futures_and_a_raising_callback_is_contained():
     pipe = _pipe()
     fut = DeliveryFuture()

@@ -118,6 +118,7 @@ def test_error_classes_carry_their_behaviour():
 def test_produce_result_is_a_position_or_an_error_never_a_false_ack():
     assert schema.produce_result([1, 2, 3]) == (1, 2, 3)
     assert schema.produce_result([1, 2, 3, 7]) == (1, 2, 3, 7)    # with the record number
+    assert schema.produce_result([]) is None      # stored earlier, position not looked up
     err = schema.produce_result(["sequence_gap", "resend 4", True])
     assert isinstance(err, errors.SequenceGap) and err.retriable
     for bad in [[1, 2], [1, 2, True], [1, 2, -1], [1, 2, 2**64], [1.0, 2, 3], "x", None,
