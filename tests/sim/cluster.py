@@ -56,6 +56,10 @@ DEAD_AFTER_S = HEARTBEAT_INTERVAL_S * HEARTBEAT_MISSED_MAX   # the coordinator's
 # A cut between the coordinator and a daemon this long may get the daemon declared dead.
 RISKY_CUT_S = DEAD_AFTER_S / 2
 FAILURE_CHECK_S = 0.25
+# After healing, a daemon that stopped itself (exit 1: say a broker refused `id_in_use` while a
+# crashed second process still held its id, seed 775 with 8 requests in flight) is started
+# again this long after, as a supervisor restarting it on failure would (systemd's RestartSec).
+SUPERVISOR_RESTART_S = 1.0
 # Control-plane faults: each drawn in one seed in CONTROL_FAULT_ONE_IN (a seed may get both).
 CONTROL_FAULT_ONE_IN = 8
 WALL_STEP_DAYS_MIN, WALL_STEP_DAYS_MAX = 1.0, 30.0
@@ -259,6 +263,7 @@ class Cluster:
                            for i, (t, kind, _) in enumerate(p.control_faults) if kind == "duplicate_id"}
         self._duplicate_until: dict[int, float] = {}   # broker id -> end of its duplicate's watch
         self._duplicate_admitted: list[float] = []     # when a register reply gave it the id
+        self._supervising: set[str] = set()   # addresses of stopped daemons due a restart
         self.daemons = [self.coordinator, *self.brokers, *self.backups]
         self.processes = [*self.daemons, self.admin, *self.producers, *self.consumers, self.auditor]
 
@@ -639,6 +644,12 @@ class Cluster:
             self._note(f"{daemon.address} restarts")
             daemon.start()
 
+    def _supervisor_restart(self, daemon) -> None:
+        self._supervising.discard(daemon.address)
+        if not daemon.up and self.settled_at is None:
+            self._note(f"{daemon.address} stopped itself after healing: its supervisor starts it")
+            self._restart(daemon)
+
     def _crash_broker(self) -> None:
         """kill -9 a broker: everything it acknowledged must be on the backups right now; the
         coordinator fails its streamlets over to a live broker, which recovers them from the
@@ -681,6 +692,10 @@ class Cluster:
 
     # ================================================================== settling
     def _check_settled(self) -> None:
+        for d in self.daemons:
+            if not d.up and d.address not in self._supervising:
+                self._supervising.add(d.address)
+                self.sched.after(SUPERVISOR_RESTART_S, self._supervisor_restart, d)
         if not self._unsettled():
             self.settled_at = self.sched.now
             return
