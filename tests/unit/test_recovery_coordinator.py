@@ -139,12 +139,20 @@ def test_streamlets_wait_for_a_live_broker_then_move():
     assert d["placement"] == [5, 5] and d["recovering"][0] == [0, [[0, e0]]]
 
 
-def test_coordinator_restart_keeps_markers_and_fails_over_brokers_that_never_return():
+def broker_0_failed_over():
+    """Two brokers, a stream of 2 streamlets at R=2; broker 0 dies and broker 1 takes its
+    streamlet (recovering). Returns (coordinator, epoch of broker 0, epoch of broker 1)."""
     c = cluster(brokers=2)
     c.handle("create_stream", {"name": "s", "streamlets": 2, "replication": 2}, 0.0)
     e0, e1 = epoch(c, 0), epoch(c, 1)
     beat(c, "broker", 1, 1.5)
     c.tick(2.1)
+    assert c.describe_stream("s")["placement"] == [1, 1]
+    return c, e0, e1
+
+
+def test_coordinator_restart_keeps_markers_and_fails_over_brokers_that_never_return():
+    c, e0, e1 = broker_0_failed_over()
     state = c.to_state()
     r = make(now=100.0, state=state)
     assert recovering(r, "s") == [[0, [[0, e0]]]]
@@ -163,12 +171,7 @@ def test_a_restarted_coordinator_leaves_a_recovering_streamlet_with_an_owner_not
     # Seed 1857: broker 1 took broker 0's streamlet and appended to it; the coordinator
     # restarted; broker 0 registered again before broker 1's first heartbeat, and got the
     # streamlet with broker 0's replicas as its only source: broker 1's appends were lost.
-    c = cluster(brokers=2)
-    c.handle("create_stream", {"name": "s", "streamlets": 2, "replication": 2}, 0.0)
-    e0, e1 = epoch(c, 0), epoch(c, 1)
-    beat(c, "broker", 1, 1.5)
-    c.tick(2.1)
-    assert c.describe_stream("s")["placement"] == [1, 1]
+    c, e0, e1 = broker_0_failed_over()
     r = make(now=100.0, state=c.to_state())
     register(r, "broker", 0, 100.1)
     assert r.describe_stream("s")["placement"] == [1, 1]
