@@ -83,13 +83,23 @@ REPLICAS_PAGE_MAX = 20_000
 # A week outlasts any outage an operator mends by hand; `deregister` forgets one at once.
 MEMBER_EXPIRY_S = 7 * 24 * 3600.0
 MEMBER_EXPIRY_CHECK_S = 60.0    # between expiry passes (a pass may scan the replica map)
-# The coordinator may be the one cut off: when every one of at least ISOLATION_MEMBERS_MIN live
-# daemons falls silent at once, declaring them dead would fail every streamlet over to no one
-# (found on test hosts: a partitioned coordinator declared the whole cluster dead). It holds
-# such declarations for at most ISOLATION_HOLD_DEAD_WINDOWS dead windows of silence, then
-# declares them (a real failure of everything). Holding costs nothing a declaration would
-# give: with no live daemon left there is nowhere to fail over to.
+# The coordinator may be the one cut off: when it has at least ISOLATION_MEMBERS_MIN live
+# daemons and has heard none of them for ISOLATION_QUIET_DEAD_WINDOWS of a dead window,
+# declaring the silent ones dead would fail every streamlet over to no one (found on test
+# hosts: a partitioned coordinator declared the whole cluster dead). "Heard none lately", not
+# "all past the dead window in one tick": heartbeats are staggered by up to an interval, so
+# the daemons cross the window in different ticks (found on test hosts too). It holds such
+# declarations for at most ISOLATION_HOLD_DEAD_WINDOWS dead windows of silence, then declares
+# them (a real failure of everything). Holding costs nothing a declaration would give: with no
+# live daemon left there is nowhere to fail over to. A failure of some daemons is declared as
+# usual: the others are heard every interval.
+# Once the first daemon is heard again, the others still silent get as long again, counted
+# from that moment: their TCP connections retransmit with a doubling backoff, so after a cut
+# of several seconds their first packet may come seconds after the network healed (found on
+# test hosts: a coordinator healed after 7 s declared four daemons dead the moment the first
+# was heard, and their streamlets failed over to no one).
 ISOLATION_MEMBERS_MIN = 3
+ISOLATION_QUIET_DEAD_WINDOWS = 0.5
 ISOLATION_HOLD_DEAD_WINDOWS = 5
 # Consumption marks one broker heartbeat reply carries (one per streamlet of its
 # retain-until-consumed streams, ~4 bytes each: ~1 MiB, under the 4 MiB header limit). Streams
@@ -150,6 +160,7 @@ class Coordinator:
         self.started_s = now
         self._expiry_checked_s = now
         self.isolation_suspected = False   # most daemons silent at once (`tick`)
+        self.heard_again_s: float | None = None   # when the last suspected isolation ended
         # Source of tokens and of the cluster id: `new_token` unless one is injected (the
         # server passes its kera.daemon_env.DaemonEnv's; tests a fixed one).
         self._token_source = token_source
@@ -507,10 +518,12 @@ class Coordinator:
     def tick(self, now: float) -> list[Member]:
         """Declare dead every daemon silent for longer than the allowance; returns them."""
         live = [m for table in self.members.values() for m in table.values() if m.alive]
-        dead = [m for m in live if now - m.last_heartbeat_s > self.dead_after_s]
-        if self._maybe_isolated(live, dead, now):
-            dead = [m for m in dead if now - m.last_heartbeat_s >
+        silent = [m for m in live if now - m.last_heartbeat_s > self.dead_after_s]
+        if self._maybe_isolated(live, silent, now):
+            dead = [m for m in silent if now - m.last_heartbeat_s >
                     self.dead_after_s * ISOLATION_HOLD_DEAD_WINDOWS]
+        else:
+            dead = [m for m in silent if self._overdue(m, now)]
         for member in dead:
             member.alive = False
         if dead:
@@ -525,15 +538,28 @@ class Coordinator:
         self.groups.expire(now)
         return dead
 
+    def _overdue(self, member: Member, now: float) -> bool:
+        """A daemon past the dead window: one silent since before the end of a suspected
+        isolation gets the hold again, counted from that end."""
+        if self.heard_again_s is not None and member.last_heartbeat_s < self.heard_again_s:
+            return now - self.heard_again_s > self.dead_after_s * ISOLATION_HOLD_DEAD_WINDOWS
+        return True
+
     def _maybe_isolated(self, live: list[Member], silent: list[Member], now: float) -> bool:
-        """Every daemon silent at once: suspect this coordinator's own network (tick)."""
-        suspect = len(live) >= ISOLATION_MEMBERS_MIN and len(silent) == len(live)
+        """Daemons to declare while none is heard lately: suspect this coordinator's own
+        network (tick)."""
+        suspect = len(live) >= ISOLATION_MEMBERS_MIN and bool(silent) and \
+            now - max(m.last_heartbeat_s for m in live) > \
+            self.dead_after_s * ISOLATION_QUIET_DEAD_WINDOWS
         if suspect and not self.isolation_suspected:
-            log.warning("all %d live daemons fell silent together: this coordinator may be the "
+            log.warning("none of %d live daemons heard for %.1f s: this coordinator may be the "
                         "one cut off; holding their death for up to %.1f s", len(live),
+                        now - max(m.last_heartbeat_s for m in live),
                         self.dead_after_s * ISOLATION_HOLD_DEAD_WINDOWS)
         elif not suspect and self.isolation_suspected:
-            log.info("daemons are heard again: declaring deaths as usual")
+            self.heard_again_s = now
+            log.info("daemons are heard again: those still silent have %.1f s more to be heard "
+                     "before they are declared dead", self.dead_after_s * ISOLATION_HOLD_DEAD_WINDOWS)
         self.isolation_suspected = suspect
         return suspect
 
