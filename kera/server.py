@@ -349,6 +349,12 @@ class Server:
             if address not in keep and peer.idle:
                 self.drop_peer(address)
 
+    def reconnect(self, address: str, peer) -> None:
+        """Close `peer`, the connection to `address` a request went out on, unless it was
+        replaced since: the next request to `address` opens a fresh one."""
+        if self.peers.get(address) is peer:
+            self.drop_peer(address)
+
     def drop_peer(self, address: str) -> None:
         """Close the connection to a daemon that left; its pending requests time out now."""
         peer = self.peers.pop(address, None)

@@ -82,8 +82,8 @@ class SimPeer:
     def __init__(self, server: "SimServer", address: str):
         self.server = server
         self.address = address
-        self._ids = itertools.count(1 << 16)
-        self.pending: dict[int, Callable] = {}
+        self._ids = server.peer_request_ids   # unique across its connections, as zmq's
+        self.pending: dict[int, Callable] = {}  # sockets never mix their replies
 
     @property
     def idle(self) -> bool:   # as kera.server.Peer.idle
@@ -135,6 +135,11 @@ class SimServer(Node, kera_server.Server):
         self.after_batch: list[Callable] = []
         self.after_turn: list[Callable] = []
         self.peers: dict[str, SimPeer] = {}
+        # Addresses whose connection this process closed: a reply still on its way there is
+        # dropped, as zmq's ROUTER drops a message to a DEALER that went away (it is not a
+        # request to this process's own socket).
+        self.closed_peers: set[str] = set()
+        self.peer_request_ids = itertools.count(1 << 40)
         self.poller = _Poller()
         self.inbox: list = []
         self._turn_pending = False
@@ -168,6 +173,7 @@ class SimServer(Node, kera_server.Server):
     def drop_peer(self, address: str) -> None:
         peer = self.peers.pop(address, None)
         if peer is not None:
+            self.closed_peers.add(address)
             peer.close()
 
     def schedule(self, dt: float, fn: Callable, *args) -> None:
@@ -221,7 +227,7 @@ class SimServer(Node, kera_server.Server):
                 header = wire.unpack_header(parts[0])
             except BadRequest as err:
                 header = err
-            if not self.handlers or (src in self.peers and isinstance(header, dict) and "ok" in header):
+            if not self.handlers or (self._is_peer(src) and isinstance(header, dict) and "ok" in header):
                 if isinstance(header, dict):   # an unreadable reply is dropped (Peer.on_readable)
                     replies.append((src, header, parts[1:]))
             else:
@@ -236,8 +242,11 @@ class SimServer(Node, kera_server.Server):
             peer = self.peers.get(src)
             if peer is not None:
                 self._guarded(peer.on_reply, header, frames)
-            else:
+            elif src not in self.closed_peers:
                 self._guarded(self.on_client_reply, src, header, frames)
+
+    def _is_peer(self, src: str) -> bool:
+        return src in self.peers or src in self.closed_peers
 
     def on_client_reply(self, src: str, header: dict, frames: list) -> None:
         """A reply on a client connection (kera.rpc.Connection): producers and consumers."""
