@@ -558,8 +558,10 @@ class Coordinator:
                         self.dead_after_s * ISOLATION_HOLD_DEAD_WINDOWS)
         elif not suspect and self.isolation_suspected:
             self.heard_again_s = now
-            log.info("daemons are heard again: those still silent have %.1f s more to be heard "
-                     "before they are declared dead", self.dead_after_s * ISOLATION_HOLD_DEAD_WINDOWS)
+            if len(silent) < len(live):   # else they were all declared dead past the hold
+                log.info("daemons are heard again: those still silent have %.1f s more to be "
+                         "heard before they are declared dead",
+                         self.dead_after_s * ISOLATION_HOLD_DEAD_WINDOWS)
         self.isolation_suspected = suspect
         return suspect
 
