@@ -42,6 +42,7 @@ from kera.coordinator.rebalance import Rebalancer
 from kera.coordinator.recovery import Failover, parse_streamlets
 from kera.coordinator.validate import KINDS, StreamSpec
 from kera.errors import BadRequest, IdInUse, NotReady, StreamExists, UnknownStream, WrongCluster
+from kera.repeat_log import RepeatedWarnings
 from kera.wire import Fields
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,9 @@ class Coordinator:
         # Why this coordinator must stop (its state is brand new while daemons hold data of a
         # cluster): the server shell logs it and exits. None while all is well.
         self.halted: str | None = None
+        # Refused identity claims and stale tokens repeat every retry or heartbeat of the
+        # process at fault: one warning a minute per (kind, id, address), not one each time.
+        self.refusals = RepeatedWarnings()
         # Broker incarnations, failover of dead brokers' streamlets, recovery markers
         # (kera.coordinator.recovery).
         self.failover = Failover()
@@ -259,7 +263,7 @@ class Coordinator:
                                                    max_len=FLOORS_PER_HEARTBEAT_MAX))
         mark = f.int("stream_id_mark", 0, hi=STREAM_ID_MARK_MAX)
         # Everything is checked before anything changes: a refused heartbeat changes nothing.
-        self.authenticate(kind, member_id, f.str("token", None, hi=TOKEN_CHARS_MAX))
+        self.authenticate(kind, member_id, f.str("token", None, hi=TOKEN_CHARS_MAX), now)
         acl_ops.check_binding(kind, member_id, self.members[kind][member_id].principal, self.caller)
         if applied > self.version:
             raise BadRequest(f"metadata_version {applied} was never issued (the current one "
@@ -340,7 +344,7 @@ class Coordinator:
 
     def _op_recovered(self, f: Fields, now: float) -> dict:
         self.authenticate("broker", f.int("broker_id", hi=validate.ID_MAX),
-                          f.str("token", None, hi=TOKEN_CHARS_MAX))
+                          f.str("token", None, hi=TOKEN_CHARS_MAX), now)
         cleared = self.failover.recovered(self, f.int("broker_id", hi=validate.ID_MAX),
                                           f.int("epoch", hi=validate.VERSION_MAX),
                                           parse_streamlets(f))
@@ -415,7 +419,8 @@ class Coordinator:
             self.next_stream_id = mark + 1
             self._bump()   # a change of persisted state
 
-    def authenticate(self, kind: str, member_id: int, token: str | None) -> Member:
+    def authenticate(self, kind: str, member_id: int, token: str | None,
+                     now: float) -> Member:
         """The member, if `token` is its current incarnation's; raises otherwise."""
         member = self.members[kind].get(member_id)
         if member is None:
@@ -423,8 +428,11 @@ class Coordinator:
         if member.token_sha256 is None:
             raise NotReady(f"{kind} {member_id} has no incarnation token yet: register again")
         if token is None or not hmac.compare_digest(_sha256(token), member.token_sha256):
-            log.warning("%s %d: refused a request without the token of its incarnation "
-                        "registered at %s", kind, member_id, member.address)
+            dropped = self.refusals.admit(("token", kind, member_id, member.address), now)
+            if dropped is not None:
+                log.warning("%s %d: refused a request without the token of its incarnation "
+                            "registered at %s%s", kind, member_id, member.address,
+                            self.refusals.note(dropped))
             raise IdInUse(f"{kind} id {member_id} belongs to another incarnation (registered at "
                           f"{member.address}); this process no longer holds it: stop it, or "
                           f"restart it with another --id")
@@ -450,10 +458,12 @@ class Coordinator:
             return True
         return token is not None and hmac.compare_digest(_sha256(token), member.token_sha256)
 
-    def _refuse_claim(self, member: Member, address: str) -> None:
-        log.warning("%s id %d is live at %s: refused it to a second process at %s (which did "
-                    "not present the live incarnation's token)", member.kind, member.id,
-                    member.address, address)
+    def _refuse_claim(self, member: Member, address: str, now: float) -> None:
+        dropped = self.refusals.admit(("claim", member.kind, member.id, address), now)
+        if dropped is not None:
+            log.warning("%s id %d is live at %s: refused it to a second process at %s (which "
+                        "did not present the live incarnation's token)%s", member.kind,
+                        member.id, member.address, address, self.refusals.note(dropped))
         raise IdInUse(f"{member.kind} id {member.id} is in use by a live {member.kind} at "
                       f"{member.address}: start this process with another --id, or stop the "
                       f"other process first (its id is free {self.dead_after_s:g} s after it "
@@ -472,7 +482,7 @@ class Coordinator:
             raise NotReady(f"{validate.DAEMONS_MAX} {kind}s are registered already")
         acl_ops.check_binding(kind, member_id, member and member.principal, self.caller)
         if member is not None and not self._may_claim(member, token, address, now):
-            self._refuse_claim(member, address)
+            self._refuse_claim(member, address, now)
         if kind == "broker":
             self.failover.check_epochs_left()
         self.next_member_id[kind] = max(self.next_member_id[kind], member_id + 1)

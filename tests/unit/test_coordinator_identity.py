@@ -63,6 +63,32 @@ def test_a_live_id_is_refused_to_a_second_process_and_the_holder_is_undisturbed(
     beat(c, token, kind, now=1.0)                            # the holder goes on
 
 
+def test_refusals_that_repeat_log_one_warning_a_minute_not_one_each(caplog):
+    # A second process left running with a taken --id retries its register, and a stale
+    # incarnation keeps beating with its old token: each is refused every time, but its
+    # warning is logged once, then at most once a minute with the count left out.
+    c = make()
+    token = register(c)["token"]
+    caplog.set_level("WARNING", logger="kera.coordinator.core")
+    for i in range(50):
+        now = 0.1 + i * 0.01
+        beat(c, token, now=now)                             # the holder stays live
+        with pytest.raises(IdInUse):
+            register(c, now=now, port=9999)
+        with pytest.raises(IdInUse):
+            beat(c, "f" * 32, now=now)
+    claims = [r.getMessage() for r in caplog.records if "refused it to a second" in r.getMessage()]
+    stale = [r.getMessage() for r in caplog.records if "without the token" in r.getMessage()]
+    assert len(claims) == 1 and len(stale) == 1
+    caplog.clear()
+    for now in (DEAD_AFTER_S - 0.5, 61.0):
+        c.members["broker"][0].last_heartbeat_s = now       # still live, as if it had beaten
+        with pytest.raises(IdInUse):
+            register(c, now=now, port=9999)
+    claims = [r.getMessage() for r in caplog.records if "refused it to a second" in r.getMessage()]
+    assert len(claims) == 1 and "50 more like it in the last 60 s not logged" in claims[0]
+
+
 def test_a_dead_id_may_be_reclaimed_without_its_token():
     c = make()
     register(c)
