@@ -77,7 +77,10 @@ class BackupPool:
             if b is None:
                 self.backups[bid] = Backup(bid, address, node, alive, registered_version=registered)
             else:
-                b.address, b.node, b.alive, b.registered_version = address, node, alive, registered
+                # 0 says "unknown" (a coordinator that has not kept it): the version seen
+                # before stays, so a later register still shows as a restart.
+                b.address, b.node, b.alive = address, node, alive
+                b.registered_version = registered or b.registered_version
         # Forget dead backups nothing refers to any more, so the table stays bounded.
         for bid in [bid for bid, b in self.backups.items() if not b.alive and b.load <= 0 and bid not in seen]:
             del self.backups[bid]

@@ -119,8 +119,12 @@ class Member:
     alive: bool = False
     last_heartbeat_s: float | None = None  # None: not heard from since this coordinator started
     applied_version: int = 0               # metadata version the daemon last reported applied
-    registered_version: int = 0            # metadata version of its last register (0: none
-                                           # since this coordinator started)
+    # Metadata version of its last register (persisted; 0: none, or loaded from a state file
+    # written before it was kept). A broker compares it with the one it saw before to tell that
+    # a backup restarted and lost its in-memory replicas, also when it was cut off from the
+    # coordinator for the whole time between the backup's register and a coordinator restart:
+    # kept in memory only, a restart turned it into 0 ("unknown") and the restart went unseen.
+    registered_version: int = 0
     stats: dict = field(default_factory=dict)
     token_sha256: str | None = None        # hash of the current incarnation's token (persisted)
     token: str | None = None               # the token itself, in memory only (register reply)
@@ -913,7 +917,8 @@ class Coordinator:
             "next_member_id": dict(self.next_member_id),
             "rotation": self.rotation,
             "members": {k: [{"id": m.id, "address": m.address, "node": m.node,
-                             "token_sha256": m.token_sha256, "principal": m.principal}
+                             "token_sha256": m.token_sha256, "principal": m.principal,
+                             "registered_version": m.registered_version}
                             for _, m in sorted(t.items())] for k, t in self.members.items()},
             "streams": [{"id": s.id, "placement": s.placement, "version": s.version,
                          "name": s.spec.name, "streamlets": s.spec.streamlets,
@@ -957,7 +962,11 @@ class Coordinator:
                     self.members[kind][member_id] = Member(
                         kind, member_id, str(m["address"]), str(m["node"]),
                         token_sha256=_token_hash(m.get("token_sha256")),
-                        principal=_token_hash(m.get("principal")))
+                        principal=_token_hash(m.get("principal")),
+                        registered_version=_nonneg(m.get("registered_version", 0)))
+                    if self.members[kind][member_id].registered_version > self.version:
+                        raise ValueError(f"{kind} id {member_id} registered at a version newer "
+                                         f"than the metadata version")
             for s in state["streams"]:
                 # Fields added later (retention) may be missing from an older file: defaults.
                 spec = StreamSpec(**{k: s[k] for k in StreamSpec.__slots__ if k in s})

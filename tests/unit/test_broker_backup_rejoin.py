@@ -36,6 +36,17 @@ def test_a_coordinator_restart_is_not_a_backup_restart():
     assert pool.update(entries((1, True, 15), (2, True, 0))) == [1]
 
 
+def test_an_unknown_version_keeps_the_one_seen_before():
+    # A coordinator that does not report it (0) must not make the broker forget which
+    # registration it saw: the same one reported again later is no restart, a newer one is.
+    pool = BackupPool("x")
+    pool.update(entries((2, True, 4)))
+    assert pool.update(entries((2, True, 0))) == []
+    assert pool.update(entries((2, True, 4))) == []
+    assert pool.update(entries((2, True, 0))) == []
+    assert pool.update(entries((2, True, 9))) == [2]
+
+
 def test_death_then_registration_reports_each_once():
     pool = BackupPool("x")
     pool.update(entries((1, True, 3)))

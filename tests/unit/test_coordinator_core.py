@@ -394,8 +394,10 @@ def test_state_round_trip_keeps_streams_members_and_counters():
     r = make(now=100.0, state=state)
     assert r.version > c.version                       # the restart is a change
     assert r.to_state()["streams"] == state["streams"]
-    assert r.cluster()["brokers"] == [dict(m, alive=False, registered_version=0)
-                                      for m in c.cluster()["brokers"]]
+    # Each member's last registration is kept: brokers tell a backup's restart by it.
+    assert r.cluster()["brokers"] == [dict(m, alive=False) for m in c.cluster()["brokers"]]
+    assert {m["id"]: m["registered_version"] for m in r.cluster()["backups"]} == \
+        {m["id"]: m["registered_version"] for m in c.cluster()["backups"]}
     # Members come back under their ids, alive once they heartbeat.
     r.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 2, "metadata_version": 0}, 100.1)
     assert r.members["broker"][2].alive

@@ -89,6 +89,28 @@ def test_refusals_that_repeat_log_one_warning_a_minute_not_one_each(caplog):
     assert len(claims) == 1 and "50 more like it in the last 60 s not logged" in claims[0]
 
 
+def test_a_restarted_coordinator_reports_each_members_last_registration():
+    # Found by the simulation (seed 1981 with produce runs): a backup restarted and registered
+    # while a broker was cut off from the coordinator; the coordinator then restarted and, not
+    # keeping the version, reported 0 ("unknown"). The broker never learned that the backup's
+    # in-memory replicas were gone, and a finished virtual segment stayed on one backup.
+    c = make()
+    register(c, "backup", 0)
+    register(c, "backup", 1)
+    register(c, "backup", 0, now=DEAD_AFTER_S + 1.0)        # backup 0 restarted
+    versions = {m["id"]: m["registered_version"] for m in c.cluster()["backups"]}
+    assert versions[0] > versions[1] > 0
+    r = make(now=100.0, state=c.to_state())
+    assert {m["id"]: m["registered_version"] for m in r.cluster()["backups"]} == versions
+    old = c.to_state()                                      # a file from before it was kept
+    for m in old["members"]["backup"]:
+        del m["registered_version"]
+    assert {m["registered_version"] for m in make(now=100.0, state=old).cluster()["backups"]} == {0}
+    old["members"]["backup"][0]["registered_version"] = old["metadata_version"] + 1
+    with pytest.raises(ValueError, match="newer than the metadata version"):
+        make(now=100.0, state=old)
+
+
 def test_a_dead_id_may_be_reclaimed_without_its_token():
     c = make()
     register(c)
