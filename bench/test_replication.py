@@ -39,9 +39,10 @@ RATIO_ROUNDS = 5                          # R=1 / R=3 pairs
 STREAM_COUNTS = (8, 128, 512)
 VIRTUAL_LOGS = (1, 4, 32, 0)              # 0 = one per sub-partition (= the stream count here)
 FLUSH_TIMEOUT_S = 300.0
-# Produce requests in flight per broker. A request holds at most one chunk per streamlet (8
-# chunks with 8 one-streamlet streams), and an R=3 acknowledgement waits for a replication
-# round trip, so a deeper window than the client's default keeps the broker busy.
+# Produce requests in flight per broker. A request holds one lane per streamlet (its next chunk,
+# then a run of the ones after it while the request has room), and an R=3 acknowledgement waits
+# for a replication round trip, so a deeper window than the client's default keeps the broker
+# busy.
 IN_FLIGHT_PER_BROKER = 16
 
 RESULTS: dict[str, list] = {"ratio": [], "sweep": []}

@@ -15,6 +15,9 @@ from kera.producer.pipeline import FRONT_GAP_ATTEMPTS_MAX, IN_FLIGHT, UNSENT, Pi
 PID = 1000
 SID = 5
 Q = 3
+# A request size no chunk fits: each request then carries one chunk (the first always goes),
+# for tests about what happens to separate requests.
+ONE_CHUNK = 1
 
 
 def make(request_size=1 << 20, window=2, retries=5, timeout_s=1.0):
@@ -51,20 +54,56 @@ def seq_of(c):
     return chunk.read_header(c.data).sequence
 
 
-def test_one_request_per_broker_with_at_most_one_chunk_per_streamlet():
+def test_one_request_per_broker_takes_each_lanes_next_chunk_then_runs_in_order():
     pipe = make(window=1)
     add(pipe, 0, 3)
     add(pipe, 1, 2)
     add(pipe, 2, 1)
     outs = send_all(pipe)
-    by = {o.broker: sorted(chunk.read_header(c.data).streamlet for c in o.chunks) for o in outs}
-    assert by == {"b1": [0, 1], "b2": [2]}
+    by = {o.broker: [(chunk.read_header(c.data).streamlet, seq_of(c)) for c in o.chunks]
+          for o in outs}
+    # Every streamlet's next chunk first, then each lane's following chunks as a run.
+    first, runs = by["b1"][:2], by["b1"][2:]
+    assert sorted(first) == [(0, 0), (1, 0)]
+    assert sorted(runs) == [(0, 1), (0, 2), (1, 1)]
+    assert [sq for sl, sq in by["b1"] if sl == 0] == [0, 1, 2]   # a lane's chunks in order
+    assert by["b2"] == [(2, 0)]
     assert all(c.state == IN_FLIGHT for o in outs for c in o.chunks)
     assert send_all(pipe, first_id=10) == []  # window of 1 request per broker is full
 
 
+def test_runs_leave_room_for_every_streamlets_next_chunk_first():
+    size = len(add(make(), 0, 1)[0].data)
+    pipe = make(request_size=3 * size, window=1)
+    add(pipe, 0, 4)
+    add(pipe, 1, 4)
+    add(pipe, 2, 4)
+    (o,) = send_all(pipe, mapping={0: "b", 1: "b", 2: "b"})
+    assert sorted(chunk.read_header(c.data).streamlet for c in o.chunks) == [0, 1, 2]
+    pipe = make(request_size=5 * size, window=1)
+    add(pipe, 0, 4)
+    add(pipe, 1, 1)
+    (o,) = send_all(pipe, mapping={0: "b", 1: "b"})
+    assert sorted((chunk.read_header(c.data).streamlet, seq_of(c)) for c in o.chunks) == [
+        (0, 0), (0, 1), (0, 2), (0, 3), (1, 0)]
+    assert sum(len(c.data) for c in o.chunks) <= 5 * size
+
+
+def test_a_refused_chunk_in_a_run_resends_the_run_from_it_in_order():
+    pipe = make(window=1)
+    chunks = add(pipe, 0, 3)
+    (o,) = send_all(pipe)
+    assert o.chunks == chunks
+    # chunk 1 throttled; the broker then refuses chunk 2 with a gap (chunk 0 is stored)
+    pipe.on_reply("b1", {"id": 1, "ok": True, "results": [
+        [0, 0, 0], ["throttled", "busy", True], ["sequence_gap", "gap", True]]}, 0.0)
+    assert chunks[0].serial not in pipe.incomplete
+    (o,) = send_all(pipe, now=1.0, first_id=2)
+    assert o.chunks == chunks[1:] and [c.attempts for c in chunks[1:]] == [2, 1]
+
+
 def test_window_pipelines_a_lanes_chunks_in_order():
-    pipe = make(window=3)
+    pipe = make(request_size=ONE_CHUNK, window=3)
     add(pipe, 0, 5)
     outs = send_all(pipe)
     assert [[seq_of(c) for c in o.chunks] for o in outs] == [[0], [1], [2]]
@@ -79,7 +118,7 @@ def test_request_size_limit():
 
 
 def test_acks_complete_chunks_and_flush_target():
-    pipe = make()
+    pipe = make(request_size=ONE_CHUNK)
     add(pipe, 0, 2)
     target = pipe.last_serial
     (o1, o2) = send_all(pipe)
@@ -94,7 +133,7 @@ def test_acks_complete_chunks_and_flush_target():
 
 
 def test_retriable_error_pauses_lane_until_drained_then_resends_same_bytes_in_order():
-    pipe = make(window=3)
+    pipe = make(request_size=ONE_CHUNK, window=3)
     chunks = add(pipe, 0, 3)
     original = [c.data for c in chunks]
     o1, o2, o3 = send_all(pipe)
@@ -142,7 +181,7 @@ def test_a_stalled_request_asks_for_its_streams_owners_now_and_then():
 
 
 def test_a_stalled_request_whose_owner_moved_goes_to_the_new_owner_at_once():
-    pipe = make(window=2, timeout_s=10.0)
+    pipe = make(request_size=ONE_CHUNK, window=2, timeout_s=10.0)
     first = add(pipe, 0, 2)
     add(pipe, 2, 1)
     send_all(pipe)                                  # b1: chunk 0 of streamlet 0; b2: streamlet 2
@@ -177,7 +216,7 @@ def test_no_owner_known_waits_and_wants_refresh():
 
 
 def test_non_retriable_failure_is_reported_and_lane_takes_a_new_identity():
-    pipe = make(window=3)
+    pipe = make(request_size=ONE_CHUNK, window=3)
     chunks = add(pipe, 0, 3)
     o1, o2, o3 = send_all(pipe)
     pipe.on_reply("b1", {"id": 1, "ok": True, "results": [["record_too_large", "big", False]]}, 0.0)
@@ -216,7 +255,7 @@ def test_unknown_stream_for_good_fails_every_chunk_of_the_stream():
     outs = send_all(pipe)
     o = next(o for o in outs if o.broker == "b1")
     pipe.on_reply("b1", {"id": o.req_id, "ok": True,
-                         "results": [["unknown_stream", "deleted", False]]}, 0.0)
+                         "results": [["unknown_stream", "deleted", False]] * len(o.chunks)}, 0.0)
     failures = pipe.take_failures()
     assert sum(f.records for f in failures) == 30
     assert SID in pipe.dead_streams
@@ -246,7 +285,7 @@ def test_foreign_chunks_keep_their_identity_and_duplicates_are_fine():
     c2 = pipe.add_foreign("s", data)
     assert c1.lane is c2.lane and c1.lane.producer_id == 777
     outs = send_all(pipe)
-    assert [o.chunks[0].data for o in outs] == [data, data]
+    assert [c.data for o in outs for c in o.chunks] == [data, data]
     for o in outs:
         pipe.on_reply("b1", ok(o, o.req_id), 0.0)
     assert pipe.done_through(c2.serial) and not pipe.lanes.get((777, SID, 1))
@@ -335,7 +374,7 @@ def test_new_identity_keeps_the_group_slot_even_at_the_top_of_the_id_space():
 
 
 def test_broker_that_forgot_the_producer_gets_the_lane_under_a_new_identity():
-    pipe = make(window=1, retries=20)
+    pipe = make(request_size=ONE_CHUNK, window=1, retries=20)
     c0, c1, c2 = add(pipe, 0, 3)
     (o,) = send_all(pipe)
     pipe.on_reply("b1", ok(o, 1), 0.0)
@@ -396,7 +435,12 @@ def test_foreign_chunks_of_two_producers_stored_once_in_order_despite_losses(see
         for o in pipe.build(now, owners(mapping)):
             rid = next(req_ids)
             pipe.sent(o, rid, now)
-            assert len({(c.lane.stream_id, c.lane.streamlet) for c in o.chunks}) == len(o.chunks)
+            lanes = {}   # one lane per streamlet per request, its chunks in sequence order
+            for c in o.chunks:
+                lanes.setdefault((c.lane.stream_id, c.lane.streamlet), []).append(c)
+            assert all(len({c.lane for c in cs}) == 1 for cs in lanes.values())
+            assert all([c.sequence for c in cs] == sorted(c.sequence for c in cs)
+                       for cs in lanes.values())
             results = [["throttled", "busy", True] if rng.random() < 0.05 else broker.produce(c.data)
                        for c in o.chunks]
             if rng.random() < 0.9:  # else the reply is lost (its chunks may be stored)
@@ -418,7 +462,7 @@ def test_foreign_chunks_of_two_producers_on_one_streamlet_never_share_a_request(
 
 
 def test_refused_foreign_chunk_fails_with_its_followers_and_keeps_its_identity():
-    pipe = make(window=1)
+    pipe = make(request_size=ONE_CHUNK, window=1)
     first, second = add_foreign(pipe, 9, 0, 0), add_foreign(pipe, 9, 0, 1)
     (o,) = send_all(pipe)
     pipe.on_reply("b1", {"id": 1, "ok": True, "results": [["corrupt_chunk", "bad", False]]}, 0.0)
