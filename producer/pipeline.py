@@ -1,12 +1,12 @@
 """Sealed chunks on their way to the brokers: request building, acks, retries. Sans-IO.
 
 Chunks wait in *lanes*, one per (producer identity, stream, streamlet), in sequence order. The
-request thread asks `build` for requests (one per broker at a time, one lane per streamlet:
-its next chunk, then a run of the chunks after it while there is room, up to
-`request_size_bytes`, at most `in_flight_per_broker` requests in flight per broker), sends them, and feeds back each reply (`on_reply`), send failure or timeout
-(`on_request_failed`). A request left unanswered while its streamlet's owner moved (a
-failover) is failed early (`probe_stalled`). The clock is passed in; nothing here touches a
-socket or a thread.
+request thread asks `build` for requests (one per broker at a time, one lane per streamlet: its
+next chunk, then a run of the chunks after it while there is room, up to `request_size_bytes`,
+at most `in_flight_per_broker` requests in flight per broker), sends them, and feeds back each
+reply (`on_reply`), send failure or timeout (`on_request_failed`). A request left unanswered
+while its streamlet's owner moved (a failover) is failed early (`probe_stalled`). The clock is
+passed in; nothing here touches a socket or a thread.
 
 Ordering: the broker stores chunk k+1 of a lane only after chunk k (`sequence_gap`
 otherwise), so a lane may pipeline several chunks. After any failure the lane *pauses* until
@@ -240,9 +240,9 @@ class Pipeline:
         the chunks after those, lane by lane: a run of one lane's consecutive chunks, which
         the broker appends in order as it would across requests. Runs cut the per-request
         work (a request's receive, reply and R=1 file write) that one chunk per streamlet
-        paid for every few chunks: `send_batch` at R=1 (4 streamlets) went from 3.0-3.4 M to
-        5.8-6.3 M records/s (bench/test_core.py), and a lane's run is adjacent in its segment,
-        so it also replicates as one frame."""
+        paid for every few chunks: `send_batch` at R=1 (4 streamlets, bench/test_core.py) went
+        from 3.09 M to 5.12 M records/s (medians of 4 alternations), and a lane's run is
+        adjacent in its segment, so it also replicates as one frame."""
         chunks: list[PendingChunk] = []
         taken: list[Lane] = []
         streamlets = set()

@@ -58,12 +58,13 @@ def failure_error(failures: list[Failure]) -> KeraError:
 class Producer:
     """Appends records to streams; thread-safe (any thread may send, flush or close).
 
-    `bootstrap` is the coordinator's "host:port". Chunks of `chunk_size_bytes` are sealed when
-    full or `linger_ms` after their first record; a request to a broker carries the next chunk
-    of each streamlet, then runs of the chunks after them while it has room, up to
-    `request_size_bytes`, with `in_flight_per_broker` requests in flight per broker. Sent but unacknowledged bytes are bounded by `buffer_bytes` (`send`
-    blocks up to `send_timeout_s`, then raises Timeout). A chunk is retried (same identity, so
-    never stored twice) on retriable errors up to `retries_max` times. `producer_id` is random
+    `bootstrap` is the coordinator's "host:port". Chunks of `chunk_size_bytes` are sealed when full
+    or `linger_ms` after their first record; a request to a broker carries the next chunk of
+    each streamlet, then runs of the chunks after them while it has room, up to
+    `request_size_bytes`, with `in_flight_per_broker` requests in flight per broker. Sent but
+    unacknowledged bytes are bounded by `buffer_bytes` (`send` blocks up to `send_timeout_s`,
+    then raises Timeout). A chunk is retried (same identity, so never stored twice) on retriable
+    errors up to `retries_max` times. `producer_id` is random
     unless given; give one only with a sequence space of its own (the broker drops a chunk
     whose (producer id, streamlet, sequence) it already holds as a duplicate): reusing an id
     in a new Producer on the same stream makes its first chunks look like duplicates.
