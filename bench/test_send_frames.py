@@ -97,13 +97,16 @@ def test_send_chunk_frames(benchmark, segment, chunk_bytes, threshold):
 
 @pytest.mark.parametrize("chunks_per_write", [4, 16, 64])
 @pytest.mark.parametrize("layout", ["frame-per-chunk", "packed"])
-def test_send_short_chunks(benchmark, segment, chunks_per_write, layout):
-    """4000-byte chunks 8 KiB apart (never adjacent, as chunks of different groups in one
-    replication write), at kera's threshold."""
+@pytest.mark.parametrize("size", [4000, 64000])
+def test_send_short_chunks(benchmark, segment, chunks_per_write, layout, size):
+    """Chunks of `size` bytes with a 4 KiB+ gap between them (never adjacent, as chunks of
+    different groups in one replication write), at kera's threshold: 4000-byte ones go as
+    copies either way, 64000-byte ones zero-copy one frame each or packed into one copy
+    (kera.frame_pack.PACK_RUN_BYTES_MAX)."""
     link = Link()
     link.dealer.copy_threshold = ZERO_COPY_MIN_BYTES
     messages = FRAMES_PER_ROUND // chunks_per_write
-    stride, size = 8192, 4000
+    stride = (size // 4096 + 2) * 4096
 
     def send_round():
         offset = 0
@@ -113,7 +116,7 @@ def test_send_short_chunks(benchmark, segment, chunks_per_write, layout):
             link.dealer.send_multipart([b"header", *frames], copy=False)
 
     _measure(benchmark, link, send_round, messages)
-    benchmark.extra_info.update(chunks_per_write=chunks_per_write,
+    benchmark.extra_info.update(chunks_per_write=chunks_per_write, chunk_bytes=size,
                                 chunks_per_round=messages * chunks_per_write)
 
 

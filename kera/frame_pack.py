@@ -11,11 +11,18 @@ requests (producer -> broker) and fetch replies (broker -> consumer).
 
 from __future__ import annotations
 
-# Pieces shorter than this are packed with their neighbours: the same figure as the zero-copy
-# threshold of our sockets (kera.server.ZERO_COPY_MIN_BYTES), below which zmq copies anyway.
-# Non-adjacent 4 KB chunks, 16 per write: 8.9 us per chunk sent as frames, 5.3 us packed
-# (bench/test_send_frames.py).
-PACK_RUN_BYTES_MAX = 32 * 1024
+# Pieces shorter than this are packed with their neighbours. Below the zero-copy threshold of
+# our sockets (kera.server.ZERO_COPY_MIN_BYTES) zmq copies them anyway: non-adjacent 4 KB
+# chunks, 16 per write, 8.9 us per chunk sent as frames, 5.3 us packed
+# (bench/test_send_frames.py). Between that and this size, a copy costs a sender about what
+# the frame would (64000-byte chunks there: 21-25 us per chunk either way, two runs), but
+# each frame left zero-copy also wakes zmq's I/O threads and pyzmq's collector thread in a
+# busy daemon. Raised from 32 KiB to 128 KiB: the throughput preset at R=3 with 64 KiB chunks
+# (one frame per chunk in replication writes, produce requests and fetch replies) went 1.15x
+# records/s with 0.91x the CPU (rounds 1.12-1.17x; 16 KiB chunks 1.06x, 4 KiB 1.01x), the
+# broker's zmq I/O thread from 8.1k to 2.6k context switches a second and its collector
+# thread from 5.2k to 1.7k.
+PACK_RUN_BYTES_MAX = 128 * 1024
 # A packed frame is cut at this size: bounds the copy a message holds while it is in flight.
 PACKED_FRAME_BYTES_MAX = 1024 * 1024
 

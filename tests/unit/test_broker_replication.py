@@ -10,6 +10,7 @@ from kera import frame_pack
 from kera.broker.core import Broker, BrokerConfig
 from kera.chunk import crc32c
 from kera.errors import BadRequest, StorageError, Throttled
+from kera.server import ZERO_COPY_MIN_BYTES
 
 ME = 7
 TIMEOUT = 2.0
@@ -166,6 +167,21 @@ def test_level_replicas_share_one_packed_payload_and_one_behind_gets_its_own():
     assert [bytes(f) for f in w4.frames] == [bytes(f) for f in w3.frames]
     ack(b, fb, [w3, w4])
     assert [t for t, _ in b.take_replies()] == ["a", "b"]
+
+
+def test_runs_long_enough_for_zero_copy_but_short_of_the_pack_bound_are_packed():
+    """64 KiB chunks of different segments (the throughput preset's): one frame, not three."""
+    def mid(seq=0, sid=1):
+        return chunk.encode(1, seq, sid, 0, [b"m" * 1000] * 64)
+    assert ZERO_COPY_MIN_BYTES <= len(mid()) < frame_pack.PACK_RUN_BYTES_MAX
+    b = broker(desc(1), desc(2))
+    b.produce("a", [mid(seq=0)], 0.0)
+    b.produce("b", [mid(sid=2)], 0.0)
+    b.produce("c", [mid(seq=1)], 0.0)
+    [w] = b.sync(0.0)
+    assert [type(f) for f in w.frames] == [bytes] and w.chunks == 3
+    assert [(chunk.read_header(c).stream_id, chunk.read_header(c).sequence)
+            for c in chunks_of(w)] == [(1, 0), (2, 0), (1, 1)]
 
 
 def test_packed_frames_are_bounded_and_a_lone_short_run_is_not_copied(monkeypatch):
