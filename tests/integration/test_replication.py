@@ -173,15 +173,25 @@ def create(cluster, name: str, **kw) -> int:
 
 # ---------------------------------------------------------------------------- R=3 copies
 
-def test_r3_acked_chunks_are_in_both_backups_memory_then_on_their_disks(fresh_cluster):
+# (records of 100 bytes per chunk, requests): ~4 KiB chunks, and ~64 KiB ones: above the
+# zero-copy threshold, below the bound under which senders pack runs into shared frames
+# (kera.frame_pack). Under 8 MiB in all, so no virtual segment closes.
+CHUNK_SHAPES = [(40, 40), (640, 10)]
+
+
+@pytest.mark.parametrize("records,request_count", CHUNK_SHAPES, ids=["4KiB", "64KiB"])
+def test_r3_acked_chunks_are_in_both_backups_memory_then_on_their_disks(fresh_cluster, records,
+                                                                        request_count):
     cluster = fresh_cluster(brokers=1, backups=2, log_level="WARNING")
     broker = cluster.brokers[0].address
     sids = [create(cluster, f"r3-{i}", replication=3, streamlets=2) for i in range(3)]
     writer = Writer(broker, producer_id=11)
-    # Each request carries one chunk per streamlet of every stream: 6 chunks of ~4 KiB.
-    requests = [[writer.chunk(sid, sl) for sid in sids for sl in (0, 1)] for _ in range(40)]
+    # Each request carries one chunk per streamlet of every stream: 6 chunks.
+    requests = [[writer.chunk(sid, sl, (b"v" * 100,) * records) for sid in sids for sl in (0, 1)]
+                for _ in range(request_count)]
     writer.send_all(requests)
-    assert len(writer.acked) == 240
+    total = 6 * request_count
+    assert len(writer.acked) == total
     served = {identity(c): c for sid in sids for sl in (0, 1) for c in broker_chunks(broker, sid, sl)}
     assert set(served) == {(11, *k) for k in writer.acked}
 
@@ -192,7 +202,7 @@ def test_r3_acked_chunks_are_in_both_backups_memory_then_on_their_disks(fresh_cl
         reps = replica_list(b.address)
         assert reps and all(r["in_memory"] and r["memory_from"] == 0 and not r["closed"] for r in reps)
         content = {(r["vlog"], r["vseg"]): replica_chunks(b.address, r["vlog"], r["vseg"]) for r in reps}
-        assert sum(map(len, content.values())) == 240
+        assert sum(map(len, content.values())) == total
         chunks = {identity(c): c for cs in content.values() for c in cs}
         assert chunks == served, "a backup's copy differs from the broker's"
         # A replica is its virtual log in append order: per streamlet, sequences ascend.
