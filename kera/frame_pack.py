@@ -3,10 +3,11 @@
 The protocol lets a payload frame hold several whole chunks back to back (receivers cut them by
 their headers' sizes, kera.chunk.frame_chunks), and it matters: each frame costs a Python-level
 send, a Frame on the receiving side and zmq's own per-part work, 10-15 us together on this
-machine, more than copying a 4 KiB chunk. Short pieces are therefore joined, in order, into one
-new frame (one copy, which zmq made anyway below its zero-copy threshold), while long ones stay
-as they are and leave zero-copy. Used by replication writes (broker -> backups), produce
-requests (producer -> broker) and fetch replies (broker -> consumer).
+machine, more than copying a 4 KiB chunk. Pieces shorter than PACK_RUN_BYTES_MAX are therefore
+joined, in order, into one new frame (one copy, which zmq made anyway below its zero-copy
+threshold, and which up to that bound cost the whole system less than frames of their own),
+while long ones stay as they are and leave zero-copy. Used by replication writes (broker ->
+backups), produce requests (producer -> broker) and fetch replies (broker -> consumer).
 """
 
 from __future__ import annotations

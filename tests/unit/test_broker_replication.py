@@ -170,7 +170,7 @@ def test_level_replicas_share_one_packed_payload_and_one_behind_gets_its_own():
 
 
 def test_runs_long_enough_for_zero_copy_but_short_of_the_pack_bound_are_packed():
-    """64 KiB chunks of different segments (the throughput preset's): one frame, not three."""
+    """~64 KiB chunks of different segments (as in the throughput preset): one frame, not three."""
     def mid(seq=0, sid=1):
         return chunk.encode(1, seq, sid, 0, [b"m" * 1000] * 64)
     assert ZERO_COPY_MIN_BYTES <= len(mid()) < frame_pack.PACK_RUN_BYTES_MAX
