@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from kera import config, wire
 from kera.broker import history_epoch
 from kera.broker.backups import BackupPool
+from kera.broker.fetch_waits import FetchWaits
 from kera.broker.group import Group
 from kera.broker.producers import APPEND, DUPLICATE, GAP, Entry, ProducerTable, classify
 from kera.broker.repair import RepairRead, Repairs
@@ -155,6 +156,9 @@ class Broker:
         # (stream id, streamlet, epoch) of histories begun since the shell last took them: it
         # records their epochs in the data dir before answering (kera.broker.history_epoch).
         self.new_histories: list[tuple[int, int, int]] = []
+        # Fetches that found nothing, held until their streamlets have new durable records
+        # (kera.broker.fetch_waits); woken where durable heads move.
+        self.fetch_waits = FetchWaits()
 
     # ================================================================== metadata
     def set_identity(self, broker_id: int) -> None:
@@ -468,6 +472,8 @@ class Broker:
         if vlog is None:
             group.durable = group.head    # R=1: the broker's copy is the only one asked for
             self.tier.live_appended(seg)  # ... in its file before the ack, with a data dir
+            if self.fetch_waits.watched:
+                self.fetch_waits.wake(info.id, sl)
         else:
             vlog.add(seg, idx, size)
             waits.append((group, group.head))
@@ -521,7 +527,10 @@ class Broker:
 
     # ------------------------------------------------------------------ durability
     def _durable(self, updates: dict) -> None:
+        waits = self.fetch_waits
         for group, end in updates.items():
+            if waits.watched:
+                waits.wake(group.stream_id, group.streamlet)
             for waiter in group.set_durable(end):
                 if not waiter.done:
                     waiter.remaining -= 1
@@ -644,14 +653,17 @@ class Broker:
         streamlet = self._streamlet_for_read(sid, sl)
         return 0 if streamlet is None else streamlet.first_group
 
-    def fetch(self, reads, epochs: list | None = None, check=None) -> tuple[list, list]:
+    def fetch(self, reads, epochs: list | None = None, check=None,
+              again: bool = False) -> tuple[list, list]:
         """(results, frames) for a `fetch` request's `reads` (see docs/PROTOCOL.md); `epochs`,
         if given, gets each read's streamlet history epoch (None for a failed read or a
         streamlet with no data yet), the reply's `epochs`. `check(name)`, if given, refuses
-        (that read's error) a stream the caller may not read."""
+        (that read's error) a stream the caller may not read. `again`: the same request,
+        held (park_fetch) and read once more (counted once in `fetch_requests`)."""
         if not isinstance(reads, list) or len(reads) > FETCH_READS_MAX:
             raise BadRequest(f"'reads' must be a list of at most {FETCH_READS_MAX} reads")
-        self.counters.add("fetch_requests")
+        if not again:
+            self.counters.add("fetch_requests")
         results: list = []
         frames: list = []
         budget = [FETCH_REPLY_MAX_BYTES, 0]     # bytes left, chunks taken
@@ -683,6 +695,17 @@ class Broker:
         self.counters.add("fetch_chunks", budget[1])
         self.counters.add("fetch_bytes", FETCH_REPLY_MAX_BYTES - budget[0])
         return results, frames
+
+    def park_fetch(self, token, reads: list, deadline: float) -> bool:
+        """Hold a fetch whose `reads` (as `fetch` took them, every one answered without an
+        error or a chunk) found nothing, until one of their streamlets has new durable records
+        or `deadline`; False when it cannot be held (answer it now)."""
+        return self.fetch_waits.park(token, frozenset((r[0], r[1]) for r in reads), deadline)
+
+    def take_ready_fetches(self, now: float) -> list:
+        """The tokens of held fetches to fetch again and answer now."""
+        self.fetch_waits.expire(now)
+        return self.fetch_waits.take_ready()
 
     def _count_fetched(self, sid: int, chunks: int, nbytes: int) -> None:
         stream = self.streams.get(sid)
@@ -827,6 +850,7 @@ class Broker:
             metadata_version=self.metadata_version,
         )
         s.update(self.tier.stats())
+        s.update(self.fetch_waits.stats())
         s.update({f"segment_pool_{k}": v for k, v in self.segment_pool.stats().items()})
         return s
 

@@ -137,13 +137,39 @@ class BrokerDaemon:
                 history_epoch.write(root, sid, sl, epoch)
 
     def _on_fetch(self, req: Request):
-        epochs: list = []
+        reads = req.fields.list("reads")
+        wait_ms = req.fields.int("wait_ms", 0, hi=config.FETCH_WAIT_MAX_MS)
         quota = self._quota(req, "fetch")
-        results, frames = self.core.fetch(req.fields.list("reads"), epochs,
-                                          self._checker(req, "read"))
+        results, epochs, frames = self._fetch(req, reads)
+        if wait_ms and not frames and all(r[0] is None for r in results):
+            deadline = self.clock.monotonic() + wait_ms / 1000
+            if self.core.park_fetch((req, reads, quota), reads, deadline):
+                self.server.wake_at(deadline)
+                return DEFERRED   # answered by _answer_held_fetches
+        return self._fetch_reply(req, quota, results, epochs, frames)
+
+    def _fetch(self, req: Request, reads: list, again: bool = False) -> tuple[list, list, list]:
+        epochs: list = []
+        results, frames = self.core.fetch(reads, epochs, self._checker(req, "read"), again)
+        return results, epochs, frames
+
+    def _fetch_reply(self, req: Request, quota, results: list, epochs: list, frames: list,
+                     **more) -> tuple[dict, list]:
         if quota is not None:
             quota.charge(req.principal.name, "fetch", sum(map(len, frames)), self.clock.monotonic())
-        return {"results": results, "epochs": epochs}, frames
+        return {"results": results, "epochs": epochs, **more}, frames
+
+    def _answer_held_fetches(self) -> None:
+        """Fetch again, and answer, the held fetches that new records or their deadline
+        released. `held` tells the consumer this broker holds fetches that find nothing."""
+        for req, reads, quota in self.core.take_ready_fetches(self.clock.monotonic()):
+            try:
+                results, epochs, frames = self._fetch(req, reads, again=True)
+            except KeraError as err:   # e.g. not_ready: this broker lost its registration
+                self.server.fail(req, err)
+                continue
+            fields, frames = self._fetch_reply(req, quota, results, epochs, frames, held=True)
+            self.server.reply(req, fields, frames)
 
     def _on_offsets(self, req: Request):
         f = req.fields
@@ -217,6 +243,7 @@ class BrokerDaemon:
                 self.server.fail(token, result)
             else:
                 self.server.reply(token, {"results": result})
+        self._answer_held_fetches()
 
     def _send_write(self, w: ReplicationWrite, frames: list) -> None:
         core = self.core   # a write of a previous incarnation is accounted by that core

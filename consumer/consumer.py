@@ -56,43 +56,53 @@ NAMED_STARTS = ("earliest", "latest")
 
 
 class Consumer:
+    """A reader of one or more streams (Consumer(bootstrap, stream, ...)).
+
+    `stream`: one stream name or a list of them, all read by this one consumer.
+    `streamlets` / `member`+`members` choose streamlets of each stream (`streamlets=[]`:
+    none until `assign()`, for a group-membership layer). `start`: "earliest", "latest" or
+    positions (of any of the streams; parts without one start at the earliest).
+
+    `on_assigned(parts)` / `on_revoked(parts)`: called by `assign` (after) and `unassign`
+    (before: positions() still covers the parts, so the application can flush and save
+    them), in the thread that calls those, with the (stream, streamlet) parts.
+
+    `on_lost_position`: "raise" (default), "earliest" or "latest" (LOST_POSITION_POLICIES).
+
+    `fetch_max_wait_ms` (Kafka's fetch.max.wait.ms): how long a broker may hold a fetch
+    that finds nothing new, answering it as soon as records arrive (0 to
+    config.FETCH_WAIT_MAX_MS; 0: never held, the consumer asks again every
+    `fetch_wait_ms`). It is also how late a seek or an assignment of an idle consumer can
+    take effect.
+
+    `group`: join that consumer group (kera.consumer.membership): the coordinator assigns
+    this consumer its share of the streams' streamlets, each from the group's committed
+    position (else from `start`); `commit()` / auto-commit every `auto_commit_interval_ms`
+    (None: off) save what was handed out. `group_instance_id`: static membership, a restart
+    within `session_timeout_ms` gets the same streamlets back without a rebalance.
+    `pattern` (with `group`): also every stream matching this glob ("clicks-*"), later
+    ones included (Kafka's subscribe(pattern)); `stream` may be [].
+
+    Streamlets added to a stream later (`kera stream alter --streamlets`) are read from
+    their beginning once this consumer's descriptor is refreshed (at least every
+    `metadata_max_age_ms`) when it reads all streamlets or a `member`'s share; a group
+    assigns them on its own; an explicit `streamlets` list stays as given."""
+
     def __init__(self, bootstrap: str, stream: str | list[str], *, start="earliest",
                  streamlets=None, member: int | None = None, members: int | None = None,
                  cache_chunks_max: int = config.DEFAULT_CACHE_CHUNKS_MAX,
                  fetch_max_bytes: int = config.DEFAULT_FETCH_MAX_BYTES,
                  request_timeout_s: float = config.DEFAULT_REQUEST_TIMEOUT_S,
                  fetch_wait_ms: float = config.DEFAULT_FETCH_WAIT_MS,
+                 fetch_max_wait_ms: int = config.DEFAULT_FETCH_MAX_WAIT_MS,
                  on_lost_position: str = "raise", on_assigned=None, on_revoked=None,
                  group: str | None = None, group_instance_id: str | None = None,
                  pattern: str | None = None, key_file: str | None = None,
                  session_timeout_ms: int = 10_000, auto_commit_interval_ms: int | None = 5_000,
                  env: ClientEnv | None = None,
                  metadata_max_age_ms: int = config.DEFAULT_METADATA_MAX_AGE_MS):
-        """`stream`: one stream name or a list of them, all read by this one consumer.
-        `streamlets` / `member`+`members` choose streamlets of each stream (`streamlets=[]`:
-        none until `assign()`, for a group-membership layer). `start`: "earliest", "latest" or
-        positions (of any of the streams; parts without one start at the earliest).
-
-        `on_assigned(parts)` / `on_revoked(parts)`: called by `assign` (after) and `unassign`
-        (before: positions() still covers the parts, so the application can flush and save
-        them), in the thread that calls those, with the (stream, streamlet) parts.
-
-        `on_lost_position`: "raise" (default), "earliest" or "latest" (LOST_POSITION_POLICIES).
-
-        `group`: join that consumer group (kera.consumer.membership): the coordinator assigns
-        this consumer its share of the streams' streamlets, each from the group's committed
-        position (else from `start`); `commit()` / auto-commit every `auto_commit_interval_ms`
-        (None: off) save what was handed out. `group_instance_id`: static membership, a restart
-        within `session_timeout_ms` gets the same streamlets back without a rebalance.
-        `pattern` (with `group`): also every stream matching this glob ("clicks-*"), later
-        ones included (Kafka's subscribe(pattern)); `stream` may be [].
-
-        Streamlets added to a stream later (`kera stream alter --streamlets`) are read from
-        their beginning once this consumer's descriptor is refreshed (at least every
-        `metadata_max_age_ms`) when it reads all streamlets or a `member`'s share; a group
-        assigns them on its own; an explicit `streamlets` list stays as given."""
         _check_options(group is not None and (streamlets is not None or member is not None),
-                       cache_chunks_max, fetch_max_bytes, on_lost_position)
+                       cache_chunks_max, fetch_max_bytes, on_lost_position, fetch_max_wait_ms)
         self.streams = [stream] if isinstance(stream, str) else list(dict.fromkeys(stream))
         if not self.streams and (pattern is None or group is None):
             raise BadRequest("give at least one stream to read (or, with a group, a pattern)")
@@ -116,6 +126,7 @@ class Consumer:
             self._meta.close()
             raise
         self._init_fetching(fetch_max_bytes, fetch_wait_ms, on_lost_position)
+        self._fetch.max_wait_ms = int(fetch_max_wait_ms)
         self._init_cache()
         self._set_cursors(starts)
         self._waker = self._env.waker()
@@ -792,7 +803,7 @@ class Consumer:
 
 
 def _check_options(group_and_streamlets: bool, cache_chunks_max: int, fetch_max_bytes: int,
-                   on_lost_position: str) -> None:
+                   on_lost_position: str, fetch_max_wait_ms: int) -> None:
     if group_and_streamlets:
         raise BadRequest("a group member's streamlets are assigned by its group: give "
                          "`group` or `streamlets`/`member`, not both")
@@ -801,6 +812,9 @@ def _check_options(group_and_streamlets: bool, cache_chunks_max: int, fetch_max_
     if on_lost_position not in LOST_POSITION_POLICIES:
         raise ValueError(f"on_lost_position must be one of {LOST_POSITION_POLICIES}, "
                          f"not {on_lost_position!r}")
+    if not 0 <= fetch_max_wait_ms <= config.FETCH_WAIT_MAX_MS:
+        raise ValueError(f"fetch_max_wait_ms must be in [0, {config.FETCH_WAIT_MAX_MS}], "
+                         f"not {fetch_max_wait_ms}")
 
 
 def _parse_offsets(header: dict, address: str) -> tuple[list, int, int | None]:

@@ -60,12 +60,14 @@ class Fetcher(RequestThread):
             c._fetcher_waiting = room <= 0
         requests = state.build(now, c._meta.address_of) if room > 0 else []
         for broker, reads, parts in requests:
+            wait_ms = state.wait_ms(parts)
+            fields = {"reads": reads, "wait_ms": wait_ms} if wait_ms else {"reads": reads}
             try:
-                req_id = self.send(broker, "fetch", {"reads": reads})
+                req_id = self.send(broker, "fetch", fields)
             except Timeout:
                 state.send_failed(broker, parts, self.clock())
             else:
-                state.sent(broker, req_id, parts, self.clock())
+                state.sent(broker, req_id, parts, self.clock(), wait_ms)
 
     def _send_tasks(self) -> None:
         runner = self.c._tasks

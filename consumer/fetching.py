@@ -4,7 +4,10 @@ A consumer reads *parts*: (stream name, streamlet) pairs, of any number of strea
 request at a time per broker, reading every part that broker owns (`[sid, sl, cursor,
 max_bytes]` each, at most FETCH_READS_MAX of them). A reply turns into cache items, in order: a ChunkItem per
 new chunk, a LowItem when finished groups let a streamlet's cursor move up, an ErrorItem for an
-error the caller must see. A broker that had nothing new is asked again after `idle_wait_s`.
+error the caller must see. A request asks the broker to hold it up to `max_wait_ms` while it
+finds nothing (kera.broker.fetch_waits); a reply that says it was held is followed by the next
+request at once, and a broker that had nothing new without holding (one that predates held
+fetches, or that holds too many) is asked again after `idle_wait_s`.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ class FetchState:
     to_latest: set = field(default_factory=set)
     # broker -> where its next request starts in its list of parts (more than FETCH_READS_MAX).
     rotation: dict = field(default_factory=dict)
+    # How long a broker may hold a request that finds nothing (0: answer at once).
+    max_wait_ms: int = 0
 
     # ------------------------------------------------------------------ assignment
     def set_cursor(self, part: tuple, cursor: FetchCursor) -> None:
@@ -112,9 +117,19 @@ class FetchState:
         self.rotation[broker] = start + FETCH_READS_MAX
         return (parts[start:] + parts[:start])[:FETCH_READS_MAX]
 
-    def sent(self, broker: str, req_id: int, parts: list, now: float) -> None:
-        self.in_flight[broker] = InFlight(req_id, parts, now + self.request_timeout_s,
-                                          now + STALL_PROBE_S, [self.cursors.get(p) for p in parts])
+    def wait_ms(self, parts: list) -> int:
+        """How long the request reading `parts` may be held: not at all while a part waits to
+        learn where "latest" is (its read's answer is the group table, wanted now)."""
+        if self.to_latest and any(part in self.to_latest for part in parts):
+            return 0
+        return self.max_wait_ms
+
+    def sent(self, broker: str, req_id: int, parts: list, now: float,
+             wait_ms: int = 0) -> None:
+        wait_s = wait_ms / 1000   # a held request is not late until its wait is over too
+        self.in_flight[broker] = InFlight(req_id, parts, now + self.request_timeout_s + wait_s,
+                                          now + STALL_PROBE_S + wait_s,
+                                          [self.cursors.get(p) for p in parts])
 
     def send_failed(self, broker: str, parts: list, now: float) -> None:
         for part in parts:
@@ -178,7 +193,7 @@ class FetchState:
         if not isinstance(epochs, list) or len(epochs) != len(results):
             epochs = [None] * len(results)   # a broker that predates epochs
         got = self._apply_results(broker, fl, results, epochs, frames, now, items)
-        if not got:
+        if not got and header.get("held") is not True:
             self.next_fetch_at[broker] = now + self.idle_wait_s
         return items
 

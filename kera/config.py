@@ -57,6 +57,14 @@ STALL_PROBE_INTERVAL_S = 0.25
 DEFAULT_CACHE_CHUNKS_MAX = 256
 DEFAULT_FETCH_MAX_BYTES = 4 * MiB  # per broker request
 DEFAULT_FETCH_WAIT_MS = 5          # idle back-off when a fetch returns nothing
+# How long a broker may hold a fetch that found nothing, until records arrive (Kafka's
+# fetch.max.wait.ms, whose default is 500): a consumer at the end of its streams then asks
+# about 10 times a second instead of 200, and gets new records as soon as they are durable.
+# It is also how late a seek or a new assignment of an idle consumer can take effect.
+DEFAULT_FETCH_MAX_WAIT_MS = 100
+# The most a fetch may ask to be held, ms: under STALL_PROBE_S, so a held fetch is not taken
+# for a stalled broker.
+FETCH_WAIT_MAX_MS = 500
 
 # Coordinator
 HEARTBEAT_INTERVAL_S = 0.1

@@ -285,6 +285,8 @@ class Server:
         self.peers: dict[str, Peer] = {}    # in order of last use (least recent first)
         self._timers: list = []
         self._timer_seq = itertools.count()
+        # Monotonic times a turn must run by (wake_at): the poll waits no longer.
+        self._wakes: list[float] = []
         self._stopping = False
         # How long closing waits for replies still queued (a daemon that fail-stops on purpose
         # raises it so its last error replies reach their callers; 0: drop them).
@@ -315,6 +317,11 @@ class Server:
 
     def every(self, interval_s: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self._timers, (time.monotonic() + interval_s, next(self._timer_seq), fn, interval_s))
+
+    def wake_at(self, t: float) -> None:
+        """Run a turn (and so the after_turn hooks) by monotonic time `t`, even if nothing
+        arrives: for a deadline a hook acts on (a broker's held fetches)."""
+        heapq.heappush(self._wakes, t)
 
     def peer(self, address: str) -> Peer:
         """The connection to `address`, opened on first use. An address zmq rejects gives a
@@ -405,6 +412,11 @@ class Server:
         wait = max_wait_s
         if self._timers:
             wait = max(0.0, min(wait, self._timers[0][0] - now))
+        wakes = self._wakes
+        while wakes and wakes[0] <= now:
+            heapq.heappop(wakes)
+        if wakes:
+            wait = max(0.0, min(wait, wakes[0] - now))
         if any(peer.unsent or peer.refused for peer in self.peers.values()):
             wait = min(wait, 0.002)  # a connection is coming up: retry its first sends soon
         events = dict(self.poller.poll(int(wait * 1000)))

@@ -23,6 +23,8 @@ GROUPS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
     "broker": [
         ("produce", "what producers appended since start; duplicates absorbed; requests waiting",
          ("chunks_appended", "bytes_appended", "duplicates", "pending_produce", "producer_")),
+        ("reads", "fetch requests answered and what they sent; fetches held until records came",
+         ("fetch_",)),
         ("replication", "copies sent to backups, and how far acknowledged data is ahead of them",
          ("replication_", "chunks_per_replication", "durable_lag", "writes_in_flight",
           "live_backups", "virtual_")),

@@ -206,3 +206,39 @@ def test_a_task_can_assign_parts_from_the_request_thread(cluster):
         assert assigned == [[(name, 0), (name, 1)]]
         assert sorted(r.value for r in drain(c, 20)) == sorted(
             f"{name}:{i}".encode() for i in range(20))
+
+
+IDLE_WINDOW_S = 1.0
+HELD_MS = 200
+WAKE_TRIES = 5
+
+
+def broker_counters(cluster, *names):
+    """Each counter summed over the brokers."""
+    with cluster.admin() as admin:
+        brokers = admin.stats()["brokers"].values()
+    return [sum(b.get(name, 0) for b in brokers) for name in names]
+
+
+def test_an_idle_consumer_of_many_streams_is_held_by_its_brokers_and_woken_by_records(cluster):
+    names = new_streams(cluster, 40, streamlets=1)
+    with Consumer(cluster.bootstrap, names, fetch_max_wait_ms=HELD_MS) as c:
+        assert nothing_more(c), "the streams are empty"
+        fetches, expired = broker_counters(cluster, "fetch_requests", "fetch_held_expired")
+        time.sleep(IDLE_WINDOW_S)
+        fetches_after, expired_after = broker_counters(cluster, "fetch_requests", "fetch_held_expired")
+        # Held up to 200 ms, each of the two brokers is asked about 5 times a second (and the
+        # stats requests' own reads count nothing here); answered after the 5 ms back-off
+        # alone, a consumer at its streams' end asked each broker up to 200 times a second.
+        assert fetches_after - fetches <= 2 * (IDLE_WINDOW_S * 1000 / HELD_MS + 2)
+        assert expired_after > expired, "held until the deadline while nothing came"
+        # A record that lands between a held reply and the next request is read by that
+        # request at once, with nothing to wake: a few tries make that chance negligible.
+        for i in range(WAKE_TRIES):
+            [woken] = broker_counters(cluster, "fetch_held_woken")
+            produce(cluster, names[-1:], 1, start=i)
+            assert [r.value for r in drain(c, 1)] == [f"{names[-1]}:{i}".encode()]
+            if broker_counters(cluster, "fetch_held_woken")[0] > woken:
+                break
+        else:
+            pytest.fail("no held fetch was answered by a record, only by its deadline")

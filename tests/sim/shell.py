@@ -160,6 +160,10 @@ class SimServer(Node, kera_server.Server):
     def every(self, interval_s: float, fn: Callable) -> None:
         self.schedule(interval_s, self._every, interval_s, fn)
 
+    def wake_at(self, t: float) -> None:
+        """Server.wake_at: an event at `t` that runs the after_turn hooks."""
+        self.schedule_at(t, _nothing)
+
     def _every(self, interval_s: float, fn: Callable) -> None:
         fn()
         self.every(interval_s, fn)
@@ -322,3 +326,7 @@ class SimServer(Node, kera_server.Server):
 
     def close(self) -> None:
         self.crash()
+
+
+def _nothing() -> None:
+    """A wake-up's own work: none (the after_turn hooks that follow it do the work)."""
