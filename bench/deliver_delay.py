@@ -14,8 +14,10 @@ producer's linger is included). The first WARMUP_S are not counted.
 on the same machine: one Kafka broker (bench/kafka), a topic of 4 partitions, an idempotent
 acks=all producer with the same linger, pace and keys, and a consumer that assigns every
 partition and hands what each poll returns, in order, to the in-memory target (its
-fetch.wait.max.ms = --fetch-wait-ms). The send time travels in the value (µs; Kafka's own
-timestamps are milliseconds).
+fetch.wait.max.ms = --fetch-wait-ms: Kafka's broker holds its fetch that long at most; kera's
+brokers hold the deliverer's fetches up to the Consumer's default fetch_max_wait_ms, and
+--fetch-wait-ms is then only the back-off for a broker that does not). The send time travels in
+the value (µs; Kafka's own timestamps are milliseconds).
 """
 
 from __future__ import annotations

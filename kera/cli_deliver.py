@@ -55,8 +55,9 @@ def add_parser(sub, client_options) -> None:
     p.add_argument("--progress-interval-s", type=float, default=core.PROGRESS_INTERVAL_S,
                    help="how often each target's progress is logged (default: %(default)s)")
     p.add_argument("--fetch-wait-ms", type=float, default=config.DEFAULT_FETCH_WAIT_MS,
-                   help="an idle reader asks its broker again after this long: lower is less "
-                        "delay, more idle requests (default: %(default)s)")
+                   help="an idle reader asks again after this long a broker that did not hold "
+                        "its fetch until records came (brokers of this kera hold it up to "
+                        f"{config.DEFAULT_FETCH_MAX_WAIT_MS} ms; default: %(default)s)")
     p.set_defaults(func=cmd_deliver, log_level="INFO")
 
 

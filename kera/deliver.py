@@ -49,8 +49,9 @@ class Deliverer:
                  progress_interval_s: float = PROGRESS_INTERVAL_S, key_file: str | None = None,
                  request_timeout_s: float = config.DEFAULT_REQUEST_TIMEOUT_S,
                  fetch_wait_ms: float = config.DEFAULT_FETCH_WAIT_MS):
-        """`fetch_wait_ms`: how long each target's consumer waits before asking a broker that
-        had nothing new again: the delivery delay's floor when idle, against idle requests."""
+        """`fetch_wait_ms`: how long each target's consumer waits before asking again a
+        broker that had nothing new and did not hold the fetch (brokers of this kera hold it
+        until records arrive: Consumer's `fetch_max_wait_ms`)."""
         names = [t.name for t in targets]
         if not targets or len(set(names)) != len(names):
             raise BadRequest(f"give one or more targets with distinct names, not {names}")
