@@ -703,7 +703,10 @@ class Broker:
         return self.fetch_waits.park(token, frozenset((r[0], r[1]) for r in reads), deadline)
 
     def take_ready_fetches(self, now: float) -> list:
-        """The tokens of held fetches to fetch again and answer now."""
+        """The tokens of held fetches to fetch again and answer now (the shell asks after
+        every loop turn: nothing is made while none is held)."""
+        if self.fetch_waits.idle:
+            return []
         self.fetch_waits.expire(now)
         return self.fetch_waits.take_ready()
 

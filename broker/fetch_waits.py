@@ -71,6 +71,11 @@ class FetchWaits:
                     self.woken += 1
                     self._release(fetch)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing held and nothing to answer: the shell's per-turn check stops here."""
+        return not self._deadlines and not self._ready
+
     def expire(self, now: float) -> None:
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
@@ -78,13 +83,6 @@ class FetchWaits:
             if not fetch.done:
                 self.expired += 1
                 self._release(fetch)
-
-    def next_deadline(self) -> float | None:
-        """The earliest deadline of a fetch still held (None: none is)."""
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][2].done:
-            heapq.heappop(deadlines)
-        return deadlines[0][0] if deadlines else None
 
     def take_ready(self) -> list:
         """The tokens of the fetches to answer now, in the order they became ready."""

@@ -125,8 +125,7 @@ class Consumer:
         except BaseException:
             self._meta.close()
             raise
-        self._init_fetching(fetch_max_bytes, fetch_wait_ms, on_lost_position)
-        self._fetch.max_wait_ms = int(fetch_max_wait_ms)
+        self._init_fetching(fetch_max_bytes, fetch_wait_ms, fetch_max_wait_ms, on_lost_position)
         self._init_cache()
         self._set_cursors(starts)
         self._waker = self._env.waker()
@@ -138,13 +137,14 @@ class Consumer:
             self._join(group, group_instance_id, session_timeout_ms, auto_commit_interval_ms,
                        pattern)
 
-    def _init_fetching(self, fetch_max_bytes: int, fetch_wait_ms: float,
+    def _init_fetching(self, fetch_max_bytes: int, fetch_wait_ms: float, fetch_max_wait_ms: int,
                        on_lost_position: str) -> None:
         self._consumed = {}
         self._fetch = FetchState({name: info.id for name, info in self._infos.items()}, {},
                                  fetch_max_bytes=fetch_max_bytes,
                                  request_timeout_s=self.request_timeout_s,
-                                 idle_wait_s=fetch_wait_ms / 1000, on_lost_position=on_lost_position)
+                                 idle_wait_s=fetch_wait_ms / 1000, on_lost_position=on_lost_position,
+                                 max_wait_ms=int(fetch_max_wait_ms))
         self._tasks = TaskRunner(self.request_timeout_s)
         # Guards _fetch and _tasks; taken before _lock when both are (the request thread's order).
         # Re-entrant: a task's on_reply runs under it and may call assign/unassign/seek.

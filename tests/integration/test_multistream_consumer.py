@@ -225,7 +225,7 @@ def test_an_idle_consumer_of_many_streams_is_held_by_its_brokers_and_woken_by_re
     with Consumer(cluster.bootstrap, names, fetch_max_wait_ms=HELD_MS) as c:
         assert nothing_more(c), "the streams are empty"
         fetches, expired = broker_counters(cluster, "fetch_requests", "fetch_held_expired")
-        time.sleep(IDLE_WINDOW_S)
+        time.sleep(IDLE_WINDOW_S)   # the window whose fetches are counted: no condition to wait for
         fetches_after, expired_after = broker_counters(cluster, "fetch_requests", "fetch_held_expired")
         # Held up to 200 ms, each of the two brokers is asked about 5 times a second (and the
         # stats requests' own reads count nothing here); answered after the 5 ms back-off
