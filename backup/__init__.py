@@ -2,5 +2,5 @@
 
 Modules: `store` (sans-IO core) over `replica` and `frames`; `meta` and `disk` (replica files);
 `worker` (flusher/reader threads); `server` (the daemon; its coordinator session runs on
-kera.coordinator_link).
+kera.daemon.coordinator_link).
 """

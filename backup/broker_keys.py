@@ -10,7 +10,7 @@ listings stay open to every broker key: recovering a dead broker's streamlets is
 from __future__ import annotations
 
 from kera.errors import BadRequest, NotAuthorized, NotReady
-from kera.keys import Principal
+from kera.net.keys import Principal
 
 # Bindings one reply may carry: one per registered broker (validate.DAEMONS_MAX is 2048).
 BINDINGS_MAX = 4096

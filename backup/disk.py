@@ -20,8 +20,8 @@ import logging
 import os
 from pathlib import Path
 
-from kera import chunk
-from kera.durable import fsync_dir, unlink_durable
+from kera.codec import chunk
+from kera.daemon.durable import fsync_dir, unlink_durable
 from kera.errors import CorruptChunk
 
 from kera.backup import direct_write

@@ -9,7 +9,7 @@ the frames: the store keeps the received buffers instead of copying them.
 
 from __future__ import annotations
 
-from kera import chunk
+from kera.codec import chunk
 from kera.errors import CorruptChunk
 
 

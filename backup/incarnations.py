@@ -19,7 +19,7 @@ import struct
 from collections import OrderedDict
 
 from kera.errors import BadRequest
-from kera.wire import Fields
+from kera.codec.wire import Fields
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from kera.chunk import crc32c
+from kera.codec.chunk import crc32c
 from kera.errors import StorageError
 
 MAGIC = b"KRBM"

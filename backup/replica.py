@@ -21,7 +21,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import NamedTuple
 
-from kera.chunk import HEADER_SIZE
+from kera.codec.chunk import HEADER_SIZE
 from kera.errors import BadRequest
 
 Key = tuple[int, int, int]  # (broker_id, vlog, vseg)

@@ -1,4 +1,4 @@
-"""The backup daemon: a kera.server loop around the ReplicaStore, a flusher and a reader thread.
+"""The backup daemon: a kera.net.server loop around the ReplicaStore, a flusher and a reader thread.
 
 Ops (docs/PROTOCOL.md, backup table): `replicate`, `list_replicas`, `read_replica`, `stats`.
 The loop never touches a file: flush jobs go to the flusher thread, reads of bytes that left
@@ -21,21 +21,21 @@ from pathlib import Path
 import zmq
 
 from kera import config
-from kera import security as daemon_security
+from kera.net import security as daemon_security
 from kera.config import MiB
 from kera.errors import (BadRequest, CorruptChunk, KeraError, NotAuthorized, NotReady,
                          StorageError, Throttled)
 
-from kera.metrics import serve_metrics
-from kera.daemon_env import DaemonEnv, real_if_none
-from kera.daemon_flags import add_common_arguments, setup_logging, size_bytes
-from kera.server import DEFERRED, Request
+from kera.daemon.metrics import serve_metrics
+from kera.daemon.env import DaemonEnv, real_if_none
+from kera.daemon.flags import add_common_arguments, setup_logging, size_bytes
+from kera.net.server import DEFERRED, Request
 
 from kera.backup.broker_keys import BrokerKeys
 from kera.backup.incarnations import Incarnations, keep, parse_fence, parse_filter
-from kera.coordinator_link import CoordinatorLink, LinkHooks
-from kera.coordinator_session import CoordinatorSession
-from kera.identity import Identity
+from kera.daemon.coordinator_link import CoordinatorLink, LinkHooks
+from kera.daemon.coordinator_session import CoordinatorSession
+from kera.daemon.identity import Identity
 from kera.backup.store import DiskRead, FlushJob, ReplicaStore, StoreConfig
 from kera.backup.worker import expected
 
@@ -190,7 +190,7 @@ class BackupDaemon:
     def _answer_read(self, read: DiskRead, req: Request, chunks, error: Exception | None,
                      wanted: set | None = None) -> None:
         if error is not None and not isinstance(error, (CorruptChunk, OSError)):
-            # A bug: its client hears why, then the daemon stops (kera.server).
+            # A bug: its client hears why, then the daemon stops (kera.net.server).
             self.server.fail(req, KeraError(f"internal error in {self.server.name}, which is "
                                             f"stopping: {error!r}"))
             expected(error)
@@ -239,7 +239,7 @@ class BackupDaemon:
 
     def connect_coordinator(self, bootstrap: str, address: str, node: str,
                             daemon_id: int | None, identity: Identity) -> None:
-        """Register with the coordinator at `bootstrap` and heartbeat (kera.coordinator_link);
+        """Register with the coordinator at `bootstrap` and heartbeat (kera.daemon.coordinator_link);
         a refusal of this backup's identity stops it."""
         session = CoordinatorSession("backup", address, node, identity, daemon_id)
         self.link = CoordinatorLink(self.server, bootstrap, session, LinkHooks(

@@ -32,7 +32,7 @@ from typing import Hashable, NamedTuple
 
 from kera.config import DURABILITY_DISK, DURABILITY_MEMORY, KiB, MiB
 from kera.errors import BadRequest, KeraError, NotReady, OffsetOutOfRange, StorageError, Throttled
-from kera.metrics import Counters
+from kera.daemon.metrics import Counters
 
 from kera.backup.frames import split_chunks
 from kera.backup.meta import Meta

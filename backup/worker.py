@@ -23,7 +23,7 @@ _STOP = object()
 def expected(error: Exception | None, *kinds: type) -> Exception | None:
     """`error` when it is None or one of `kinds` (what the job's I/O may fail with, e.g.
     OSError), for the caller to report. Anything else a job raised is a bug: it is raised again
-    here, on the loop thread, so the daemon's error boundary (kera.server) logs it with the
+    here, on the loop thread, so the daemon's error boundary (kera.net.server) logs it with the
     job's stack and stops the daemon instead of serving on with state the bug may have broken."""
     if error is None or isinstance(error, kinds):
         return error

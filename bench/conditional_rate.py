@@ -1,4 +1,4 @@
-"""Conditional appends per second (kera.conditional), with and without conflicts.
+"""Conditional appends per second (kera.services.conditional), with and without conflicts.
 
     python -m bench.conditional_rate [--writers W] [--seconds S] [--replication R]
 
@@ -23,9 +23,9 @@ import threading
 import time
 from pathlib import Path
 
-from kera.conditional import ConditionalAppender
+from kera.services.conditional import ConditionalAppender
 from kera.errors import LockConflict
-from kera.local import LocalCluster
+from kera.cli.local import LocalCluster
 
 STREAM = "conditional_rate"
 VALUE = b"x" * 100

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kera.coordinator import store
 from kera.coordinator.core import REPLICA_ENTRIES_PER_BROKER_MAX, Coordinator
-from kera.durable import write_atomic
+from kera.daemon.durable import write_atomic
 
 BROKERS = 4
 ENTRIES_PER_HEARTBEAT = 4   # virtual segments whose placement changed since the last report

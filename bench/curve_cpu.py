@@ -19,8 +19,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from kera.admin import Admin
-from kera.local import LocalCluster
+from kera.client.admin import Admin
+from kera.cli.local import LocalCluster
 from kera.producer import Producer
 
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")

@@ -15,8 +15,8 @@ import statistics
 import tempfile
 import time
 
-from kera import rpc
-from kera.local import LocalCluster
+from kera.net import rpc
+from kera.cli.local import LocalCluster
 
 
 def open_and_ask(bootstrap: str, key_file: str | None) -> float:

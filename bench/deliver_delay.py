@@ -1,4 +1,4 @@
-"""Delivery delay of kera.deliver: from a record's send to its target's apply returning.
+"""Delivery delay of kera.services.deliver.deliverer: from a record's send to its target's apply returning.
 
     python -m bench.deliver_delay [--rate 2000] [--seconds 20] [--linger-ms 1] [--fetch-wait-ms 5]
                                   [--postgres] [--kafka]
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kera import config
-from kera.deliver import Deliverer
-from kera.deliver_targets import PostgresTarget, SqliteTarget, Target
-from kera.local import LocalCluster
+from kera.services.deliver.deliverer import Deliverer
+from kera.services.deliver.targets import PostgresTarget, SqliteTarget, Target
+from kera.cli.local import LocalCluster
 from kera.producer import Producer
 
 STREAM = "deliver_delay"

@@ -18,9 +18,9 @@ import tempfile
 import threading
 import time
 
-from kera.admin import Admin
+from kera.client.admin import Admin
 from kera.consumer import Consumer
-from kera.local import LocalCluster
+from kera.cli.local import LocalCluster
 from kera.producer import Producer
 
 STREAM = "failover"

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from kera import Consumer
-from kera.local import LocalCluster
+from kera.cli.local import LocalCluster
 
 ASSIGN_TIMEOUT_S = 30.0
 ASSIGN_POLL_S = 0.01     # how often to look for the first assignment while waiting

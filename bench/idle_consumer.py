@@ -42,7 +42,7 @@ def measure_one(cluster, names: list[str], wait_ms: int, window_s: float) -> dic
 
 
 def run(streams: int, waits: list[int], window_s: float, rounds: int) -> list[dict]:
-    from kera.local import LocalCluster
+    from kera.cli.local import LocalCluster
 
     with LocalCluster(tempfile.mkdtemp(prefix="kera-idle-consumer-"), brokers=1, backups=2,
                       log_level="WARNING") as cluster:

@@ -35,7 +35,7 @@ def measure(pids: dict[str, int], window_s: float) -> tuple[dict[str, float], fl
 
 
 def run(window_s: float, streamlets: int, brokers: int = 2, backups: int = 2) -> tuple[dict, float]:
-    from kera.local import LocalCluster
+    from kera.cli.local import LocalCluster
 
     with LocalCluster(tempfile.mkdtemp(prefix="kera-idle-"), brokers=brokers, backups=backups,
                       log_level="WARNING") as cluster:

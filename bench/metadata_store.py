@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kera import rpc
-from kera.local import LocalCluster
+from kera.net import rpc
+from kera.cli.local import LocalCluster
 
 GROUP = "bench"
 STREAMLETS = 1

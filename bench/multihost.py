@@ -37,7 +37,7 @@ class HostsKeraSystem(KeraSystem):
         self.where = where
 
     def start(self, layout: dict, cluster_dir: Path):
-        from kera.local import LocalCluster
+        from kera.cli.local import LocalCluster
 
         return LocalCluster(cluster_dir, brokers=layout["brokers"], backups=layout["backups"],
                             virtual_logs=layout["virtual_logs"], log_level="WARNING",

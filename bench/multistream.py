@@ -23,10 +23,10 @@ import tempfile
 import threading
 import time
 
-from kera.admin import Admin
+from kera.client.admin import Admin
 from kera.consumer import Consumer
 from kera.errors import KeraError
-from kera.local import LocalCluster
+from kera.cli.local import LocalCluster
 from kera.producer import Producer
 
 RECORD_BYTES = 100

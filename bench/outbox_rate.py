@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from kera.consumer import Consumer
-from kera.local import LocalCluster
-from kera.outbox import Harvester
-from kera.outbox_db import create_schema
+from kera.cli.local import LocalCluster
+from kera.services.outbox.harvester import Harvester
+from kera.services.outbox.db import create_schema
 
 TABLE = STREAM = "outbox_rate"
 STREAMLETS = 4

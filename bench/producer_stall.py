@@ -15,7 +15,7 @@ import argparse
 import statistics
 import time
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.core import Broker, BrokerConfig
 
 BROKER_ID = 1

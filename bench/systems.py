@@ -103,7 +103,7 @@ class KeraSystem(_System):
 
     @contextlib.contextmanager
     def client_env(self):
-        from kera.keys import KEY_FILE_ENV
+        from kera.net.keys import KEY_FILE_ENV
         saved = os.environ.pop(KEY_FILE_ENV, None)
         if self.secure:
             os.environ[KEY_FILE_ENV] = self.cluster.key_file
@@ -118,7 +118,7 @@ class KeraSystem(_System):
         return w.kera_layout()
 
     def start(self, layout: dict, cluster_dir: Path):
-        from kera.local import LocalCluster
+        from kera.cli.local import LocalCluster
 
         memory = layout.get("memory_limit_mib")
         return LocalCluster(cluster_dir, brokers=layout["brokers"], backups=layout["backups"],
@@ -133,7 +133,7 @@ class KeraSystem(_System):
         return [d.pid for d in self.cluster.daemons if d.pid is not None]
 
     def create(self, prefix: str, w: Workload) -> None:
-        from kera.admin import Admin
+        from kera.client.admin import Admin
 
         with Admin(self.bootstrap, timeout_s=KERA_READY_TIMEOUT_S,
                    key_file=self.cluster.key_file) as admin:
@@ -147,7 +147,7 @@ class KeraSystem(_System):
                 admin.wait_ready(name, max(1.0, deadline - time.monotonic()))
 
     def delete(self, prefix: str, w: Workload) -> None:
-        from kera.admin import Admin
+        from kera.client.admin import Admin
 
         with Admin(self.bootstrap, key_file=self.cluster.key_file) as admin:
             for s in range(w.streams):

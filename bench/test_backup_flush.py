@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.backup import direct_write, disk
 from kera.backup.meta import Meta
 from kera.backup.store import FlushJob

@@ -1,5 +1,5 @@
 """send_batch's per-chunk work without the network: plan a batch of one chunk's records and
-encode its piece (kera.producer.batch.plan + kera.chunk.encode), as the throughput preset's
+encode its piece (kera.producer.batch.plan + kera.codec.chunk.encode), as the throughput preset's
 producers do for every 4 KiB chunk (35 records of 100 bytes).
 
     python -m pytest bench/test_batch_encode.py -q --benchmark-enable
@@ -8,7 +8,7 @@ The figure to read is the time per chunk for each input kind; no assertion on it
 2026-11-26 (issue 15) the 2-D rows went from 19.2 to 8.0 us per chunk once planning stopped
 measuring each record and the encoder cached its offsets and repeated its timestamp. Later
 that day 2-D rows got an encode path of their own (no keys, headers, compression or condition:
-kera.chunk._encode_rows): 7.0 -> 6.0 us (8 rows) and 7.4 -> 6.4 us (35 rows), the best of
+kera.codec.chunk._encode_rows): 7.0 -> 6.0 us (8 rows) and 7.4 -> 6.4 us (35 rows), the best of
 five runs alternated with the commit before.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.producer import batch
 
 RECORDS = 35                         # a 4 KiB chunk of 100-byte records

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.core import Broker, BrokerConfig
 
 BROKER_ID = 7

@@ -48,7 +48,7 @@ def _rounds(benchmark, fn, setup=None):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from kera.local import LocalCluster
+    from kera.cli.local import LocalCluster
 
     with LocalCluster(tmp_path_factory.mktemp("core"), brokers=1, backups=0,
                       log_level="WARNING") as c:

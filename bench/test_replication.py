@@ -68,7 +68,7 @@ class Rig:
 
     def __init__(self, virtual_logs: int, data_dir: str, in_flight: int = IN_FLIGHT_PER_BROKER,
                  broker_args=()):
-        from kera.local import LocalCluster
+        from kera.cli.local import LocalCluster
         from kera.producer import Producer
 
         self.cluster = LocalCluster(data_dir, brokers=1, backups=2, virtual_logs=virtual_logs,
@@ -87,7 +87,7 @@ class Rig:
         return names
 
     def broker_stats(self) -> dict:
-        from kera import rpc
+        from kera.net import rpc
         return rpc.call(self.broker, "stats", timeout_s=10)[0]["stats"]
 
     def ingest(self, names: list[str], value_bytes: int = ROUND_BYTES) -> Round:

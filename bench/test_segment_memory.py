@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker import segment as segment_module
 from kera.broker.segment import Segment
 from kera.broker.segment_pool import SegmentPool

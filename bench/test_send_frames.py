@@ -1,8 +1,8 @@
 """A daemon's send of chunk frames (issue 15): pyzmq's default copy threshold (64 KiB) against
-kera.server.ZERO_COPY_MIN_BYTES, for 4 KiB and 64 KiB chunks taken from a segment-like mmap;
+kera.net.server.ZERO_COPY_MIN_BYTES, for 4 KiB and 64 KiB chunks taken from a segment-like mmap;
 short non-adjacent chunks sent one frame each against packed into one frame
-(kera.frame_pack.pack); and one payload sent to two peers, made into zmq Frames per send against
-once (kera.server.share_payloads).
+(kera.codec.frame_pack.pack); and one payload sent to two peers, made into zmq Frames per send against
+once (kera.net.server.share_payloads).
 
     python -m pytest bench/test_send_frames.py -q --benchmark-enable
 
@@ -21,8 +21,8 @@ import time
 import pytest
 import zmq
 
-from kera.frame_pack import pack as _pack
-from kera.server import ZERO_COPY_MIN_BYTES, send_frames, share_payloads
+from kera.codec.frame_pack import pack as _pack
+from kera.net.server import ZERO_COPY_MIN_BYTES, send_frames, share_payloads
 
 FRAMES_PER_ROUND = 2000
 FRAMES_PER_MESSAGE = 4
@@ -102,7 +102,7 @@ def test_send_short_chunks(benchmark, segment, chunks_per_write, layout, size):
     """Chunks of `size` bytes with a 4 KiB+ gap between them (never adjacent, as chunks of
     different groups in one replication write), at kera's threshold: 4000-byte ones go as
     copies either way, 64000-byte ones zero-copy one frame each or packed into one copy
-    (kera.frame_pack.PACK_RUN_BYTES_MAX)."""
+    (kera.codec.frame_pack.PACK_RUN_BYTES_MAX)."""
     link = Link()
     link.dealer.copy_threshold = ZERO_COPY_MIN_BYTES
     messages = FRAMES_PER_ROUND // chunks_per_write
@@ -125,7 +125,7 @@ def test_send_short_chunks(benchmark, segment, chunks_per_write, layout, size):
 def test_send_payload_to_two_peers(benchmark, segment, chunk_bytes, payload):
     """A replication payload sent to two backups (R=3): each send making its own zmq message
     from the views, against the views made into Frames once and sent to both
-    (kera.server.share_payloads). `cpu_us_per_payload` is this process's CPU (sender, its zmq
+    (kera.net.server.share_payloads). `cpu_us_per_payload` is this process's CPU (sender, its zmq
     threads and both drain threads) per payload over the rounds."""
     links = [Link(), Link()]
     for link in links:

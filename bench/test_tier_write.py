@@ -17,7 +17,7 @@ import mmap
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.backup import direct_write
 from kera.broker import tier_files
 

@@ -33,9 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-from kera import Consumer, Producer, rpc
+from kera import Consumer, Producer
+
+from kera.net import rpc
 from kera.broker.memory import resident_bytes
-from kera.local import LocalCluster
+from kera.cli.local import LocalCluster
 
 MiB = 1 << 20
 VALUE_BYTES = 1000

@@ -5,7 +5,7 @@ process's RSS growth.
 
     python -m kera.bench.tiny_groups
 """
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.core import Broker, BrokerConfig
 from kera.broker.memory import resident_bytes
 from kera.broker.tier import TierConfig

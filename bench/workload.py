@@ -23,7 +23,7 @@ ONE_PER_SUB_PARTITION = 0          # virtual_logs value meaning "streams x strea
 # (buffer / throughput) and how long the final flush takes; sized in chunks, capped.
 BUFFER_CHUNKS = 1024
 BUFFER_BYTES_MAX = 8 * MiB
-# Codecs both systems have (kera.chunk.COMPRESSIONS; Kafka's compression.type), and record
+# Codecs both systems have (kera.codec.chunk.COMPRESSIONS; Kafka's compression.type), and record
 # contents: random bytes compress not at all, text (words of a small vocabulary, like logs or
 # JSON) about as well as typical event data.
 COMPRESSIONS = ("none", "lz4", "zstd")

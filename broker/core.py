@@ -12,7 +12,9 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
-from kera import config, wire
+from kera import config
+
+from kera.codec import wire
 from kera.broker import history_epoch
 from kera.broker.backups import BackupPool
 from kera.broker.fetch_waits import FetchWaits
@@ -24,16 +26,16 @@ from kera.broker.retention import ReplicaDrop, Retention
 from kera.broker.streamlet import Streamlet, growth
 from kera.broker.tier import TierConfig, TierStore
 from kera.broker.time_index import streamlet_cursor_at
-from kera.stream_traffic import StreamTraffic
+from kera.daemon.stream_traffic import StreamTraffic
 from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
-from kera.chunk import FLAG_CONDITION, Chunk, check_columns, frame_chunks, read_condition, verify
-from kera.frame_pack import pack
+from kera.codec.chunk import FLAG_CONDITION, Chunk, check_columns, frame_chunks, read_condition, verify
+from kera.codec.frame_pack import pack
 from kera.errors import (BadRequest, CorruptChunk, KeraError, LockConflict, NotOwner, NotReady,
                          OffsetOutOfRange, PositionLost, RecordTooLarge, ReplicationFailed,
                          SequenceGap, StorageError, Throttled, Timeout, UnknownStream,
                          lock_conflict_message)
-from kera.metrics import Counters
+from kera.daemon.metrics import Counters
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +176,7 @@ class Broker:
         Drop exactly the streams of `deleted` (the coordinator's tombstones, `[[stream id,
         version], ...]`), never one merely missing from the list: that one is kept, data and
         all, but served by no streamlet here (it is not this broker's any more, or the
-        coordinator forgot it). Returns the highest stream id named (kera.identity)."""
+        coordinator forgot it). Returns the highest stream id named (kera.daemon.identity)."""
         deleted = [] if deleted is None else deleted
         if not isinstance(descriptors, list) or not isinstance(deleted, list):
             raise BadRequest("stream list or deleted list is not a list")
@@ -716,7 +718,7 @@ class Broker:
             stream.traffic.fetched(chunks, nbytes)
 
     def stream_traffic(self) -> dict[str, dict]:
-        """{stream name: its traffic counters on this broker} (kera.stream_traffic)."""
+        """{stream name: its traffic counters on this broker} (kera.daemon.stream_traffic)."""
         return {s.info.name: s.traffic.as_dict() for s in self.streams.values()}
 
     def check_stream(self, sid: int, check) -> None:
@@ -862,7 +864,7 @@ class Broker:
 
 def _cut(frames: list) -> list:
     """The chunks of a produce's frames, each frame one or more whole chunks back to back
-    (kera.frame_pack); a frame that does not cut into whole chunks stands as one CorruptChunk
+    (kera.codec.frame_pack); a frame that does not cut into whole chunks stands as one CorruptChunk
     (one refused chunk, as when a frame held one: the producer counts results per chunk and
     retries a request whose count is off)."""
     out: list = []
@@ -970,7 +972,7 @@ def _check_int(value, name: str, hi: int) -> None:
 
 
 # The produce result of a chunk stored earlier whose position this broker did not look up
-# (kera.schema.produce_result): a retry of a chunk older than `duplicate_scan_chunks_max`.
+# (kera.codec.schema.produce_result): a retry of a chunk older than `duplicate_scan_chunks_max`.
 UNPLACED: tuple = ()
 
 

@@ -23,7 +23,7 @@ import logging
 from pathlib import Path
 
 from kera.broker.tier_files import streamlet_dir
-from kera.durable import write_atomic
+from kera.daemon.durable import write_atomic
 
 log = logging.getLogger(__name__)
 

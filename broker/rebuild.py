@@ -40,7 +40,7 @@ from array import array
 from kera.broker.group import Group
 from kera.broker.producers import Entry
 from kera.broker.streamlet import Streamlet
-from kera.chunk import FLAG_CONDITION, UNSET_U32, UNSET_U64, Chunk, ChunkHeader, read_condition
+from kera.codec.chunk import FLAG_CONDITION, UNSET_U32, UNSET_U64, Chunk, ChunkHeader, read_condition
 from kera.errors import CorruptChunk
 
 log = logging.getLogger(__name__)

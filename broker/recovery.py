@@ -34,7 +34,7 @@ from typing import Protocol
 
 from kera import config
 from kera.broker.rebuild import StreamletRebuild, install
-from kera.chunk import HEADER_SIZE, chunk_size, verify
+from kera.codec.chunk import HEADER_SIZE, chunk_size, verify
 from kera.errors import CorruptChunk, KeraError, Throttled
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ class RecoveryHost(Protocol):
     epoch: int
     streams: dict          # sid -> Stream
     recovering: dict       # (sid, sl) -> the Job rebuilding it
-    counters: object       # kera.metrics.Counters
+    counters: object       # kera.daemon.metrics.Counters
     producers: object      # kera.broker.producers table (exactly-once state of rebuilt chunks)
 
 

@@ -15,7 +15,7 @@ from typing import Callable
 
 from kera.broker.core import Broker
 from kera.broker.recovery import Recovery, Request, reset_incarnation
-from kera.coordinator_link import CoordinatorLink
+from kera.daemon.coordinator_link import CoordinatorLink
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from kera.broker.producers import Entry
 from kera.broker.segment import Segment
 from kera.broker.streamlet import Streamlet
 from kera.broker.tier_files import CorruptSegment, LoadedSegment
-from kera.chunk import read_header
+from kera.codec.chunk import read_header
 from kera.errors import CorruptChunk
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ rebuilt by recovery are stamped at recovery, not by their records' (producer-cho
 timestamps: a failover never makes data older.
 
 A slot's last group goes only once the coordinator holds the slot's *number floor* (its next
-record number, and the streamlet's next group id when no group is left; kera.schema), sent in
+record number, and the streamlet's next group id when no group is left; kera.codec.schema), sent in
 heartbeats: otherwise a failover right after would find nothing to continue the numbering from
 (`_floor_kept`).
 
@@ -50,13 +50,13 @@ from collections import OrderedDict, deque
 from itertools import islice
 from typing import NamedTuple, Protocol
 
-from kera import schema
+from kera.codec import schema
 from kera.errors import BadRequest
 
 log = logging.getLogger(__name__)
 
 DELETED_ENDS_MAX = 256   # per streamlet: ends of the latest deleted groups (see `gone`)
-# Number floors (kera.schema.number_floor) sent in one heartbeat at most; the rest go in the
+# Number floors (kera.codec.schema.number_floor) sent in one heartbeat at most; the rest go in the
 # next ones. A floor is a few numbers per streamlet, so this keeps a heartbeat small.
 FLOORS_PER_HEARTBEAT_MAX = 256
 # Floors remembered as acknowledged (so not sent again): one per streamlet ever emptied here.
@@ -127,7 +127,7 @@ class RetentionHost(Protocol):
     broker_id: int | None
     streams: dict          # sid -> the broker's Stream (info, streamlets)
     tier: object           # kera.broker.tier.Tier: segment_deleted, record_first_group
-    counters: object       # kera.metrics.Counters
+    counters: object       # kera.daemon.metrics.Counters
 
     def close_group(self, group) -> None: ...
 
@@ -149,7 +149,7 @@ class Retention:
         self.consumed: dict[int, list[int]] = {}
         self.consumed_at = -1
         # (sid, sl) -> (first group, next number per slot) to send the coordinator before a
-        # slot's last group may go (kera.schema.number_floor), and those it acknowledged.
+        # slot's last group may go (kera.codec.schema.number_floor), and those it acknowledged.
         self.floors: dict[tuple[int, int], tuple] = {}
         self.floors_kept: dict[tuple[int, int], tuple] = {}
 

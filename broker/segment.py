@@ -12,7 +12,7 @@ import logging
 import mmap
 from array import array
 
-from kera.chunk import stamp
+from kera.codec.chunk import stamp
 
 _PRIVATE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
 # madvise(MADV_POPULATE_WRITE) (Linux 5.14; Python 3.11's mmap does not name it): fault a range

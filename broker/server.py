@@ -2,9 +2,9 @@
 
 It answers `produce` (deferred until durable), `fetch`, `offsets` and `stats`; sends the
 core's replication writes to backups through Peers; keeps its coordinator session
-(kera.coordinator_link: register, heartbeat, follow the leader) and applies stream metadata and the live-backup list as they change. Every wait on another
+(kera.daemon.coordinator_link: register, heartbeat, follow the leader) and applies stream metadata and the live-backup list as they change. Every wait on another
 daemon is a Peer request with a deadline, so a dead coordinator or backup never blocks the loop.
-Its identity (cluster id, incarnation token, stream-id mark: kera.identity) is presented at every
+Its identity (cluster id, incarnation token, stream-id mark: kera.daemon.identity) is presented at every
 register; a refusal of that identity (`id_in_use`, `wrong_cluster`) stops the daemon with exit
 status 1 and nothing deleted.
 """
@@ -20,10 +20,13 @@ from pathlib import Path
 import zmq
 
 
-from kera import config, schema
-from kera import security as daemon_security
-from kera.coordinator_link import CoordinatorLink, LinkHooks
-from kera.coordinator_session import CoordinatorSession
+from kera import config
+
+
+from kera.codec import schema
+from kera.net import security as daemon_security
+from kera.daemon.coordinator_link import CoordinatorLink, LinkHooks
+from kera.daemon.coordinator_session import CoordinatorSession
 from kera.broker import history_epoch, replica_report
 from kera.broker.core import Broker, BrokerConfig, parse_cursor
 from kera.broker.memory import default_memory_limit_bytes
@@ -32,13 +35,13 @@ from kera.broker.segment_pool import SEGMENT_POOL_BYTES
 from kera.broker.tier import TierConfig
 from kera.broker.tier_service import TierService
 from kera.broker.virtual_log import ReplicationWrite
-from kera.acl import Acl
+from kera.net.acl import Acl
 from kera.errors import BadRequest, KeraError, Throttled
-from kera.identity import Identity
-from kera.metrics import labelled_text, serve_metrics
-from kera.daemon_env import DaemonEnv, real_if_none
-from kera.daemon_flags import add_common_arguments, setup_logging, size_bytes
-from kera.server import DEFERRED, Request
+from kera.daemon.identity import Identity
+from kera.daemon.metrics import labelled_text, serve_metrics
+from kera.daemon.env import DaemonEnv, real_if_none
+from kera.daemon.flags import add_common_arguments, setup_logging, size_bytes
+from kera.net.server import DEFERRED, Request
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ CLUSTER_EVERY_HEARTBEATS = 2
 SID_MAX = 2**64 - 1
 SL_MAX = 2**32 - 1
 # Live backups connected to ahead of their first write. Beyond it connections open on first
-# use: pre-connecting to more than kera.server.PEERS_MAX would evict and reopen peers on every
+# use: pre-connecting to more than kera.net.server.PEERS_MAX would evict and reopen peers on every
 # refresh (each a socket and a connection attempt) for backups most of which get no write.
 PRECONNECT_BACKUPS_MAX = 64
 # Descriptors a paged `broker_streams` listing may add up to before it is refused and asked
@@ -92,7 +95,7 @@ class BrokerDaemon:
         self.export_traffic = False
         self._pages: list = []            # (version, descriptors) of a paged broker_streams
         self._beats = 0
-        # Register, heartbeat, follow the leader (kera.coordinator_link).
+        # Register, heartbeat, follow the leader (kera.daemon.coordinator_link).
         session = CoordinatorSession("broker", advertise, self.node, identity, broker_id,
                                      heartbeat_interval_s)
         self.link = CoordinatorLink(self.server, coordinator, session, LinkHooks(
@@ -297,7 +300,7 @@ class BrokerDaemon:
             fields["vsegs"] = report   # where new virtual segments are replicated
         floors = self.core.retention.floors_to_send()
         if floors:
-            fields["floors"] = floors  # streamlets retention emptied (kera.schema.number_floor)
+            fields["floors"] = floors  # streamlets retention emptied (kera.codec.schema.number_floor)
         return fields
 
     def _heartbeat_reply(self, header: dict, sent: dict) -> None:
@@ -353,7 +356,7 @@ class BrokerDaemon:
         def apply() -> None:
             highest = self.core.apply_metadata(header.get("streams"), version,
                                                header.get("deleted", []))
-            self.identity.saw_stream(highest)   # never to be reused (kera.identity)
+            self.identity.saw_stream(highest)   # never to be reused (kera.daemon.identity)
 
         self.recovery.streams_reply(header, apply)
 

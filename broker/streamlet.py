@@ -133,7 +133,7 @@ class Streamlet:
 
     def adopt_floor(self, floor) -> None:
         """Go on after what retention deleted, as the coordinator kept it for this streamlet
-        (kera.schema.number_floor; None: nothing kept): group ids from its first group when no
+        (kera.codec.schema.number_floor; None: nothing kept): group ids from its first group when no
         group is held, each slot's numbers from at least its floor. Locks written before an
         emptied one-slot streamlet's floor are unknown: they count as written just below it."""
         if floor is None:

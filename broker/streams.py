@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kera import config, schema
+from kera import config
+
+from kera.codec import schema
 from kera.errors import BadRequest
 
 # Bounds a broker accepts in a descriptor; the coordinator enforces tighter ones on creation.
@@ -39,7 +41,7 @@ class StreamInfo:
     # (broker/retention.py, `consumed` marks from the coordinator).
     retain_until_consumed: bool = False
     # {streamlet: (first group, next record number per slot)}: where a streamlet that retention
-    # emptied goes on after a failover (kera.schema.number_floor).
+    # emptied goes on after a failover (kera.codec.schema.number_floor).
     floors: dict = field(default_factory=dict)
 
     @classmethod

@@ -36,9 +36,9 @@ from typing import Callable
 from kera.broker import tier_files
 from kera.broker.tier_files import (DeleteJob, DeleteStreamJob, FirstGroupJob, LiveWrite,
                                     SegmentRecord, WriteJob)
-from kera.chunk import crc32c, verify
+from kera.codec.chunk import crc32c, verify
 from kera.errors import CorruptChunk, KeraError, NotReady
-from kera.metrics import Counters
+from kera.daemon.metrics import Counters
 
 log = logging.getLogger(__name__)
 

@@ -46,9 +46,9 @@ from array import array
 from pathlib import Path
 from typing import NamedTuple
 
-from kera import chunk
+from kera.codec import chunk
 from kera.backup import direct_write
-from kera.durable import fsync_dir, read_checked, unlink_durable, write_atomic, write_checked
+from kera.daemon.durable import fsync_dir, read_checked, unlink_durable, write_atomic, write_checked
 from kera.errors import CorruptChunk, StorageError
 
 log = logging.getLogger(__name__)

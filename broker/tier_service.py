@@ -20,8 +20,8 @@ from typing import Protocol
 import zmq
 
 from kera.backup.worker import Worker, expected
-from kera import durable
-from kera.daemon_env import DaemonEnv
+from kera.daemon import durable
+from kera.daemon.env import DaemonEnv
 from kera.broker import reload, tier_files
 from kera.broker.repair import REPAIR_READ_TIMEOUT_S, RepairRead
 from kera.broker.retention import ReplicaDrop
@@ -46,7 +46,7 @@ class TierHost(Protocol):
     """What tiering, retention and restart need of the broker core (kera.broker.core.Broker)."""
     tier: object           # kera.broker.tier.Tier: the data dir and its segment files
     pool: object           # kera.broker.backups.BackupPool: is a backup alive
-    counters: object       # kera.metrics.Counters
+    counters: object       # kera.daemon.metrics.Counters
     clean_restart: bool
     reloaded: object
 

@@ -35,7 +35,7 @@ from bisect import bisect_left, bisect_right
 
 import numpy as np
 
-from kera.chunk import Chunk
+from kera.codec.chunk import Chunk
 from kera.errors import NotReady
 
 

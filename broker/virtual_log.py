@@ -30,11 +30,11 @@ from array import array
 from bisect import insort
 from dataclasses import dataclass
 
-from kera import wire
-from kera.chunk import crc32c
-from kera.frame_pack import pack
+from kera.codec import wire
+from kera.codec.chunk import crc32c
+from kera.codec.frame_pack import pack
 from kera.errors import BadRequest, KeraError, Throttled
-from kera.metrics import Counters
+from kera.daemon.metrics import Counters
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class VirtualSegment:
 
 def _frames(segs: list, idxs, start: int, end: int) -> tuple[list, int, int]:
     """Payload of a write: references start..end, chunks adjacent in one segment sharing one
-    frame, and short runs packed together (kera.frame_pack). Returns (frames, bytes, chunks)."""
+    frame, and short runs packed together (kera.codec.frame_pack). Returns (frames, bytes, chunks)."""
     runs, nbytes, chunks = _runs(segs, idxs, start, end)
     return pack(runs), nbytes, chunks
 
@@ -232,7 +232,7 @@ class VirtualLog:
                 background += 1
             self._staff(vs, now)
             # Replicas that are level (the usual case) get the same references: their writes
-            # share one payload, packed once (kera.frame_pack's copy of short runs was a tenth
+            # share one payload, packed once (kera.codec.frame_pack's copy of short runs was a tenth
             # of a broker's samples at 4 KiB chunks, R=3, done once per replica).
             payloads: dict = {}
             for r in vs.replicas:

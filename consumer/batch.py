@@ -6,8 +6,8 @@ from typing import Iterator
 
 import numpy as np
 
-from kera.chunk import Chunk
-from kera.position import Record
+from kera.codec.chunk import Chunk
+from kera.codec.position import Record
 
 
 class Batch:

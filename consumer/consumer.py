@@ -1,7 +1,7 @@
 """The Consumer: a request thread fills a bounded cache of chunks; the caller walks records.
 
     with Consumer("127.0.0.1:7000", "clicks", start="earliest") as c:   # or ["clicks", "views"]
-        for record in c:              # kera.position.Record (record.stream names its stream)
+        for record in c:              # kera.codec.position.Record (record.stream names its stream)
             ...
         c.poll(timeout_s=1.0)         # one Record or None
         c.poll_batch(timeout_s=1.0)   # list of Batch (columnar: to_arrow(), values, ...)
@@ -26,7 +26,11 @@ import logging
 import threading
 import time
 
-from kera import config, rpc, schema
+from kera import config
+
+from kera.net import rpc
+
+from kera.codec import schema
 from kera.consumer import lag as lagmath
 from kera.consumer.batch import Batch
 from kera.consumer.cursor import (ChunkItem, ConsumedCursor, ErrorItem, FetchCursor, LowItem,
@@ -35,10 +39,10 @@ from kera.consumer.fetching import FetchState
 from kera.consumer.membership import Membership, positions_from_wire, positions_to_wire
 from kera.consumer.tasks import TaskRunner
 from kera.errors import BadRequest, ClientClosed, KeraError, Timeout
-from kera.metadata import Metadata
-from kera.client_env import ClientEnv
-from kera.position import Position, Record
-from kera.timestamps import ms_to_us
+from kera.client.metadata import Metadata
+from kera.client.env import ClientEnv
+from kera.codec.position import Position, Record
+from kera.codec.timestamps import ms_to_us
 
 log = logging.getLogger(__name__)
 # What a consumer does with a position into a history its streamlet no longer has (its data
@@ -112,7 +116,7 @@ class Consumer:
         self.request_timeout_s = request_timeout_s
         self.on_assigned, self.on_revoked, self.group = on_assigned, on_revoked, group
         self._default_start = start if isinstance(start, str) else "earliest"
-        self.key_file = key_file   # CURVE key (kera.keys): None is $KERA_KEY_FILE or plaintext
+        self.key_file = key_file   # CURVE key (kera.net.keys): None is $KERA_KEY_FILE or plaintext
         # How new streamlets are taken up: (member, members) to share them, None: not at all.
         self._follow = None if group is not None or streamlets is not None else (member, members)
         self._open_metadata(bootstrap, env, metadata_max_age_ms)
@@ -151,7 +155,7 @@ class Consumer:
         self._state_lock = threading.RLock()
 
     def _open_metadata(self, bootstrap: str, env: ClientEnv | None, max_age_ms: int) -> None:
-        self._env = env or ClientEnv()   # clock, connections, wake-ups, thread (kera.client_env)
+        self._env = env or ClientEnv()   # clock, connections, wake-ups, thread (kera.client.env)
         self._meta = Metadata(bootstrap, timeout_s=self.request_timeout_s, key_file=self.key_file,
                               max_age_s=max_age_ms / 1000)
         if self._env.prime is not None:

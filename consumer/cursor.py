@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kera.chunk import Chunk, ChunkHeader
+from kera.codec.chunk import Chunk, ChunkHeader
 from kera.errors import BadRequest, KeraError
-from kera.position import Position
+from kera.codec.position import Position
 
 GROUPS_MAX = 1 << 20
 

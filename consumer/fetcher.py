@@ -2,7 +2,7 @@
 and drives the consumer's extra tasks (kera.consumer.tasks: group membership).
 
 The shell (one connection per address whatever the number of streams, poll, wake-up pipe,
-stream refreshes) is kera.request_thread's, shared with the producer. A turn keeps one fetch in
+stream refreshes) is kera.client.request_thread's, shared with the producer. A turn keeps one fetch in
 flight per broker carrying every part read there, and stops fetching while the cache holds
 `cache_chunks_max` chunks (the caller wakes it through the pipe when it makes room). The
 bookkeeping is FetchState's and TaskRunner's; both are used under the consumer's state lock,
@@ -15,8 +15,8 @@ import logging
 
 from kera.consumer.cursor import ErrorItem
 from kera.errors import KeraError, Timeout, UnknownStream
-from kera.request_thread import RequestThread
-from kera.schema import StreamInfo
+from kera.client.request_thread import RequestThread
+from kera.codec.schema import StreamInfo
 
 log = logging.getLogger(__name__)
 

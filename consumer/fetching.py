@@ -16,9 +16,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kera.chunk import Chunk, frame_chunks
+from kera.codec.chunk import Chunk, frame_chunks
 from kera.consumer.cursor import ChunkItem, ErrorItem, FetchCursor, LowItem, ResetItem, parse_groups
-from kera import schema, wire
+from kera.codec import schema
+from kera.codec import wire
 from kera.config import STALL_PROBE_INTERVAL_S, STALL_PROBE_S
 from kera.errors import BadRequest, CorruptChunk, KeraError, PositionLost, Timeout, UnknownStream
 

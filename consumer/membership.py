@@ -27,9 +27,9 @@ import logging
 from concurrent.futures import Future
 from typing import NamedTuple, Protocol
 
-from kera.coordinators import CoordinatorList
+from kera.net.coordinators import CoordinatorList
 from kera.errors import KeraError, StaleMemberEpoch, Timeout, UnknownMember
-from kera.position import Position
+from kera.codec.position import Position
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class Membership:
                  session_timeout_ms: int = 10_000,
                  auto_commit_interval_ms: int | None = 5_000):
         self.consumer, self.group = consumer, group
-        # The leader of these (kera.coordinators): a standby's `not_leader` moves on to the next.
+        # The leader of these (kera.net.coordinators): a standby's `not_leader` moves on to the next.
         self.coordinators = CoordinatorList(coordinator) if isinstance(coordinator, str) else coordinator
         self.asked = ""   # the coordinator the request in flight went to
         self.streams = list(streams)

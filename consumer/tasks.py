@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from kera import schema
+from kera.codec import schema
 from kera.errors import KeraError, Timeout
 
 

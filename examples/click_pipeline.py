@@ -45,7 +45,7 @@ def make_events(n: int, seed: int = 1, start_s: int = 1_700_000_000, users: int 
 
 def create_streams(bootstrap: str, clicks: str = CLICKS, counts: str = COUNTS,
                    replication: int = 1) -> None:
-    from kera.admin import Admin
+    from kera.client.admin import Admin
 
     with Admin(bootstrap) as admin:
         admin.create_stream(clicks, streamlets=2, active_groups=2, replication=replication)
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     cluster = None
     bootstrap = args.bootstrap
     if bootstrap is None:
-        from kera.local import LocalCluster
+        from kera.cli.local import LocalCluster
         cluster = LocalCluster(os.path.join(workdir, "cluster"), brokers=1, backups=0)
         bootstrap = cluster.bootstrap
         print(f"local cluster at {bootstrap} (data in {workdir})")

@@ -1,4 +1,4 @@
-"""A reference HTTP receiver for `kera deliver --target http://...` (contract: kera.deliver_http).
+"""A reference HTTP receiver for `kera deliver --target http://...` (contract: kera.services.deliver.http).
 
     python examples/deliver_receiver.py --port 8080 --db received.db
     kera deliver --bootstrap 127.0.0.1:7000 --stream orders --target http://127.0.0.1:8080/
@@ -15,9 +15,9 @@ import argparse
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from kera.deliver_core import TargetCursor
-from kera.deliver_http import applied_to_json, records_from_json
-from kera.deliver_targets import SqliteTarget
+from kera.services.deliver.core import TargetCursor
+from kera.services.deliver.http import applied_to_json, records_from_json
+from kera.services.deliver.targets import SqliteTarget
 
 
 class Receiver(ThreadingHTTPServer):

@@ -1,4 +1,4 @@
-"""A read model fed by `kera.deliver`: account balances kept exactly right from a stream of
+"""A read model fed by `kera.services.deliver.deliverer`: account balances kept exactly right from a stream of
 deposits, plus a copy of the stream pushed to an HTTP service.
 
 The balances are a custom Target: `apply` adds each deposit to its account AND records the
@@ -27,12 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))   # the reference recei
 
 from deliver_receiver import Receiver  # noqa: E402
 
-from kera.admin import Admin  # noqa: E402
-from kera.deliver import Deliverer  # noqa: E402
-from kera.deliver_http import HttpTarget  # noqa: E402
+from kera.client.admin import Admin  # noqa: E402
+from kera.services.deliver.deliverer import Deliverer  # noqa: E402
+from kera.services.deliver.http import HttpTarget  # noqa: E402
 from kera.errors import StreamExists  # noqa: E402
-from kera.local import free_port  # noqa: E402
-from kera.position import Position  # noqa: E402
+from kera.cli.local import free_port  # noqa: E402
+from kera.codec.position import Position  # noqa: E402
 from kera.producer import Producer  # noqa: E402
 
 ACCOUNTS = ["ada", "grace", "edsger", "barbara"]

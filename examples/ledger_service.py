@@ -28,8 +28,8 @@ import sys
 import threading
 import time
 
-from kera.admin import Admin
-from kera.conditional import ConditionalAppender
+from kera.client.admin import Admin
+from kera.services.conditional import ConditionalAppender
 from kera.consumer import Consumer
 from kera.errors import LockConflict, StreamExists
 from kera.producer import Producer

@@ -24,11 +24,11 @@ import threading
 
 import psycopg
 
-from kera.admin import Admin
+from kera.client.admin import Admin
 from kera.consumer import Consumer
 from kera.errors import StreamExists
-from kera.outbox import Harvester
-from kera.outbox_db import create_schema
+from kera.services.outbox.harvester import Harvester
+from kera.services.outbox.db import create_schema
 
 ORDERS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS orders (

@@ -4,7 +4,7 @@
 """
 
 from kera.errors import KeraError
-from kera.position import Position, Record
+from kera.codec.position import Position, Record
 
 __all__ = ["Admin", "Producer", "Consumer", "KeraError", "Position", "Record"]
 
@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # Imported lazily so that `import kera` (e.g. in a daemon) does not load the clients.
     if name == "Admin":
-        from kera.admin import Admin
+        from kera.client.admin import Admin
         return Admin
     if name == "Producer":
         from kera.producer import Producer

@@ -2,7 +2,7 @@
 
 import sys
 
-from kera.cli import main
+from kera.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 
-from kera.admin import Admin
+from kera.client.admin import Admin
 from kera.consumer import Consumer
-from kera.local import LocalCluster
+from kera.cli.local import LocalCluster
 from kera.producer import Producer
 
 BATCH_RECORDS = 50_000

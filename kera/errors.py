@@ -221,7 +221,7 @@ _BY_CODE[Fenced.code] = Fenced
 class NotLeader(KeraError):
     """This coordinator stands by: another one leads the cluster (it holds the leadership key
     in etcd). Ask the next coordinator of the bootstrap list; clients and daemons do that
-    themselves (kera.coordinators)."""
+    themselves (kera.net.coordinators)."""
     code = "not_leader"
     retriable = True
 
@@ -233,7 +233,7 @@ class PublishUncertain(KeraError):
     """An outbox row's record failed without proof that it was not stored (a timeout, or
     retries exhausted while a broker was down). The harvester ends its term instead of
     resetting the row, and the next term looks the row up in the stream before publishing it
-    again (kera.outbox). Nothing to do unless it repeats: then check `kera stream describe`."""
+    again (kera.services.outbox.harvester). Nothing to do unless it repeats: then check `kera stream describe`."""
     code = "publish_uncertain"
     retriable = True
 
@@ -246,14 +246,14 @@ class LeadershipLost(KeraError):
 
 
 class TargetFailed(KeraError):
-    """A delivery target (kera.deliver) refused or failed a call: the deliverer retries it with
+    """A delivery target (kera.services.deliver.deliverer) refused or failed a call: the deliverer retries it with
     backoff from the target's own last-applied positions; fix the target (its log says why)."""
     code = "target_failed"
     retriable = True
 
 
 class LockConflict(KeraError):
-    """A conditional append (kera.conditional) was refused, nothing stored: one of its locks
+    """A conditional append (kera.services.conditional) was refused, nothing stored: one of its locks
     was written by a record numbered after the writer's high-water mark. Read the stream up to
     `number`, re-execute the transaction against what you read, and append again with the new
     high-water mark."""

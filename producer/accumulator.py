@@ -16,9 +16,9 @@ from typing import Callable
 
 from crc32c import crc32c
 
-from kera import chunk as chunkcodec
+from kera.codec import chunk as chunkcodec
 from kera.errors import RecordTooLarge
-from kera.metadata import StreamInfo
+from kera.client.metadata import StreamInfo
 from kera.producer.pipeline import Lane, Pipeline
 
 OPENED, SEALED = 1, 2

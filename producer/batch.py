@@ -1,9 +1,9 @@
 """Cutting a batch of records into chunk-sized pieces with O(1) Python calls per chunk.
 
-`send_batch` accepts the value containers kera.chunk.values_columns does (a sequence of
+`send_batch` accepts the value containers kera.codec.chunk.values_columns does (a sequence of
 bytes-like, a numpy 'S' array, a 2-D uint8 array, a pyarrow binary array). These helpers
 measure a batch, pick the indices of each streamlet's records and cut them into pieces that
-fit one chunk each; the pieces are then encoded directly by kera.chunk.encode.
+fit one chunk each; the pieces are then encoded directly by kera.codec.chunk.encode.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 from kera.errors import RecordTooLarge
-from kera.partitioner import streamlets_for_keys
+from kera.codec.partitioner import streamlets_for_keys
 from kera.producer.accumulator import KEYED_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES, header_bytes
 
 def _is_arrow(values) -> bool:

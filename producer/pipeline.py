@@ -28,10 +28,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from kera import chunk as chunkcodec
+from kera.codec import chunk as chunkcodec
 from kera.config import STALL_PROBE_INTERVAL_S, STALL_PROBE_S
-from kera import schema
-from kera.frame_pack import pack
+from kera.codec import schema
+from kera.codec.frame_pack import pack
 from kera.errors import KeraError, SequenceGap, Timeout, UnknownStream
 
 UNSENT, IN_FLIGHT, ACKED = 0, 1, 2

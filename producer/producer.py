@@ -18,16 +18,16 @@ import os
 import threading
 import time
 
-from kera import chunk as chunkcodec
+from kera.codec import chunk as chunkcodec
 from kera import config
 from kera.errors import BadRequest, ClientClosed, KeraError, Timeout, Undelivered
-from kera.metadata import Metadata, StreamInfo
+from kera.client.metadata import Metadata, StreamInfo
 from kera.producer import batch as batching
 from kera.producer.accumulator import Accumulator, StreamState
 from kera.producer.delivery import DeliveryFuture, on_delivery_callback
 from kera.producer.pipeline import Failure, Pipeline
-from kera.client_env import ClientEnv
-from kera.timestamps import ms_to_us
+from kera.client.env import ClientEnv
+from kera.codec.timestamps import ms_to_us
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +97,9 @@ class Producer:
         self.buffer_bytes = buffer_bytes
         self.send_timeout_s = send_timeout_s
         self.request_timeout_s = request_timeout_s
-        # CURVE key (kera.keys; None: $KERA_KEY_FILE, else plaintext), for every connection.
+        # CURVE key (kera.net.keys; None: $KERA_KEY_FILE, else plaintext), for every connection.
         self.key_file = key_file
-        # Clock, connections, wake-ups, thread (kera.client_env): real unless simulated.
+        # Clock, connections, wake-ups, thread (kera.client.env): real unless simulated.
         self._env = env or ClientEnv()
         self._meta = Metadata(bootstrap, timeout_s=request_timeout_s, key_file=key_file,
                               max_age_s=metadata_max_age_ms / 1000)
@@ -119,7 +119,7 @@ class Producer:
         self._fatal: BaseException | None = None
         self._batch_records = 0
         self._bootstrap = bootstrap
-        self._appender = None   # kera.conditional.ConditionalAppender, made at the first append
+        self._appender = None   # kera.services.conditional.ConditionalAppender, made at the first append
         # The request thread sleeps in a zmq poll; a byte on this pipe wakes it (`_idle` says
         # whether it is asleep, so a busy thread is not woken once per chunk).
         self._waker = self._env.waker()
@@ -213,7 +213,7 @@ class Producer:
         return (self._streams.get(stream) or self._stream_state(stream)).info
 
     def send_chunk(self, stream: str, chunk: bytes) -> None:
-        """Internal: queue a chunk encoded by the caller (kera.chunk.encode) with its own
+        """Internal: queue a chunk encoded by the caller (kera.codec.chunk.encode) with its own
         producer id and sequence. Chunks of one (producer id, streamlet) must be given in
         sequence order; a chunk the broker already holds is acknowledged, not stored again."""
         info = self.stream_info(stream)
@@ -255,12 +255,12 @@ class Producer:
 
     def append(self, stream: str, values, *, locks=(), high_water_mark: int = -1, keys=None,
                headers=None, streamlet: int | None = None, key: bytes | None = None):
-        """A conditional append (Waltz's optimistic locking; kera.conditional): `values` are
+        """A conditional append (Waltz's optimistic locking; kera.services.conditional): `values` are
         stored as one chunk only if none of `locks` was written by a record numbered after
         `high_water_mark`. Blocks until stored (returns RecordMetadata with its `number`) or
         refused (raises LockConflict, nothing stored). Independent of send()'s ordering."""
         if self._appender is None:
-            from kera.conditional import ConditionalAppender
+            from kera.services.conditional import ConditionalAppender
             self._appender = ConditionalAppender(self._bootstrap, key_file=self.key_file,
                                                  request_timeout_s=self.request_timeout_s,
                                                  timeout_s=self.send_timeout_s)

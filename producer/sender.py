@@ -1,6 +1,6 @@
 """The producer's request thread: seals lingering chunks, sends produce requests, applies replies.
 
-The shell (connections, poll, wake-up pipe, stream refreshes) is kera.request_thread's, shared
+The shell (connections, poll, wake-up pipe, stream refreshes) is kera.client.request_thread's, shared
 with the consumer; all bookkeeping is the Pipeline's. This module only says what one turn does
 and takes the producer's lock around each Pipeline call.
 """
@@ -11,8 +11,8 @@ import logging
 
 from kera.errors import KeraError, Timeout, UnknownStream
 from kera.producer import delivery
-from kera.request_thread import RequestThread
-from kera.schema import StreamInfo
+from kera.client.request_thread import RequestThread
+from kera.codec.schema import StreamInfo
 
 log = logging.getLogger(__name__)
 

@@ -46,8 +46,8 @@ def security_mode(request):
 
 
 def _factory(tmp_path_factory, clusters: list, security_mode: str = "plaintext"):
-    from kera.keys import KEY_FILE_ENV
-    from kera.local import LocalCluster
+    from kera.net.keys import KEY_FILE_ENV
+    from kera.cli.local import LocalCluster
 
     def make(brokers: int = 1, backups: int = 0, **kw) -> LocalCluster:
         data_dir = tmp_path_factory.mktemp("kera-cluster")
@@ -62,7 +62,7 @@ def _factory(tmp_path_factory, clusters: list, security_mode: str = "plaintext")
 
 
 def _stop_all(clusters: list) -> None:
-    from kera.keys import KEY_FILE_ENV
+    from kera.net.keys import KEY_FILE_ENV
     for cluster in clusters:
         cluster.stop()
         if cluster.key_file is not None and os.environ.get(KEY_FILE_ENV) == cluster.key_file:
@@ -107,7 +107,7 @@ class FakeDaemon:
                  node: str = "fake-node", daemon_id: int | None = None,
                  interval_s: float = 0.05, applied_version: int | None = None):
         import threading
-        from kera import rpc
+        from kera.net import rpc
 
         self.kind, self.address, self.node = kind, address, node
         self.interval_s = interval_s

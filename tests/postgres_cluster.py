@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kera.local import free_port
+from kera.cli.local import free_port
 from tests.debian import install_if_missing
 
 HOST = "127.0.0.1"

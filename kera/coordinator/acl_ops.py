@@ -1,6 +1,6 @@
 """The coordinator's ACL ops and its record of which principal holds which daemon id, sans-IO.
 
-ACL entries (kera.acl) are stored with the rest of the metadata (section `acls` of the state)
+ACL entries (kera.net.acl) are stored with the rest of the metadata (section `acls` of the state)
 and carry a version of their own: a broker reports the version it holds in its heartbeat and
 the reply carries the whole list when it is behind (ACLS_MAX entries pack well under the 4 MiB
 header limit), so a grant or a deny reaches every broker within a heartbeat.
@@ -12,10 +12,10 @@ bindings from their heartbeat replies to refuse replica ops a broker key makes f
 
 from __future__ import annotations
 
-from kera.acl import Acl, Acls
+from kera.net.acl import Acl, Acls
 from kera.errors import NotAuthorized
-from kera.keys import Principal, check_name
-from kera.quota import KINDS, Quotas
+from kera.net.keys import Principal, check_name
+from kera.net.quota import KINDS, Quotas
 
 PRINCIPAL_FIELD = "principal"
 
@@ -25,7 +25,7 @@ class AccessState:
 
     def __init__(self):
         self.acls = Acls()
-        self.quotas = Quotas()   # per-principal byte rates (kera.quota), delivered alike
+        self.quotas = Quotas()   # per-principal byte rates (kera.net.quota), delivered alike
         self.version = 0
 
     def add(self, acls: list[Acl]) -> int:

@@ -36,14 +36,18 @@ import os
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
-from kera import config, schema, wire
+from kera import config
+
+from kera.codec import schema
+
+from kera.codec import wire
 from kera.coordinator import acl_ops, groups, validate
 from kera.coordinator.rebalance import Rebalancer
 from kera.coordinator.recovery import Failover, parse_streamlets
 from kera.coordinator.validate import KINDS, StreamSpec
 from kera.errors import BadRequest, IdInUse, NotReady, StreamExists, UnknownStream, WrongCluster
-from kera.repeat_log import RepeatedWarnings
-from kera.wire import Fields
+from kera.daemon.repeat_log import RepeatedWarnings
+from kera.codec.wire import Fields
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +148,7 @@ class Stream:
     placement: list[int]   # owning broker id of each streamlet
     version: int           # metadata version at which it was created or last moved
     # {streamlet: (first group, next record number per slot)} reported by its owner once
-    # retention emptied a slot; handed to the next owner in descriptors (kera.schema).
+    # retention emptied a slot; handed to the next owner in descriptors (kera.codec.schema).
     floors: dict = field(default_factory=dict)
 
 
@@ -167,7 +171,7 @@ class Coordinator:
         self.isolation_suspected = False   # most daemons silent at once (`tick`)
         self.heard_again_s: float | None = None   # when the last suspected isolation ended
         # Source of tokens and of the cluster id: `new_token` unless one is injected (the
-        # server passes its kera.daemon_env.DaemonEnv's; tests a fixed one).
+        # server passes its kera.daemon.env.DaemonEnv's; tests a fixed one).
         self._token_source = token_source
         self.cluster_id = self._issue_token()   # replaced by the persisted one on load
         self.tombstones: dict[int, int] = {}  # deleted stream id -> version of the deletion
@@ -232,7 +236,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------ request entry point
     def handle(self, op: str, header: dict | Fields, now: float, principal=None) -> dict:
-        """`principal`: the authenticated caller (kera.keys.Principal), None in plaintext."""
+        """`principal`: the authenticated caller (kera.net.keys.Principal), None in plaintext."""
         fn = self._ops.get(op)
         if fn is None:
             raise BadRequest(f"unknown op '{op}'")

@@ -18,7 +18,7 @@ import time
 from typing import Callable
 
 from kera.errors import KeraError
-from kera.metrics import label_value
+from kera.daemon.metrics import label_value
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ address) bound to that lease, only if the key does not exist. The winner leads: 
 lease every third of its TTL from then on, and it loads the metadata and serves, its commits
 guarded by the leader key's revision (EtcdStore.use_fence). The others *stand by*: they answer every
 request with `not_leader` (naming the leader), so clients and daemons move on to the next
-address of their bootstrap list (kera.coordinators), and campaign again every
+address of their bootstrap list (kera.net.coordinators), and campaign again every
 CAMPAIGN_INTERVAL_S.
 
 When the leader dies its lease expires after at most `lease_ttl_s`; etcd deletes the key and a

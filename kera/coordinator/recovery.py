@@ -32,7 +32,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from kera.errors import BadRequest, NotReady
-from kera.wire import Fields
+from kera.codec.wire import Fields
 
 if TYPE_CHECKING:
     from kera.coordinator.core import Coordinator, Member

@@ -1,4 +1,4 @@
-"""The coordinator daemon: the sans-IO core behind a kera.server.Server, persisted on change.
+"""The coordinator daemon: the sans-IO core behind a kera.net.server.Server, persisted on change.
 
 Group commit: the requests of one loop turn are handled, their changes appended to the metadata
 log (kera.coordinator.store) with one fsync, and only then are their replies sent, so nothing
@@ -22,15 +22,15 @@ import time
 import zmq
 
 from kera import config
-from kera import security as daemon_security
+from kera.net import security as daemon_security
 from kera.coordinator.core import Coordinator
 from kera.coordinator.metadata import DEFAULT_LEADER_LEASE_TTL_S, DEFAULT_PREFIX_NAME
 from kera.errors import Fenced, KeraError, StorageError
 from kera.coordinator.group_lag import GroupLagExporter
-from kera.metrics import Counters, serve_metrics
-from kera.daemon_env import DaemonEnv, real_if_none
-from kera.daemon_flags import add_common_arguments, setup_logging
-from kera.server import DEFERRED, FAILURE_REPLY_LINGER_MS, Request
+from kera.daemon.metrics import Counters, serve_metrics
+from kera.daemon.env import DaemonEnv, real_if_none
+from kera.daemon.flags import add_common_arguments, setup_logging
+from kera.net.server import DEFERRED, FAILURE_REPLY_LINGER_MS, Request
 
 log = logging.getLogger(__name__)
 
@@ -385,7 +385,7 @@ def _run_elected(args: argparse.Namespace, stop: _StopOnSignal) -> int:
     from kera.coordinator.etcd_client import EtcdClient, parse_url
     from kera.coordinator.etcd_store import prefix_for
     from kera.coordinator.leadership import Leadership, serve_standby
-    from kera.server import Server
+    from kera.net.server import Server
 
     me = args.advertise or f"{args.host}:{args.port}"
     try:

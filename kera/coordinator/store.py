@@ -1,6 +1,6 @@
 """Durable coordinator metadata: a snapshot plus an append-only log of the changes since it.
 
-`coordinator.json` is the snapshot (kera.durable.write_atomic: old or new, never torn); it names
+`coordinator.json` is the snapshot (kera.daemon.durable.write_atomic: old or new, never torn); it names
 its log generation g, and `coordinator-<g>.log` holds the changes made since, one record per
 commit: u32 payload length, u32 crc32c of the payload, then the payload, a JSON list of changes
 (`Changes`). A commit appends one record and fsyncs once, however many requests it covers
@@ -30,8 +30,8 @@ import struct
 import threading
 from pathlib import Path
 
-from kera.chunk import crc32c
-from kera.durable import fsync_dir, unlink_durable, write_atomic
+from kera.codec.chunk import crc32c
+from kera.daemon.durable import fsync_dir, unlink_durable, write_atomic
 
 log = logging.getLogger(__name__)
 

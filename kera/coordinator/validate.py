@@ -1,5 +1,5 @@
 """Validation of coordinator request fields: stream names and parameters (daemon fields:
-kera.schema).
+kera.codec.schema).
 
 Everything here raises BadRequest with a message naming the field, so a client sees exactly what
 it got wrong.
@@ -10,9 +10,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kera import config, schema
+from kera import config
+
+from kera.codec import schema
 from kera.errors import BadRequest
-from kera.wire import Fields
+from kera.codec.wire import Fields
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,255}\Z")
 NAME_CHARS_MAX = 255

@@ -86,7 +86,7 @@ def _best(fn, repeat: int) -> float:
 
 
 def run(spark, bootstrap: str, rows: int, repeat: int = 2, streamlets: int = 2) -> dict[str, float]:
-    from kera.admin import Admin
+    from kera.client.admin import Admin
 
     spark.dataSource.register(PythonCeiling)
     admin = Admin(bootstrap)
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
     cluster = None
     bootstrap = args.bootstrap
     if bootstrap is None:
-        from kera.local import LocalCluster
+        from kera.cli.local import LocalCluster
         cluster = LocalCluster(tempfile.mkdtemp(prefix="kera-bench-"), brokers=1, backups=0,
                                log_level="WARNING")
         bootstrap = cluster.bootstrap

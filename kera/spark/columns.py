@@ -3,7 +3,7 @@
 Reading: a fetched chunk becomes the rows of the source schema (the chunk's key/value/timestamp
 columns as zero-copy views, plus constant stream/streamlet/group columns and the offset range).
 Writing: an Arrow slice of values (and keys) becomes one chunk, byte-for-byte what
-`kera.chunk.encode` builds from the same records.
+`kera.codec.chunk.encode` builds from the same records.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kera import chunk as kchunk
+from kera.codec import chunk as kchunk
 from kera.errors import RecordTooLarge
 
 SCHEMA_DDL = ("key binary, value binary, stream string, streamlet int, `group` int, "
@@ -65,7 +65,7 @@ def concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 # --------------------------------------------------------------------------- writing
 
 def header_pairs(headers: pa.Array | None) -> list | None:
-    """Each row's headers as (str, bytes) pairs for kera.chunk, or None when no row has any.
+    """Each row's headers as (str, bytes) pairs for kera.codec.chunk, or None when no row has any.
     A null header value is stored as b"" (kera header values are bytes)."""
     if headers is None or not pc.any(pc.greater(pc.list_value_length(headers), 0)).as_py():
         return None
@@ -135,8 +135,8 @@ def encode_arrow(producer_id: int, sequence: int, stream_id: int, streamlet: int
                  values: pa.Array, keys: pa.Array | None, timestamps: np.ndarray,
                  headers: pa.Array | None = None) -> bytes:
     """One chunk from binary Arrow columns and int64 µs timestamps. Null keys stay null; a chunk whose keys are all
-    null is built without a key column, as kera.chunk.encode does. Rows with headers
-    (list<struct<key string, value binary>>) go through kera.chunk.encode_columns (Python per
+    null is built without a key column, as kera.codec.chunk.encode does. Rows with headers
+    (list<struct<key string, value binary>>) go through kera.codec.chunk.encode_columns (Python per
     header)."""
     if values.null_count:
         raise ValueError("the value column may not hold nulls")

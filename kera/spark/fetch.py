@@ -3,7 +3,7 @@
 One `fetch` request at a time carries a cursor for that group alone (`low` = the group, so the
 broker serves it even if an earlier group of its slot is still open: the planner already
 ordered the slot's groups across batches). GroupReader turns replies into rows (sans-IO);
-GroupFetcher runs it on the clients' one request-thread shell (kera.request_thread: its
+GroupFetcher runs it on the clients' one request-thread shell (kera.client.request_thread: its
 connections, poll and stream-descriptor refreshes, the producer's and consumer's too), reading
 a few replies ahead so the broker works while Spark consumes. Rows come from whole chunks as
 Arrow views: no Python call per record.
@@ -20,12 +20,14 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from kera import schema, wire
-from kera.chunk import Chunk, frame_chunks
+from kera.codec import schema
+
+from kera.codec import wire
+from kera.codec.chunk import Chunk, frame_chunks
 from kera.errors import KeraError, OffsetOutOfRange, Timeout
 from kera.spark.columns import chunk_rows, concat
-from kera.metadata import Metadata
-from kera.request_thread import RequestThread, Waker
+from kera.client.metadata import Metadata
+from kera.client.request_thread import RequestThread, Waker
 from kera.spark.offsets import DataLoss
 
 log = logging.getLogger(__name__)
@@ -149,7 +151,7 @@ def read_group(part: GroupRange) -> Iterator[pa.RecordBatch]:
 
 
 class GroupFetcher(RequestThread):
-    """The client request thread (kera.request_thread) reading one GroupRange ahead of Spark:
+    """The client request thread (kera.client.request_thread) reading one GroupRange ahead of Spark:
     one fetch in flight, at most READ_AHEAD_BATCHES row batches waiting for Spark."""
 
     def __init__(self, part: GroupRange):

@@ -1,4 +1,4 @@
-"""Key -> streamlet, the same stable rule as the producer client (kera.partitioner):
+"""Key -> streamlet, the same stable rule as the producer client (kera.codec.partitioner):
 crc32c(key) mod streamlets, for a whole Arrow column at once.
 
 Hashing a column of keys costs O(longest key) numpy calls (one table-driven CRC step per byte
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from kera.chunk import crc32c
+from kera.codec.chunk import crc32c
 
 VECTOR_KEY_BYTES_MAX = 256
 _POLY = 0x82F63B78  # CRC-32C (Castagnoli), reflected

@@ -11,9 +11,13 @@ from __future__ import annotations
 import logging
 import time
 
-from kera import rpc, schema, wire
-from kera.coordinator_client import CoordinatorClient
-from kera.stream_cache import StreamCache
+from kera.net import rpc
+
+from kera.codec import schema
+
+from kera.codec import wire
+from kera.client.coordinator_client import CoordinatorClient
+from kera.client.stream_cache import StreamCache
 from kera.errors import KeraError, NotReady, Timeout, UnknownStream
 from kera.spark.offsets import Cursor, GroupInfo, Groups, cursor_from_time, group_infos
 
@@ -38,8 +42,8 @@ class Metadata:
             raise ValueError("option 'bootstrap' must name the coordinator, e.g. 127.0.0.1:7000")
         self.timeout_s = timeout_s
         self._conns: dict[str, rpc.Connection] = {}   # brokers
-        # The leading coordinator of the bootstrap list (kera.coordinator_client), and the
-        # clients' one descriptor cache (kera.stream_cache): it parses and keeps what the
+        # The leading coordinator of the bootstrap list (kera.client.coordinator_client), and the
+        # clients' one descriptor cache (kera.client.stream_cache): it parses and keeps what the
         # coordinator said; this class adds the retries and the wait for `serving`.
         self.coordinator = CoordinatorClient(bootstrap, timeout_s=timeout_s, key_file=key_file)
         self.cache = StreamCache(self.coordinator.coordinators, timeout_s)

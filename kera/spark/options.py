@@ -12,7 +12,7 @@ import re
 
 from kera import config
 from kera.errors import BadRequest
-from kera.timestamps import ms_to_us
+from kera.codec.timestamps import ms_to_us
 from kera.coordinator.groups import GROUP_NAME_CHARS_MAX
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class Options:
     buffer_bytes: int = 32 * config.MiB   # chunks a write task holds unacknowledged
     write_id: str | None = None           # batch sink: pin the producer identity across job runs
     pattern: str | None = None            # source: read every stream whose whole name matches
-    key_file: str | None = None           # CURVE key (kera.keys) on driver and executors
+    key_file: str | None = None           # CURVE key (kera.net.keys) on driver and executors
     group: str | None = None              # streaming source: commit progress to this group
     # Source: start at the first record at or after a time (µs; given in ms like Kafka's), for
     # every streamlet, or per stream and streamlet ({stream: {sl: µs}}); over startingOffsets.
@@ -148,7 +148,7 @@ def _times(opts: Mapping[str, str], which: str) -> dict:
 
 
 def _ms_option(name: str, raw) -> int:
-    """µs of a millisecond timestamp option (the range kera.timestamps accepts)."""
+    """µs of a millisecond timestamp option (the range kera.codec.timestamps accepts)."""
     if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not str(raw).strip().isdigit():
         raise ValueError(f"option '{name}' takes milliseconds since the epoch, not {raw!r}")
     try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 
-from kera.coordinator_client import CoordinatorClient
+from kera.client.coordinator_client import CoordinatorClient
 from kera.errors import KeraError
 from kera.spark import offsets as ko
 

@@ -117,7 +117,7 @@ def resolve_streams(opts: Options) -> tuple[str, ...]:
     picked up until the query is restarted)."""
     if opts.pattern is None:
         return opts.need_streams()
-    from kera.admin import Admin
+    from kera.client.admin import Admin
     admin = Admin(opts.bootstrap, timeout_s=opts.timeout_s, key_file=opts.key_file)
     try:
         names = sorted(s["name"] for s in admin.list_streams())

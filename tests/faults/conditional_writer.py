@@ -15,7 +15,7 @@ import json
 import random
 import sys
 
-from kera.conditional import ConditionalAppender
+from kera.services.conditional import ConditionalAppender
 from kera.errors import KeraError, LockConflict
 
 APPEND_TIMEOUT_S = 60.0   # a broker failover in the middle is retried through

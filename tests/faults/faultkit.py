@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from kera import Consumer, Producer
-from kera.coordinator_client import CoordinatorClient
+from kera.client.coordinator_client import CoordinatorClient
 from kera.errors import KeraError
 
 ID = struct.Struct("<IQ")      # producer index, sequence

@@ -27,7 +27,9 @@ import random
 
 import msgpack
 
-from kera import chunk, wire
+from kera.codec import chunk
+
+from kera.codec import wire
 
 HUGE_INTS = [2**62, 2**63 - 1, 2**63, 2**64 - 1, -1, -2**63, -(2**62)]
 JUNK_VALUES = [None, True, False, 1.5, float("nan"), "", "x" * 300, "\u2603", b"\xff" * 9, [],

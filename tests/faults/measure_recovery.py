@@ -26,9 +26,11 @@ import time
 
 import numpy as np
 
-from kera import Producer, rpc
+from kera import Producer
+
+from kera.net import rpc
 from kera.errors import KeraError
-from kera.local import LocalCluster
+from kera.cli.local import LocalCluster
 
 VALUE_BYTES = 1000
 STREAM = "big"

@@ -22,8 +22,10 @@ import time
 import faultkit as fk
 from faultkit import call, wait_for
 
-from kera import Consumer, chunk
-from kera.conditional import ConditionalAppender
+from kera import Consumer
+
+from kera.codec import chunk
+from kera.services.conditional import ConditionalAppender
 from kera.errors import LockConflict
 
 STREAM = "ledger"

@@ -33,7 +33,8 @@ import zmq
 
 import faultkit as fk
 import hostile
-from kera import Producer, rpc
+from kera import Producer
+from kera.net import rpc
 from kera.coordinator.core import Coordinator
 
 REPO = Path(__file__).resolve().parents[2]

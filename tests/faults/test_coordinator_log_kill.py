@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from faultkit import seeded, wait_for
 
-from kera import rpc
-from kera.admin import Admin
+from kera.net import rpc
+from kera.client.admin import Admin
 from kera.coordinator import store
 from kera.errors import KeraError
-from kera.local import free_port
+from kera.cli.local import free_port
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -22,9 +22,11 @@ import faultkit as fk
 import pytest
 from faultkit import call, wait_for
 
-from kera import Producer, rpc
+from kera import Producer
+
+from kera.net import rpc
 from kera.errors import BadRequest, IdInUse, KeraError
-from kera.local import Daemon, free_port
+from kera.cli.local import Daemon, free_port
 
 pytestmark = pytest.mark.timeout(300)
 

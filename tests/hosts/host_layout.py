@@ -18,7 +18,7 @@ import contextlib
 import signal
 import threading
 
-from kera.local import Daemon, Where
+from kera.cli.local import Daemon, Where
 from netns import TestHosts, wait_until
 
 COORDINATOR_HOST = 1

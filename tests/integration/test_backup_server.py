@@ -20,7 +20,11 @@ import msgpack
 import pytest
 import zmq
 
-from kera import chunk, rpc, wire
+from kera.codec import chunk
+
+from kera.net import rpc
+
+from kera.codec import wire
 from kera.config import MiB
 from kera.backup import disk
 from kera.backup.meta import Meta

@@ -13,7 +13,11 @@ import msgpack
 import pytest
 import zmq
 
-from kera import chunk, rpc, wire
+from kera.codec import chunk
+
+from kera.net import rpc
+
+from kera.codec import wire
 from kera.errors import KeraError
 
 WAIT_S = 30.0

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kera import cli
-from kera.local import LocalCluster
-from kera.probe import PROBE_TIMEOUT_S
+from kera.cli import main as cli
+from kera.cli.local import LocalCluster
+from kera.net.probe import PROBE_TIMEOUT_S
 
 LOW_SOFT_OPEN_FILES = 256   # a daemon started under a soft limit well below any hard one
 
@@ -35,14 +35,18 @@ def test_help_exits_zero(command, capsys):
 
 
 def test_a_daemon_process_tunes_its_collector_allocator_and_file_limit_and_says_so(tmp_path):
-    """`kera coordinator|broker|backup` are kera's own processes: kera.gc_policy,
-    kera.malloc_policy and kera.file_limit apply (started here with a soft open-file limit of
+    """`kera coordinator|broker|backup` are kera's own processes: kera.daemon.gc_policy,
+    kera.daemon.malloc_policy and kera.daemon.file_limit apply (started here with a soft open-file limit of
     256, as a system with a low default would start it)."""
     import resource
     import threading
 
-    from kera import file_limit, gc_policy, malloc_policy
-    from kera.local import free_port
+    from kera.daemon import file_limit
+
+    from kera.daemon import gc_policy
+
+    from kera.daemon import malloc_policy
+    from kera.cli.local import free_port
     soft_started, hard = LOW_SOFT_OPEN_FILES, resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     raised = file_limit.OPEN_FILES_MAX if hard == resource.RLIM_INFINITY else \
         min(hard, file_limit.OPEN_FILES_MAX)
@@ -65,12 +69,12 @@ def test_a_daemon_process_tunes_its_collector_allocator_and_file_limit_and_says_
         watchdog.cancel()
         proc.terminate()
         proc.wait(timeout=30)
-    said = [line for line in lines if "kera.gc_policy" in line]
+    said = [line for line in lines if "kera.daemon.gc_policy" in line]
     assert said and f"thresholds ({gc_policy.YOUNG_COLLECTION_OBJECTS}," in said[0], "".join(lines)
-    said = [line for line in lines if "kera.malloc_policy" in line]
+    said = [line for line in lines if "kera.daemon.malloc_policy" in line]
     assert said and f"mmap threshold {malloc_policy.MMAP_THRESHOLD_BYTES} bytes" in said[0], \
         "".join(lines)
-    said = [line for line in lines if "kera.file_limit" in line]
+    said = [line for line in lines if "kera.daemon.file_limit" in line]
     assert said and f"raised from {soft_started} to {raised}" in said[0], "".join(lines)
     open_files = next(line for line in limits.splitlines() if line.startswith("Max open files"))
     assert open_files.split()[3] == str(raised), limits

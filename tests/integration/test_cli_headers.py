@@ -1,7 +1,7 @@
 """`kera produce --header/--compression` and `kera consume -f %h`: headers set on the command
 line come back on every record, through compressed chunks, and tombstones print as empty."""
 
-from kera.local import LocalCluster
+from kera.cli.local import LocalCluster
 from kera.producer import Producer
 
 from test_cli import kera  # the same subprocess runner (rootdir-less test modules)

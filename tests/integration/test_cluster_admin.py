@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from kera import rpc
+from kera.net import rpc
 from kera.coordinator.core import STREAMS_PAGE_MAX
-from kera.local import LocalCluster
+from kera.cli.local import LocalCluster
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -8,10 +8,12 @@ import msgpack
 import pytest
 import zmq
 
-from kera import rpc, wire
-from kera.admin import Admin
+from kera.net import rpc
+
+from kera.codec import wire
+from kera.client.admin import Admin
 from kera.errors import BadRequest, NotReady, StreamExists, Timeout, UnknownStream
-from kera.local import LocalCluster
+from kera.cli.local import LocalCluster
 
 
 def wait_for(predicate, timeout_s=10.0, what="condition"):
@@ -238,7 +240,7 @@ def fuzz_message(rng: random.Random) -> list[bytes]:
 def test_metrics_endpoint_and_clean_stop(tmp_path):
     from urllib.request import urlopen
 
-    from kera.local import free_port
+    from kera.cli.local import free_port
     port = free_port()
     cluster = LocalCluster(tmp_path, brokers=0, log_level="WARNING",
                            extra_coordinator_args=["--metrics-port", str(port)])
@@ -252,7 +254,7 @@ def test_metrics_endpoint_and_clean_stop(tmp_path):
 
 
 def test_corrupt_metadata_refuses_to_start(tmp_path):
-    from kera.local import ClusterError
+    from kera.cli.local import ClusterError
     (tmp_path / "coordinator").mkdir()
     (tmp_path / "coordinator" / "coordinator.json").write_text("{not json")
     with pytest.raises(ClusterError, match="not valid JSON"):

@@ -5,7 +5,7 @@ and group positions, and broker failover keeps working after a leader change; a 
 past its lease stops serving before it could answer for a cluster another coordinator leads.
 
 Clients and daemons are given the three coordinators as their bootstrap list and find the
-leader themselves (kera.coordinators).
+leader themselves (kera.net.coordinators).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import time
 
 import pytest
 
-from kera import Consumer, Producer, rpc
+from kera import Consumer, Producer
+
+from kera.net import rpc
 from kera.errors import KeraError, NotLeader, StreamExists
 
 STREAMLETS = 4

@@ -1,13 +1,13 @@
-"""A daemon's requests to the coordinator (kera.coordinator_peer), over real sockets."""
+"""A daemon's requests to the coordinator (kera.daemon.coordinator_peer), over real sockets."""
 
 import threading
 import time
 
 import pytest
 
-from kera.coordinator_peer import CoordinatorPeer
+from kera.daemon.coordinator_peer import CoordinatorPeer
 from kera.errors import Timeout
-from kera.server import DEFERRED, Server
+from kera.net.server import DEFERRED, Server
 
 TIMEOUT_S = 0.3      # each request's timeout
 WAIT_S = 5.0         # for a reply or a timeout to come back

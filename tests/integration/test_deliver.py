@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from kera.deliver_targets import DEFAULT_TABLE_PREFIX, PG_APPLICATION_NAME
-from kera.local import PARENT_PID_ENV, free_port
+from kera.services.deliver.targets import DEFAULT_TABLE_PREFIX, PG_APPLICATION_NAME
+from kera.cli.local import PARENT_PID_ENV, free_port
 from kera.producer import Producer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,9 +213,9 @@ def test_three_targets_get_every_record_once_in_order_through_kill9_and_a_failin
 
 
 def test_a_dead_target_is_given_up_while_the_others_get_everything(cluster, tmp_path):
-    from kera.deliver import Deliverer
-    from kera.deliver_http import HttpTarget
-    from kera.deliver_targets import SqliteTarget
+    from kera.services.deliver.deliverer import Deliverer
+    from kera.services.deliver.http import HttpTarget
+    from kera.services.deliver.targets import SqliteTarget
     stream = "deliver_dead"
     cluster.admin().create_stream(stream, streamlets=2)
     with Producer(cluster.bootstrap) as producer:
@@ -255,8 +255,8 @@ class BlockedTarget:
 
 
 def test_a_blocked_target_holds_up_nobody_and_catches_up_when_released(cluster, tmp_path):
-    from kera.deliver import Deliverer
-    from kera.deliver_targets import SqliteTarget
+    from kera.services.deliver.deliverer import Deliverer
+    from kera.services.deliver.targets import SqliteTarget
     stream = "deliver_slow"
     cluster.admin().create_stream(stream, streamlets=2)
     sqlite_path, blocked = tmp_path / "fast.db", BlockedTarget()
@@ -292,7 +292,7 @@ class IndexTarget:
         self.last = dict(start_after)
 
     def last_applied(self) -> dict:
-        from kera.deliver_core import Applied
+        from kera.services.deliver.core import Applied
         return {(self.stream, sl): Applied(self.stream, sl, None, None, n)
                 for sl, n in self.last.items()}
 
@@ -306,7 +306,7 @@ class IndexTarget:
 
 
 def test_a_target_keeping_only_an_index_resumes_after_it_across_groups(cluster):
-    from kera.deliver import Deliverer
+    from kera.services.deliver.deliverer import Deliverer
     stream = "deliver_index"
     # Small segments and groups: the resume points fall in later groups than the first.
     cluster.admin().create_stream(stream, streamlets=2, segment_size_bytes=64 * 1024,
@@ -329,7 +329,7 @@ RETENTION_MS = 1_000   # the smallest the coordinator takes: groups go within se
 
 def test_a_target_behind_records_retention_deleted_is_given_up_naming_the_numbers(cluster):
     from kera.consumer import Consumer
-    from kera.deliver import Deliverer
+    from kera.services.deliver.deliverer import Deliverer
     stream = "deliver_gap"
     cluster.admin().create_stream(stream, streamlets=1, segment_size_bytes=64 * 1024,
                                   group_segments=1, retention_ms=RETENTION_MS)

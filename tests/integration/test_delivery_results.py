@@ -4,7 +4,7 @@ streamlet and its record count, and the records of the live broker are reported 
 
 import pytest
 
-from kera.admin import Admin
+from kera.client.admin import Admin
 from kera.consumer import Consumer
 from kera.errors import Undelivered
 from kera.producer import Producer

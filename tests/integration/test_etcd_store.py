@@ -16,14 +16,16 @@ import time
 
 import pytest
 
-from kera import Consumer, Producer, rpc
-from kera.admin import Admin
+from kera import Consumer, Producer
+
+from kera.net import rpc
+from kera.client.admin import Admin
 from kera.coordinator.core import Coordinator
 from kera.coordinator.etcd_client import ETCD_CALL_DEADLINE_S, EtcdClient, b64, parse_url
 from kera.coordinator.leadership import LEADER_KEY
 from kera.coordinator.etcd_store import EtcdStore, prefix_for
 from kera.errors import Fenced, KeraError, NotReady, StreamExists, Timeout
-from kera.local import free_port
+from kera.cli.local import free_port
 
 STREAMLETS = 2
 SETTLE_TIMEOUT_S = 30.0

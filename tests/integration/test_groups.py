@@ -17,7 +17,9 @@ import time
 
 import pytest
 
-from kera import Consumer, Producer, rpc
+from kera import Consumer, Producer
+
+from kera.net import rpc
 from kera.errors import GroupNotEmpty, StaleMemberEpoch, UnknownMember
 
 STREAMLETS = 4
@@ -253,7 +255,7 @@ def gauges(text: str, name: str, group: str) -> dict:
 
 
 def test_the_coordinator_exports_each_committed_parts_lag(fresh_cluster):
-    from kera.local import free_port
+    from kera.cli.local import free_port
     port = free_port()
     cluster = fresh_cluster(brokers=1, backups=1, log_level="WARNING",
                             extra_coordinator_args=["--metrics-port", str(port)])

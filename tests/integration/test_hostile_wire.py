@@ -11,9 +11,13 @@ import time
 import pytest
 import zmq
 
-from kera import Consumer, Producer, rpc, wire
+from kera import Consumer, Producer
+
+from kera.net import rpc
+
+from kera.codec import wire
 from kera.errors import BadRequest, KeraError
-from kera.server import PEERS_MAX
+from kera.net.server import PEERS_MAX
 from tests.faults.faultkit import memory_kib   # (peak, retained) KiB
 
 MiB = 1024 * 1024

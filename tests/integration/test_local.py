@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from kera import rpc
-from kera.admin import Admin
+from kera.net import rpc
+from kera.client.admin import Admin
 from kera.errors import Timeout
-from kera.local import ClusterError, LocalCluster
+from kera.cli.local import ClusterError, LocalCluster
 
 
 def wait_for(predicate, timeout_s=10.0, what="condition"):

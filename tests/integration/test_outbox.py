@@ -1,4 +1,4 @@
-"""The outbox harvester (kera.outbox) against a real PostgreSQL and a real kera cluster, with
+"""The outbox harvester (kera.services.outbox.harvester) against a real PostgreSQL and a real kera cluster, with
 harvesters as `python -m kera outbox run` child processes: every committed row is published,
 once per row id, in id order per key, by one leader at a time, through kill -9 of the leader,
 a paused (partitioned) leader and killed database connections."""
@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from kera.consumer import Consumer
-from kera.local import PARENT_PID_ENV, free_port
-from kera.outbox import APPLICATION_NAME
+from kera.cli.local import PARENT_PID_ENV, free_port
+from kera.services.outbox.harvester import APPLICATION_NAME
 from kera.config import DEFAULT_MAX_RECORD_BYTES
-from kera.outbox_core import PARKED_LEADER_ID, ROW_ID_HEADER, record_headers
-from kera.outbox_db import OutboxTable, create_schema
-from kera.outbox_tail import end_positions
-from kera.outbox_term import LEADER_HEADER
+from kera.services.outbox.core import PARKED_LEADER_ID, ROW_ID_HEADER, record_headers
+from kera.services.outbox.db import OutboxTable, create_schema
+from kera.services.outbox.tail import end_positions
+from kera.services.outbox.term import LEADER_HEADER
 from kera.producer import Producer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -276,7 +276,7 @@ def test_a_paused_leader_steps_down_and_sends_nothing_new_beside_its_successor(
     the other harvester takes over; resumed, the old leader steps down at once and sends
     nothing new. What its producer held when it froze (at most --in-flight-max records) is
     sent on resuming, after its successor looked for them: those may be published twice (the
-    residual window kera.outbox documents)."""
+    residual window kera.services.outbox.harvester documents)."""
     table, stream = outbox
     first = harvesters.wait_leader([harvesters.start()])
     other = harvesters.start()
@@ -433,7 +433,7 @@ def wait_published_some(bootstrap: str, stream: str, at_least: int = 200,
 
 @pytest.mark.parametrize("command", [["outbox"], ["outbox", "init"], ["outbox", "run"]])
 def test_outbox_help(command, capsys):
-    from kera import cli
+    from kera.cli.main import main as cli
     with pytest.raises(SystemExit) as exit_info:
         cli.main([*command, "--help"])
     assert exit_info.value.code == 0

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from kera import Consumer, Producer
-from kera import chunk as chunkcodec
+from kera.codec import chunk as chunkcodec
 from kera.errors import ClientClosed, RecordTooLarge, Timeout, UnknownStream
-from kera.position import Position
+from kera.codec.position import Position
 
 # Run against plaintext and CURVE clusters (tests/conftest.py).
 pytestmark = pytest.mark.security_modes
@@ -358,7 +358,7 @@ def test_deleted_stream_fails_producer_flush_and_consumer_poll(cluster):
 
 def wait_broker_forgets(info, timeout_s=10.0):
     """Until the brokers owning the stream have applied its deletion."""
-    from kera import rpc
+    from kera.net import rpc
     deadline = time.monotonic() + timeout_s
     for sl in range(info.streamlets):
         while True:

@@ -16,7 +16,9 @@ import time
 
 import pytest
 
-from kera import Consumer, Producer, rpc
+from kera import Consumer, Producer
+
+from kera.net import rpc
 from kera.coordinator import rebalance
 
 pytestmark = pytest.mark.timeout(300)

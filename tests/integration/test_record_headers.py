@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from kera.admin import Admin
+from kera.client.admin import Admin
 from kera.consumer import Consumer
 from kera.producer import Producer
 

@@ -20,7 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from kera import Consumer, chunk, rpc
+from kera import Consumer
+
+from kera.codec import chunk
+
+from kera.net import rpc
 from kera.backup import meta as meta_codec
 from kera.coordinator import store as coordinator_store
 
@@ -175,7 +179,7 @@ def create(cluster, name: str, **kw) -> int:
 
 # (records of 100 bytes per chunk, requests): ~4 KiB chunks, and ~64 KiB ones: above the
 # zero-copy threshold, below the bound under which senders pack runs into shared frames
-# (kera.frame_pack). Under 8 MiB in all, so no virtual segment closes.
+# (kera.codec.frame_pack). Under 8 MiB in all, so no virtual segment closes.
 CHUNK_SHAPES = [(40, 40), (640, 10)]
 
 

@@ -15,7 +15,9 @@ import time
 
 import pytest
 
-from kera import chunk, rpc
+from kera.codec import chunk
+
+from kera.net import rpc
 from kera.errors import KeraError
 
 from test_replication import (BROKER_ID, Writer, broker_chunks, create, flushed, identity,

@@ -13,8 +13,8 @@ import urllib.request
 
 import pytest
 
-from kera.admin import Admin
-from kera.local import free_port
+from kera.client.admin import Admin
+from kera.cli.local import free_port
 
 from test_replication import Writer, create, flushed, wait_for
 
@@ -82,7 +82,7 @@ def test_counters_through_admin_kera_stats_and_prometheus(fresh_cluster):
     assert data["backups"]["0"]["flush_bytes"] == k["flush_bytes"]
     table = kera("stats", bootstrap=cluster.bootstrap)
     assert table.returncode == 0, table.stderr
-    # Grouped per daemon kind (kera.stats_view): rows are COUNTER UNIT value-per-daemon.
+    # Grouped per daemon kind (kera.cli.stats_view): rows are COUNTER UNIT value-per-daemon.
     lines = table.stdout.splitlines()
     assert "== brokers ==" in lines and "== backups ==" in lines
     rows = {line.split()[0]: line.split()[1:] for line in lines

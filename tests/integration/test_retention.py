@@ -9,9 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from kera import Consumer, Producer, rpc
+from kera import Consumer, Producer
+
+from kera.net import rpc
 from kera.errors import OffsetOutOfRange
-from kera.position import Position
+from kera.codec.position import Position
 
 from tests.integration.test_produce_consume import identities, values_for
 from tests.integration.test_tiering import drain_idle
@@ -141,7 +143,7 @@ def test_alter_stream_applies_retention_to_a_stream(cluster):
     passes = retention_passes(cluster)
     wait_for(lambda: retention_passes(cluster) >= passes + 2, "two retention passes")
     assert offsets(cluster, desc)["first_group"] == 0    # nothing deleted without retention
-    from kera.cli import main
+    from kera.cli.main import main
     assert main(["stream", "alter", name, "--retention-bytes", "128KiB",
                  "--bootstrap", cluster.bootstrap]) == 0
     with cluster.admin() as admin:

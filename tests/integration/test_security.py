@@ -18,11 +18,13 @@ import time
 
 import pytest
 
-from kera import chunk, rpc
-from kera.admin import Admin
+from kera.codec import chunk
+
+from kera.net import rpc
+from kera.client.admin import Admin
 from kera.consumer import Consumer
 from kera.errors import NotAuthorized, Timeout
-from kera.keys import KEY_FILE_ENV, create_key
+from kera.net.keys import KEY_FILE_ENV, create_key
 from kera.producer import Producer
 
 WAIT_S = 15.0

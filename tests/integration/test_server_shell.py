@@ -9,10 +9,12 @@ import time
 import pytest
 import zmq
 
-from kera import rpc, wire
-from kera import server as kera_server
+from kera.net import rpc
+
+from kera.codec import wire
+from kera.net import server as kera_server
 from kera.errors import BadRequest, KeraError, NotOwner, PeerUnreachable, Timeout
-from kera.server import DEFERRED, Server
+from kera.net.server import DEFERRED, Server
 
 
 @pytest.fixture
@@ -135,7 +137,7 @@ def test_unexpected_error_in_a_handler_stops_the_server_with_its_stack(caplog):
     srv.on("echo", lambda req: {"echo": req.fields.int("x")})
     srv.on("boom", lambda req: 1 / 0)
     thread = serve_in_thread(srv)
-    with caplog.at_level(logging.CRITICAL, logger="kera.server"):
+    with caplog.at_level(logging.CRITICAL, logger="kera.net.server"):
         with rpc.Connection(srv.address, timeout_s=5) as conn:
             assert conn.call("echo", {"x": 1})[0]["echo"] == 1
             with pytest.raises(KeraError, match="internal error in buggy, which is stopping: "
@@ -211,7 +213,7 @@ sys.exit(server.run(parser.parse_args(sys.argv[1:])))
 
 
 def test_a_daemon_whose_handler_raises_unexpectedly_exits_non_zero_with_the_stack(tmp_path):
-    from kera.local import free_port
+    from kera.cli.local import free_port
     address = f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen([sys.executable, "-c", BUGGY_COORDINATOR, "--dir", str(tmp_path),
                              "--port", address.rsplit(":", 1)[1]],

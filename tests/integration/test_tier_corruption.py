@@ -9,8 +9,10 @@ import time
 
 import pytest
 
-from kera import Consumer, KeraError, Producer, rpc
-from kera.chunk import HEADER_SIZE, chunk_size
+from kera import Consumer, KeraError, Producer
+
+from kera.net import rpc
+from kera.codec.chunk import HEADER_SIZE, chunk_size
 
 from tests.integration.test_produce_consume import (check_exactly_once_in_order, drain,
                                                     identities, values_for)

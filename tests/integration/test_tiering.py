@@ -10,7 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from kera import Consumer, Producer, rpc
+from kera import Consumer, Producer
+
+from kera.net import rpc
 from kera.broker.memory import resident_bytes
 
 from tests.integration.test_produce_consume import check_exactly_once_in_order, drain, identities, values_for

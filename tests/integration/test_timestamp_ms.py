@@ -11,7 +11,7 @@ from kera.producer import Producer
 
 def test_timestamp_ms_round_trips_and_wrong_unit_is_refused(local_cluster):
     cluster = local_cluster(brokers=1)
-    from kera.admin import Admin
+    from kera.client.admin import Admin
     with Admin(cluster.bootstrap) as admin:
         admin.create_stream("ts_ms", streamlets=1)
     now_ms = int(time.time() * 1000)

@@ -10,7 +10,7 @@ the run goes (tests/sim/checker.py); a failure names the seed, which replays the
     python -m tests.sim 1234 --trace 60 --log INFO  # the same, with deliveries and core logs
 
 Modules (README.md has more): scheduler (clock + event queue), network (channels, faults),
-shell (the kera.server loop, simulated), disk (a backup's files, flusher and reader), daemons
+shell (the kera.net.server loop, simulated), disk (a backup's files, flusher and reader), daemons
 (coordinator, broker, backup: their real server classes on simulated I/O), clients (producers,
 consumers, admin), probes (replica auditor, fuzzer), checker (the guarantees), cluster (a
 cluster from a seed: faults, healing, final checks).

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from kera import chunk
+from kera.codec import chunk
 from kera.backup.frames import split_chunks
 
 from tests.sim.shell import SimFailure

@@ -1,8 +1,8 @@
 """Clients on the simulated network: producers, consumers and the admin that creates streams.
 
 Producers and consumers are the real kera.producer.Producer and kera.consumer.Consumer: their
-request threads (kera.request_thread: producer/sender.py, consumer/fetcher.py) and stream
-caches (kera.stream_cache) are driven by the simulated process through kera.client_env (the
+request threads (kera.client.request_thread: producer/sender.py, consumer/fetcher.py) and stream
+caches (kera.client.stream_cache) are driven by the simulated process through kera.client.env (the
 simulated clock, transports on this network, a wake-up that schedules an event, and `start`
 adopting the request thread, whose `step` and `deliver` the process calls). Producers append
 records numbered per (producer, stream, streamlet), so the checker can follow every record
@@ -17,12 +17,12 @@ import functools
 import math
 import random
 
-from kera.client_env import ClientEnv
+from kera.client.env import ClientEnv
 from kera.consumer import Consumer
 from kera.errors import BadRequest, KeraError, UnknownStream
-from kera.schema import StreamInfo
-from kera.coordinators import CoordinatorList
-from kera.stream_cache import StreamCache
+from kera.codec.schema import StreamInfo
+from kera.net.coordinators import CoordinatorList
+from kera.client.stream_cache import StreamCache
 from kera.producer import Producer
 
 from tests.sim.checker import Checker, InvariantBroken, record_value
@@ -34,8 +34,8 @@ PRODUCER_RETRIES_MAX = 30   # a fault round must not fail chunks a healed cluste
 
 
 class ClientMetadata:
-    """The clients' kera.stream_cache.StreamCache, its requests sent on the simulated network
-    the way kera.request_thread sends them."""
+    """The clients' kera.client.stream_cache.StreamCache, its requests sent on the simulated network
+    the way kera.client.request_thread sends them."""
 
     def __init__(self, node: "Client", coordinator: str, on_update=None):
         self.node = node
@@ -77,7 +77,7 @@ class ClientMetadata:
 
 
 class SimTransport:
-    """kera.client_env.Transport on the simulated network: replies reach the node's
+    """kera.client.env.Transport on the simulated network: replies reach the node's
     on_client_reply."""
 
     def __init__(self, node: "Client", address: str):
@@ -122,10 +122,10 @@ class Client(SimServer):
         self.coordinator = coordinator
         self._wake_at = math.inf
         self.meta = ClientMetadata(self, self.coordinator, self.on_metadata)
-        self.engine = None   # a real client's request thread (kera.request_thread), if any
+        self.engine = None   # a real client's request thread (kera.client.request_thread), if any
 
     def adopt(self, engine) -> None:
-        """kera.client_env's `start`: this process runs the request thread's turns."""
+        """kera.client.env's `start`: this process runs the request thread's turns."""
         self.engine = engine
 
     def boot(self) -> None:
@@ -161,7 +161,7 @@ class Client(SimServer):
 
 class SimProducer(Client):
     """The real kera.producer.Producer, its request thread driven by this process
-    (kera.client_env): the application sends numbered records to chosen streamlets."""
+    (kera.client.env): the application sends numbered records to chosen streamlets."""
 
     def __init__(self, net, address, rng, checker, coordinator, *, client: int, producer_id: int,
                  streams: list[str], request_timeout_s: float, interval_s: float,
@@ -241,7 +241,7 @@ class SimProducer(Client):
 
 class SimConsumer(Client):
     """The real kera.consumer.Consumer reading every streamlet of one stream from the earliest,
-    its request thread driven by this process (kera.client_env); started once this process
+    its request thread driven by this process (kera.client.env); started once this process
     learnt the stream's descriptor (the Consumer's own first lookup would block)."""
 
     def __init__(self, net, address, rng, checker, coordinator, *, name: str, stream: str,

@@ -31,7 +31,9 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from kera import chunk, config
+from kera import config
+
+from kera.codec import chunk
 from kera.backup.store import StoreConfig
 from kera.broker.core import BrokerConfig
 from kera.coordinator.rebalance import Plan

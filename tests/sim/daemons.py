@@ -5,7 +5,7 @@ CoordinatorServer, kera.broker.server.BrokerDaemon, kera.backup.server.BackupDae
 BackupDaemon.connect_coordinator, as `run()` wires them), so the cores are driven by
 exactly the code that drives them in production, and a handler or hook added there is in the
 simulation too. What differs is only what comes in through the front door, the daemon's
-kera.daemon_env.DaemonEnv (`sim_env`): the shell is tests/sim/shell.SimServer, the clock the
+kera.daemon.env.DaemonEnv (`sim_env`): the shell is tests/sim/shell.SimServer, the clock the
 simulated one, the backup's disk and worker threads tests/sim/disk.py, the coordinator's
 metadata store a dict, tokens numbered per run. No module global is patched.
 
@@ -13,7 +13,7 @@ Checks hook in at the wire: a broker's produce and fetch replies, a backup's rep
 and the writes a backup's store accepted (tests/sim/checker.py).
 
 Each `Sim*` class here is a restartable slot: `start()` runs a new process (a new incarnation
-at the same address, with the same --id, as kera.local restarts daemons), `crash()` is kill -9.
+at the same address, with the same --id, as kera.cli.local restarts daemons), `crash()` is kill -9.
 """
 
 from __future__ import annotations
@@ -23,16 +23,18 @@ import json
 import random
 import time
 
-from kera import chunk, config
+from kera import config
+
+from kera.codec import chunk
 from kera.backup.server import BackupDaemon
 from kera.backup.store import StoreConfig
 from kera.broker.core import BrokerConfig
 from kera.broker.server import BrokerDaemon
 from kera.coordinator import store as coordinator_store
 from kera.coordinator.server import CoordinatorServer
-from kera.daemon_env import DaemonEnv
+from kera.daemon.env import DaemonEnv
 from kera.errors import CorruptChunk
-from kera.identity import Identity
+from kera.daemon.identity import Identity
 
 from tests.sim.checker import Checker
 from tests.sim.disk import DiskFunctions, SimDisk, SimWorker

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from kera import chunk
+from kera.codec import chunk
 from kera.backup.meta import Meta
 from kera.backup.store import DiskRead, FlushJob
 from kera.errors import CorruptChunk

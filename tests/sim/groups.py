@@ -22,7 +22,7 @@ import random
 
 from kera.consumer.membership import Membership
 from kera.consumer.tasks import TaskRunner
-from kera.position import Position
+from kera.codec.position import Position
 
 from tests.sim.checker import InvariantBroken
 from tests.sim.clients import Client

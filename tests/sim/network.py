@@ -15,7 +15,7 @@ import random
 import struct
 import zlib
 
-from kera import wire
+from kera.codec import wire
 
 from tests.sim.scheduler import Scheduler
 

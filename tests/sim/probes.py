@@ -7,7 +7,9 @@ sends bad input (guarantee 6).
 
 from __future__ import annotations
 
-from kera import chunk, wire
+from kera.codec import chunk
+
+from kera.codec import wire
 from kera.errors import KeraError
 
 from tests.sim.checker import InvariantBroken, chunk_id

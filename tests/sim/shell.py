@@ -1,6 +1,6 @@
-"""kera.server's shell, simulated: a process's requests, replies, timers and peers on the sim clock.
+"""kera.net.server's shell, simulated: a process's requests, replies, timers and peers on the sim clock.
 
-SimServer is a kera.server.Server (so daemon classes built on Server, and code that takes one,
+SimServer is a kera.net.server.Server (so daemon classes built on Server, and code that takes one,
 run unchanged on it) that never touches zmq. It mirrors `run_once` turn by turn: a turn takes
 every message that arrived since the last one, dispatches the requests (same validation and
 error boundary as Server._dispatch), runs the `after_batch` hooks, hands replies to their Peer
@@ -21,8 +21,8 @@ import itertools
 import random
 from typing import Callable, NamedTuple
 
-from kera import server as kera_server
-from kera import wire
+from kera.net import server as kera_server
+from kera.codec import wire
 from kera.errors import BadRequest, KeraError, Timeout
 
 from tests.sim.network import Network, Node
@@ -77,7 +77,7 @@ class _Poller:
 
 
 class SimPeer:
-    """kera.server.Peer: one outgoing connection with per-request callbacks and deadlines."""
+    """kera.net.server.Peer: one outgoing connection with per-request callbacks and deadlines."""
 
     def __init__(self, server: "SimServer", address: str):
         self.server = server
@@ -86,7 +86,7 @@ class SimPeer:
         self.pending: dict[int, Callable] = {}  # sockets never mix their replies
 
     @property
-    def idle(self) -> bool:   # as kera.server.Peer.idle
+    def idle(self) -> bool:   # as kera.net.server.Peer.idle
         return not self.pending
 
     def request(self, op: str, fields: dict | None, frames, timeout_s: float, callback: Callable) -> int:
@@ -253,10 +253,10 @@ class SimServer(Node, kera_server.Server):
         return src in self.peers or src in self.closed_peers
 
     def on_client_reply(self, src: str, header: dict, frames: list) -> None:
-        """A reply on a client connection (kera.rpc.Connection): producers and consumers."""
+        """A reply on a client connection (kera.net.rpc.Connection): producers and consumers."""
 
     def _dispatch(self, src: str, src_inc: int, header, parts: list) -> None:
-        """kera.server.Server._dispatch, with `parts` = [header, *frames] (no identity frame);
+        """kera.net.server.Server._dispatch, with `parts` = [header, *frames] (no identity frame);
         `header` is the decoded header or the BadRequest decoding it raised."""
         req_id = None
         try:
@@ -301,7 +301,7 @@ class SimServer(Node, kera_server.Server):
 
     # ------------------------------------------------------------------ client connections
     def send_request(self, address: str, op: str, fields: dict | None = None, frames=()) -> int:
-        """kera.rpc.Connection.send: a request whose reply goes to on_client_reply."""
+        """kera.net.rpc.Connection.send: a request whose reply goes to on_client_reply."""
         req_id = next(self._conn_ids)
         self.net.send(self.address, self.incarnation, address, None,
                       [wire.request(op, req_id, fields), *[bytes(f) for f in frames]])

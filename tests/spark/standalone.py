@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from kera.local import free_port
+from kera.cli.local import free_port
 
 HOST = "127.0.0.1"
 WORKERS = 2

@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from kera import chunk as kchunk
-from kera.partitioner import streamlet_for_key
+from kera.codec import chunk as kchunk
+from kera.codec.partitioner import streamlet_for_key
 from kera.spark.chunking import ChunkPlanner
 from kera.spark.columns import (ARROW_SCHEMA, as_binary, chunk_rows, concat, encode_arrow, header_pairs,
                                 header_sizes, record_sizes)

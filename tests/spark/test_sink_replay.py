@@ -10,7 +10,7 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from kera.admin import Admin
+from kera.client.admin import Admin
 from kera.errors import Timeout
 from kera.spark import offsets as ko
 from kera.spark.fetch import read_group

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kera import chunk as kchunk, rpc
-from kera.admin import Admin
+from kera.codec import chunk as kchunk
+
+from kera.net import rpc
+from kera.client.admin import Admin
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
@@ -33,7 +35,7 @@ def produce(cluster, stream, values, keys=None, producer_id=7, ts=None, per_chun
     """Append records over the wire as a new producer (ids producer_id + streamlet), `per_chunk`
     per chunk, keyed records to their key's streamlet (crc32c mod M), keyless ones to
     streamlet 0."""
-    from kera.partitioner import streamlet_for_key
+    from kera.codec.partitioner import streamlet_for_key
 
     with Admin(cluster.bootstrap) as admin:
         desc = admin.describe_stream(stream)
@@ -342,7 +344,7 @@ def test_a_secure_cluster_is_read_and_written_with_the_key_file_option(spark, lo
     """keyFile on the sink and the source; without it the secure cluster is not reachable,
     and a client key reads only what it was granted."""
     import os
-    from kera.keys import KEY_FILE_ENV
+    from kera.net.keys import KEY_FILE_ENV
     secure = local_cluster(brokers=1, secure=True, log_level="WARNING")
     os.environ.pop(KEY_FILE_ENV, None)   # the key comes from the option alone
     admin_key, client_key = str(secure.keys.admin), str(secure.keys.client)
@@ -466,7 +468,7 @@ def test_batch_read_starting_and_ending_at_a_time(spark, cluster):
     keys = [b"k%d" % i for i in range(200)]
     produce(cluster, "at-time", [b"v%d" % i for i in range(200)], keys=keys,
             ts=[(base_ms + i) * 1000 for i in range(200)], per_chunk=30)
-    from kera.partitioner import streamlet_for_key
+    from kera.codec.partitioner import streamlet_for_key
     sl_of = {b"v%d" % i: streamlet_for_key(k, 2) for i, k in enumerate(keys)}
 
     def values(**more):

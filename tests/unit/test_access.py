@@ -1,12 +1,12 @@
-"""ACL decisions (kera.acl) and the op rules every daemon enforces (kera.access): sans-IO."""
+"""ACL decisions (kera.net.acl) and the op rules every daemon enforces (kera.net.access): sans-IO."""
 
 import pytest
 
-from kera.access import RULES, Guard
-from kera.acl import Acl, Acls
+from kera.net.access import RULES, Guard
+from kera.net.acl import Acl, Acls
 from kera.coordinator import acl_ops
 from kera.errors import BadRequest, NotAuthorized
-from kera.keys import Principal
+from kera.net.keys import Principal
 
 ALICE = Principal("alice", "client")
 BOB = Principal("bob", "client")

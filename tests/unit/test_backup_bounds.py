@@ -3,7 +3,7 @@ and in all, bytes on disk (--disk-limit). A refused write stores nothing."""
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.backup.store import REPLICA_OVERHEAD_BYTES, ReplicaStore, StoreConfig
 from kera.errors import StorageError
 
@@ -55,7 +55,7 @@ def test_per_broker_bound_cannot_exceed_what_list_replicas_answers():
 
 
 def test_list_replicas_reply_at_the_per_broker_bound_fits_the_header_limit():
-    from kera import wire
+    from kera.codec import wire
     from kera.backup.store import REPLICAS_PER_BROKER_MAX
     store = ReplicaStore()
     big = 2**63 - 1

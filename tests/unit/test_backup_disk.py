@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.backup import disk, meta
 from kera.backup.meta import CorruptMeta, Meta
 from kera.backup.store import DiskRead, ReplicaStore

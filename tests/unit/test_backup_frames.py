@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.backup.frames import split_chunks
 from kera.errors import CorruptChunk
 

@@ -107,7 +107,7 @@ def test_a_torn_first_slot_write_after_a_single_record_keeps_the_old_record(tmp_
 
 def test_flush_fsyncs_the_directory_only_when_it_created_a_file(tmp_path, monkeypatch):
     from kera.backup.store import ReplicaStore
-    from kera import chunk
+    from kera.codec import chunk
     synced = []
     monkeypatch.setattr(disk, "fsync_dir", lambda path: synced.append(os.fspath(path)))
     store = ReplicaStore()

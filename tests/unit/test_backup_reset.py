@@ -6,7 +6,7 @@ became durable (tests/sim seeds 10 and 5)."""
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.backup import disk
 from kera.backup.meta import Meta
 from kera.backup.store import DropJob, FlushJob, ReplicaStore, StoreConfig

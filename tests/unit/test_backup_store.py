@@ -2,7 +2,7 @@
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.backup.store import DiskRead, ReplicaStore, StoreConfig
 from kera.errors import BadRequest, CorruptChunk, NotReady, OffsetOutOfRange, StorageError, Throttled
 

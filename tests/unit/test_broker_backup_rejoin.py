@@ -3,7 +3,7 @@ coordinator never declared it dead (tests/sim seed 108: it crashed and came back
 coordinator was down). The broker sees the new `registered_version` in the `cluster` reply and
 re-replicates every virtual segment that had a replica on it, as after a death."""
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.backups import BackupPool
 from kera.broker.core import Broker, BrokerConfig
 

@@ -6,7 +6,7 @@ is refused whole."""
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.core import Broker, BrokerConfig
 from kera.broker.tier import TierConfig
 from kera.errors import StorageError, Throttled

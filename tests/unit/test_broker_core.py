@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.core import Broker, BrokerConfig
 from kera.errors import BadRequest, NotReady
 

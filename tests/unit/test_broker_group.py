@@ -2,7 +2,7 @@
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.group import Group
 
 

@@ -10,7 +10,7 @@ Profile with pyinstrument: `python tests/unit/test_broker_hotpath.py [R]`.
 import struct
 import sys
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.core import Broker, BrokerConfig
 
 ME = 7

@@ -1,7 +1,7 @@
 """The duplicate-detection index: produce rules, its bounds, and its O(1) cost with a million
 producers (counted in hash-table operations, never timed)."""
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.core import Broker, BrokerConfig
 from kera.broker.producers import APPEND, DUPLICATE, GAP, Entry, ProducerTable, classify
 

@@ -5,12 +5,12 @@ import struct
 
 import pytest
 
-from kera import chunk
-from kera import frame_pack
+from kera.codec import chunk
+from kera.codec import frame_pack
 from kera.broker.core import Broker, BrokerConfig
-from kera.chunk import crc32c
+from kera.codec.chunk import crc32c
 from kera.errors import BadRequest, StorageError, Throttled
-from kera.server import ZERO_COPY_MIN_BYTES
+from kera.net.server import ZERO_COPY_MIN_BYTES
 
 ME = 7
 TIMEOUT = 2.0

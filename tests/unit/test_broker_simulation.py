@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.core import Broker, BrokerConfig
 from kera.errors import BadRequest, StorageError, Throttled
 

@@ -1,6 +1,6 @@
 """Streamlets: slots by producer, groups created lazily and densely, full groups replaced."""
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.streamlet import Streamlet
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.errors import CorruptChunk, RecordTooLarge
 
 

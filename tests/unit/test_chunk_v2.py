@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.errors import CorruptChunk
 
 # Enough random cases to mix every flag combination many times over, still well under a second.

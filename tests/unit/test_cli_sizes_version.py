@@ -5,7 +5,7 @@ import sys
 import pytest
 
 import kera
-from kera import cli
+from kera.cli import main as cli
 
 
 def test_version_prints_package_version():

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker import locks as lockmod
 from kera.broker.core import LOCKS_PER_APPEND_MAX
 from kera.broker.locks import LockTable

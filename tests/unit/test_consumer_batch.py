@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.consumer.batch import Batch
 
 VALUES = [b"a", b"", b"bcd", b"ef", b"ghij"]

@@ -2,12 +2,12 @@
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.consumer.cursor import (ChunkItem, ConsumedCursor, ErrorItem, FetchCursor, GroupInfo,
                                   LowItem, cursors_from_positions, parse_groups)
 from kera.consumer.fetching import FetchState
 from kera.errors import BadRequest
-from kera.position import Position
+from kera.codec.position import Position
 
 SID = 3
 

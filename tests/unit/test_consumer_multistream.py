@@ -1,7 +1,7 @@
 """One FetchState for many streams: one request per broker, parts keyed by (stream, streamlet),
 a sought part's in-flight read dropped, and lag arithmetic. Sans-IO."""
 
-from kera import chunk
+from kera.codec import chunk
 from kera.config import STALL_PROBE_INTERVAL_S, STALL_PROBE_S
 from kera.consumer import fetching
 from kera.consumer.cursor import ChunkItem, FetchCursor, GroupInfo

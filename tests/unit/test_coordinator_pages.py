@@ -3,7 +3,7 @@ under the header limit; deregister and member expiry forget dead daemons that ho
 
 import pytest
 
-from kera import wire
+from kera.codec import wire
 from kera.coordinator import core as core_module
 from kera.coordinator import validate
 from kera.coordinator.core import (MEMBER_EXPIRY_S, REPLICA_ENTRIES_PER_BROKER_MAX,

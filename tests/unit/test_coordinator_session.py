@@ -1,14 +1,14 @@
-"""The coordinator session brokers and backups share (kera.coordinator_session), sans-IO: what
+"""The coordinator session brokers and backups share (kera.daemon.coordinator_session), sans-IO: what
 is due when, the timeouts, and what each answer means."""
 
 import pytest
 
 from kera import config
-from kera.coordinator_session import (HEARTBEAT_MS_MAX, HEARTBEAT_MS_MIN, CoordinatorSession,
+from kera.daemon.coordinator_session import (HEARTBEAT_MS_MAX, HEARTBEAT_MS_MIN, CoordinatorSession,
                                       Verdict)
 from kera.errors import (BadRequest, Fenced, IdInUse, NotAuthorized, NotLeader, NotReady,
                          StorageError, Timeout, WrongCluster)
-from kera.identity import Identity
+from kera.daemon.identity import Identity
 
 
 def session(kind: str = "backup", daemon_id=None) -> CoordinatorSession:

@@ -1,4 +1,4 @@
-"""kera.daemon_env: a daemon takes its clock, shell, disk, threads and tokens from its DaemonEnv."""
+"""kera.daemon.env: a daemon takes its clock, shell, disk, threads and tokens from its DaemonEnv."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from kera import server as kera_server
+from kera.net import server as kera_server
 from kera.backup import disk as backup_disk
 from kera.backup.server import BackupDaemon
 from kera.backup.worker import Worker
 from kera.coordinator import store as coordinator_store
 from kera.coordinator.server import CoordinatorServer
-from kera.daemon_env import DaemonEnv, real_if_none
+from kera.daemon.env import DaemonEnv, real_if_none
 
 from tests.sim.daemons import MemoryStore
 

@@ -1,4 +1,4 @@
-"""kera.daemon_flags: the coordinator, broker and backup parse their shared flags one way."""
+"""kera.daemon.flags: the coordinator, broker and backup parse their shared flags one way."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-from kera import daemon_flags
+from kera.daemon import flags as daemon_flags
 from kera.coordinator.server import DEFAULT_PORT
 
 DAEMONS = {   # module -> the arguments it needs besides the shared ones

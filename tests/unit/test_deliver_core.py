@@ -1,12 +1,12 @@
-"""kera.deliver_core: where a target resumes, what it is sent, and how failures back off."""
+"""kera.services.deliver.core: where a target resumes, what it is sent, and how failures back off."""
 
 import pytest
 
-from kera.deliver_core import (BACKOFF_CAP_MS, BACKOFF_FIRST_MS, Applied, TargetCursor,
+from kera.services.deliver.core import (BACKOFF_CAP_MS, BACKOFF_FIRST_MS, Applied, TargetCursor,
                                as_applied, check_orderable, idempotency_key, resume_numbers,
                                resume_positions)
 from kera.errors import BadRequest, DeliveryGap
-from kera.position import Position, Record
+from kera.codec.position import Position, Record
 
 
 def rec(sl, group, offset, stream="s", number=None):
@@ -103,7 +103,7 @@ def test_idempotency_key_names_first_and_last_positions():
 
 
 def test_the_http_last_applied_round_trips_and_takes_a_number_alone():
-    from kera.deliver_http import applied_from_json, applied_to_json
+    from kera.services.deliver.http import applied_from_json, applied_to_json
     applied = {("s", 0): Applied("s", 0, 2, 5, 77), ("s", 1): Applied("s", 1, None, None, 9)}
     assert applied_from_json(applied_to_json(applied)) == applied
     assert applied_from_json(b'{"applied": [{"stream": "s", "streamlet": 3, "number": 4}]}') == \

@@ -1,13 +1,13 @@
-"""kera.deliver_targets.SqliteTarget: records and last-applied stored in one transaction."""
+"""kera.services.deliver.targets.SqliteTarget: records and last-applied stored in one transaction."""
 
 import pytest
 
 import sqlite3
 
-from kera.deliver_core import Applied
-from kera.deliver_targets import SqliteTarget
+from kera.services.deliver.core import Applied
+from kera.services.deliver.targets import SqliteTarget
 from kera.errors import BadRequest
-from kera.position import Record
+from kera.codec.position import Record
 
 
 def rec(sl, offset, value=b"v"):

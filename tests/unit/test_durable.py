@@ -3,7 +3,7 @@ the broker's marker files (first retained group, clean shutdown) carry checksums
 
 import os
 
-from kera import durable
+from kera.daemon import durable
 from kera.broker import tier_files
 
 

@@ -4,7 +4,9 @@ alone) and packs its fetch replies, which readers cut back into exactly the chun
 
 import pytest
 
-from kera import chunk, frame_pack
+from kera.codec import chunk
+
+from kera.codec import frame_pack
 from kera.errors import CorruptChunk
 from kera.producer.pipeline import Outgoing, PendingChunk
 

@@ -1,4 +1,4 @@
-"""kera.gc_policy: a daemon's start-up objects frozen out of later collections and a higher
+"""kera.daemon.gc_policy: a daemon's start-up objects frozen out of later collections and a higher
 young-generation threshold; run in a child interpreter, so this test process keeps its own."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import json
 import subprocess
 import sys
 
-from kera import gc_policy
+from kera.daemon import gc_policy
 
 PROBE = """
 import gc, json
-from kera import gc_policy
+from kera.daemon import gc_policy
 before = gc.get_threshold()
 gc_policy.tune_daemon()
 print(json.dumps({"before": before, "after": gc.get_threshold(), "frozen": gc.get_freeze_count()}))

@@ -1,14 +1,14 @@
 """Streamlet history epochs: the broker core's check of a cursor's epoch, the epoch file, and
-the consumer's position encoding (kera.broker.history_epoch, kera.position, consumer.cursor)."""
+the consumer's position encoding (kera.broker.history_epoch, kera.codec.position, consumer.cursor)."""
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker import history_epoch, reload
 from kera.broker.core import Broker, BrokerConfig
 from kera.consumer.cursor import ConsumedCursor, FetchCursor, cursors_with_epochs
 from kera.errors import BadRequest
-from kera.position import Position
+from kera.codec.position import Position
 
 from tests.unit.test_broker_core import ME, desc
 

@@ -1,4 +1,4 @@
-"""Key files and the keys directory (kera.keys): created private, refused when not."""
+"""Key files and the keys directory (kera.net.keys): created private, refused when not."""
 
 import os
 import stat
@@ -6,8 +6,8 @@ import stat
 import pytest
 import zmq
 
-from kera import keys
-from kera.security import Keyring
+from kera.net import keys
+from kera.net.security import Keyring
 
 
 def test_create_writes_private_secret_and_public_key_under_its_role(tmp_path):

@@ -1,4 +1,4 @@
-"""kera.malloc_policy: a daemon keeps freed C-heap memory for its next messages instead of
+"""kera.daemon.malloc_policy: a daemon keeps freed C-heap memory for its next messages instead of
 faulting it in again; run in child interpreters, so this test process keeps its allocator."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 # page written, all freed; then the same burst again, counting the page faults it takes.
 PROBE = """
 import ctypes, json, resource, sys
-from kera import malloc_policy
+from kera.daemon import malloc_policy
 took = malloc_policy.tune_daemon() if sys.argv[1] == "tuned" else None
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p

@@ -7,7 +7,7 @@ from kera.consumer.membership import (COMMIT_RETRY_FRACTION, RETRY_BACKOFF_S,
                                       SELF_FENCE_FRACTION, Membership)
 from kera.consumer.tasks import TaskRunner
 from kera.errors import NotLeader, StaleMemberEpoch, Timeout
-from kera.position import Position
+from kera.codec.position import Position
 
 SESSION_MS = 3000
 

@@ -4,7 +4,7 @@ import pytest
 
 from kera.errors import BadRequest, KeraError, NotOwner, RecordTooLarge, Timeout
 
-from kera.outbox_core import (ROW_ID_HEADER, Flight, Row, record_headers, refused, row_id_of,
+from kera.services.outbox.core import (ROW_ID_HEADER, Flight, Row, record_headers, refused, row_id_of,
                               settle_suspects)
 
 
@@ -107,8 +107,8 @@ def test_bounds_checked():
 # handler runs. The handler here outlasts the wait's timeout, which once froze that wait for good.
 RESULTS_WAIT_UNDER_SIGNAL = """
 import signal, time
-from kera.outbox import Settings
-from kera.outbox_term import Term
+from kera.services.outbox.harvester import Settings
+from kera.services.outbox.term import Term
 term = Term(Settings("dsn", "bootstrap", "stream"), None, None, "leader", None)
 signal.signal(signal.SIGALRM, lambda *_: time.sleep(0.1))
 signal.setitimer(signal.ITIMER_REAL, 0.005)

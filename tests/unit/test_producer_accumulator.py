@@ -3,9 +3,9 @@
 import pytest
 from crc32c import crc32c
 
-from kera import chunk
+from kera.codec import chunk
 from kera.errors import RecordTooLarge
-from kera.metadata import StreamInfo
+from kera.client.metadata import StreamInfo
 from kera.producer.accumulator import OPENED, SEALED, Accumulator
 from kera.producer.pipeline import Pipeline
 

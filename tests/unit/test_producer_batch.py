@@ -5,9 +5,9 @@ import pyarrow as pa
 import pytest
 from crc32c import crc32c
 
-from kera import chunk
+from kera.codec import chunk
 from kera.errors import RecordTooLarge
-from kera.partitioner import streamlet_for_key, streamlets_for_keys
+from kera.codec.partitioner import streamlet_for_key, streamlets_for_keys
 from kera.producer import batch
 
 CAP = 1000

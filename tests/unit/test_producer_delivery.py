@@ -4,7 +4,7 @@ fails its futures with the error; callbacks get (err, metadata) and may not brea
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.errors import BadRequest, Timeout
 from kera.producer import delivery
 from kera.producer.delivery import DeliveryFuture, RecordMetadata, on_delivery_callback

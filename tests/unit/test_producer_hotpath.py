@@ -5,8 +5,8 @@ With benchmarks disabled (the default) each runs once as a plain correctness tes
 
 import numpy as np
 
-from kera import chunk
-from kera.metadata import StreamInfo
+from kera.codec import chunk
+from kera.client.metadata import StreamInfo
 from kera.producer import batch
 from kera.producer.accumulator import Accumulator
 from kera.producer.pipeline import Pipeline

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.config import STALL_PROBE_INTERVAL_S, STALL_PROBE_S
 from kera.producer.pipeline import FRONT_GAP_ATTEMPTS_MAX, IN_FLIGHT, UNSENT, Pipeline
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.rebuild import StreamletRebuild, install
 from kera.broker.streamlet import Streamlet
 from tests.unit.test_recovery_rebuild import SID, core

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.backup.incarnations import Incarnations, keep
 from kera.backup.store import DiskRead, ReplicaStore
 from kera.broker.core import Broker, BrokerConfig
@@ -305,7 +305,7 @@ def test_backup_filter_and_fence():
     assert list(store.replicas) == [(4, 0, 7 << 32)]
     with pytest.raises(BadRequest):
         from kera.backup.incarnations import parse_filter
-        from kera.wire import Fields
+        from kera.codec.wire import Fields
         parse_filter(Fields({"streamlets": [[1, "x"]]}))
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.core import Broker, BrokerConfig
 from kera.broker.rebuild import StreamletRebuild, install
 from kera.errors import NotReady

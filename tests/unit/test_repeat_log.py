@@ -1,9 +1,9 @@
-"""kera.repeat_log.RepeatedWarnings: which repeats of a warning are logged, with the clock
+"""kera.daemon.repeat_log.RepeatedWarnings: which repeats of a warning are logged, with the clock
 passed in."""
 
 import pytest
 
-from kera.repeat_log import RepeatedWarnings
+from kera.daemon.repeat_log import RepeatedWarnings
 
 
 def test_repeats_within_the_interval_are_counted_and_reported_by_the_next_line_logged():

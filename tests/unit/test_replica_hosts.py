@@ -2,7 +2,7 @@
 each virtual segment are on different nodes whenever the live backups span enough nodes, also
 when a replica fails and is moved, and the segments spread over every node."""
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.core import Broker, BrokerConfig
 from kera.errors import StorageError
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.backup.store import DropJob, ReplicaStore
 from kera.broker import tier_files
 from kera.broker.core import Broker, BrokerConfig

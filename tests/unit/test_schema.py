@@ -3,7 +3,11 @@ field, wrong types, huge numbers and huge counts."""
 
 import pytest
 
-from kera import errors, schema, wire
+from kera import errors
+
+from kera.codec import schema
+
+from kera.codec import wire
 from kera.errors import BadRequest
 
 REGISTER = {"kind": "backup", "address": "127.0.0.1:7001", "node": "n1"}

@@ -11,7 +11,7 @@ import zmq
 from kera.broker.segment import Segment
 from kera.broker.segment_pool import SegmentPool, in_use
 
-from kera import chunk
+from kera.codec import chunk
 from tests.unit.test_retention_core import acknowledge_floors, broker, desc, fill
 from tests.unit.test_tier import broker as tier_broker, make, read_all, run_jobs
 

@@ -1,4 +1,4 @@
-"""kera.server.send_frames: a multipart message leaves whole, or not at all (zmq.Again), and the
+"""kera.net.server.send_frames: a multipart message leaves whole, or not at all (zmq.Again), and the
 socket sends normally after a refusal."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from kera.server import ZERO_COPY_MIN_BYTES, send_frames
+from kera.net.server import ZERO_COPY_MIN_BYTES, send_frames
 
 RECEIVE_TIMEOUT_MS = 10_000
 

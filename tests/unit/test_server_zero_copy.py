@@ -1,4 +1,4 @@
-"""kera.server: frames of ZERO_COPY_MIN_BYTES or more leave zero-copy, shorter ones are copied;
+"""kera.net.server: frames of ZERO_COPY_MIN_BYTES or more leave zero-copy, shorter ones are copied;
 either way the bytes that arrive are the bytes handed over, even when the sender drops its
 buffer right after the send (zmq keeps its own reference until the frame is out)."""
 
@@ -10,8 +10,8 @@ import time
 import pytest
 import zmq
 
-from kera import server as kera_server
-from kera import wire
+from kera.net import server as kera_server
+from kera.codec import wire
 
 RECEIVE_TIMEOUT_S = 10.0
 
@@ -60,7 +60,7 @@ def test_reply_frames_arrive_intact_on_both_sides_of_the_threshold(shell, size):
 
 
 def test_senders_pack_every_piece_the_server_would_copy():
-    from kera import frame_pack
+    from kera.codec import frame_pack
     assert frame_pack.PACK_RUN_BYTES_MAX >= kera_server.ZERO_COPY_MIN_BYTES
 
 

@@ -1,6 +1,6 @@
-"""kera.stats_view: `kera stats` grouped by daemon kind and topic, with legends and units."""
+"""kera.cli.stats_view: `kera stats` grouped by daemon kind and topic, with legends and units."""
 
-from kera.stats_view import format_bytes, render, unit_of
+from kera.cli.stats_view import format_bytes, render, unit_of
 
 STATS = {
     "coordinator": {"requests_heartbeat": 25, "brokers_alive": 2, "persist_ms_total": 3.29,

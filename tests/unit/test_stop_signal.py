@@ -1,4 +1,4 @@
-"""kera.stop_signal: SIGTERM stops a command even when it arrives while the main thread holds
+"""kera.daemon.stop_signal: SIGTERM stops a command even when it arrives while the main thread holds
 the stop event's own lock (as it does inside Event.wait), where setting the event in the
 handler itself would wait forever."""
 
@@ -27,6 +27,6 @@ def run(install: str) -> subprocess.CompletedProcess:
 
 
 def test_sigterm_stops_even_while_the_main_thread_holds_the_stop_events_lock():
-    done = run("from kera.stop_signal import stop_on_sigterm\nstop_on_sigterm(stop.set)")
+    done = run("from kera.daemon.stop_signal import stop_on_sigterm\nstop_on_sigterm(stop.set)")
     assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stderr
 

@@ -1,14 +1,14 @@
-"""The clients' sans-IO stream cache (kera.stream_cache) and coordinator list
-(kera.coordinators): throttled, de-duplicated refreshes; replies applied; a standby's
+"""The clients' sans-IO stream cache (kera.client.stream_cache) and coordinator list
+(kera.net.coordinators): throttled, de-duplicated refreshes; replies applied; a standby's
 not_leader or a timeout moves on to the next coordinator."""
 
 from __future__ import annotations
 
 import pytest
 
-from kera.coordinators import CoordinatorList
+from kera.net.coordinators import CoordinatorList
 from kera.errors import BadRequest, NotLeader, NotReady, Timeout, UnknownStream
-from kera.stream_cache import StreamCache
+from kera.client.stream_cache import StreamCache
 
 TIMEOUT_S = 1.0
 INTERVAL_S = 0.05

@@ -1,10 +1,12 @@
 """Per-stream traffic: a broker core counts appends and fetches per stream, brokers' counts add
 up per stream, rates come from two samples, and the view puts the busiest stream first."""
 
-from kera import cli, chunk
+from kera.cli import main as cli
+
+from kera.codec import chunk
 from kera.broker.core import Broker, BrokerConfig
-from kera.stats_view import render_streams
-from kera.stream_traffic import FIELDS, StreamTraffic, summed
+from kera.cli.stats_view import render_streams
+from kera.daemon.stream_traffic import FIELDS, StreamTraffic, summed
 
 
 def descriptor(name: str, sid: int) -> dict:

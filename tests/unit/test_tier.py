@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker import reload, tier_files
 from kera.broker.core import Broker, BrokerConfig
 from kera.broker.memory import parse_size

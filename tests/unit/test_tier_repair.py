@@ -3,7 +3,7 @@ served; with R=2 the broker reads it back from the backup replica of its virtual
 serves that copy; with R=1 readers get a non-retriable corrupt_chunk naming the file, once per
 fetch, instead of the damaged bytes again and again."""
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker import tier_files
 
 from tests.unit.test_tier import broker, desc, make, run_jobs

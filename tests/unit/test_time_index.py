@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from kera import chunk
+from kera.codec import chunk
 from kera.broker.group import Group
 from kera.broker.streamlet import Streamlet
 from kera.broker.time_index import IndexBudget, group_offset_at, streamlet_cursor_at

@@ -4,10 +4,10 @@ any network call)."""
 
 import pytest
 
-from kera import schema
+from kera.codec import schema
 from kera.consumer.consumer import _time_targets
 from kera.errors import BadRequest
-from kera.timestamps import parse_time_ms
+from kera.codec.timestamps import parse_time_ms
 
 MS = 1_800_000_000_000   # 2027-01-15T08:00:00Z
 

@@ -1,7 +1,9 @@
 import msgpack
 import pytest
 
-from kera import errors, wire
+from kera import errors
+
+from kera.codec import wire
 from kera.errors import BadRequest
 
 

@@ -1,0 +1,1 @@
+"""The `kera` command line: one module per command family."""

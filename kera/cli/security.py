@@ -1,0 +1,175 @@
+"""`kera keys create|list`, `kera acl add|remove|list`, `kera quota set|list`: the secure path.
+
+Keys are files (kera.net.keys); ACLs live in the coordinator (kera.net.acl, kera.coordinator.acl_ops)
+and need an admin key (`--key-file` or $KERA_KEY_FILE).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kera.net import keys as keyfiles
+from kera.net.acl import ANY_PRINCIPAL, CLUSTER_NAME, OPERATIONS, Acl
+
+KEYS_DIR_ENV = "KERA_KEYS_DIR"
+
+
+def add_parsers(sub, admin_options) -> None:
+    _add_keys(sub)
+    _add_acl(sub, admin_options)
+    _add_quota(sub, admin_options)
+
+
+def _add_keys(sub) -> None:
+    p = sub.add_parser("keys", help="create CURVE keys for daemons and clients",
+                       description="Keys for a secure cluster: each principal gets a key pair; "
+                                   "its public half goes into the keys directory the daemons "
+                                   "read, its secret file to that principal alone.")
+    ksub = p.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    c = ksub.add_parser("create", help="create a principal's key pair",
+                        description="Write DIR/NAME.key_secret (mode 0600: hand it to NAME "
+                                    "alone) and DIR/public/ROLE/NAME.key (read by the daemons; "
+                                    "new keys are accepted within a second, no restart). "
+                                    "Creates the cluster's server key on first use.")
+    c.add_argument("name", help="principal name (letters, digits, - _ . @)")
+    c.add_argument("--role", required=True, choices=keyfiles.ROLES,
+                   help="broker, backup, coordinator: daemons; admin: may do anything but act "
+                        "as a daemon; client: needs ACL grants")
+    _dir_argument(c)
+    c.set_defaults(func=cmd_keys_create)
+    ls = ksub.add_parser("list", help="list the principals of a keys directory")
+    _dir_argument(ls)
+    ls.set_defaults(func=cmd_keys_list)
+
+
+def _dir_argument(p) -> None:
+    p.add_argument("--dir", type=Path, default=os.environ.get(KEYS_DIR_ENV),
+                   required=os.environ.get(KEYS_DIR_ENV) is None,
+                   help=f"keys directory (default: ${KEYS_DIR_ENV})")
+
+
+def cmd_keys_create(args) -> int:
+    secret = keyfiles.create_key(args.dir, args.name, args.role)
+    print(f"created {args.role} key {args.name!r}:\n  secret (give to {args.name} only, mode "
+          f"0600): {secret}\n  public (in the keys directory): "
+          f"{Path(args.dir) / keyfiles.PUBLIC_DIR / args.role / (args.name + '.key')}")
+    if args.role == "client":
+        print(f"grant it access with: kera acl add --principal {args.name} --operation read "
+              f"--stream NAME")
+    return 0
+
+
+def cmd_keys_list(args) -> int:
+    from kera.cli.main import _table
+    principals = keyfiles.load_principals(args.dir)
+    rows = sorted([p.name, p.role, key.decode()] for key, p in principals.items())
+    print(_table(["PRINCIPAL", "ROLE", "PUBLIC KEY"], rows))
+    return 0
+
+
+def _add_acl(sub, admin_options) -> None:
+    p = sub.add_parser("acl", help="grant, deny, revoke and list access (needs an admin key)",
+                       description="ACLs in Kafka's shape: a principal is allowed or denied an "
+                                   "operation on a stream, group or the cluster, by literal "
+                                   "name or name prefix. Deny wins over allow.")
+    asub = p.add_subparsers(dest="acl_command", metavar="ACTION", required=True)
+    for action, summary in (("add", "add an allow (or --deny) entry"),
+                            ("remove", "remove an entry (same options as add)")):
+        a = asub.add_parser(action, parents=[admin_options()], help=summary)
+        _entry_arguments(a)
+        a.set_defaults(func=cmd_acl_change, op=f"acl_{action}")
+    ls = asub.add_parser("list", parents=[admin_options()], help="list entries")
+    ls.add_argument("--principal", default=None, help="only this principal's entries")
+    ls.add_argument("--resource", default=None, help="only entries on this resource name")
+    ls.set_defaults(func=cmd_acl_list)
+
+
+def _entry_arguments(p) -> None:
+    p.add_argument("--principal", required=True,
+                   help=f"principal name, or {ANY_PRINCIPAL!r} for everyone")
+    p.add_argument("--operation", action="append", required=True, choices=OPERATIONS,
+                   help="read, write, describe, create, delete, alter or all (repeatable)")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--stream", help="a stream name (or prefix, with --prefixed)")
+    target.add_argument("--group", help="a consumer group name (or prefix)")
+    target.add_argument("--cluster", action="store_true", help="the cluster itself")
+    p.add_argument("--prefixed", action="store_true",
+                   help="the name is a prefix: the entry covers every name starting with it")
+    p.add_argument("--deny", action="store_true", help="a deny entry (wins over any allow)")
+
+
+def _entries(args) -> list[Acl]:
+    rtype, name = (("stream", args.stream) if args.stream is not None else
+                   ("group", args.group) if args.group is not None else ("cluster", CLUSTER_NAME))
+    pattern = "prefixed" if args.prefixed else "literal"
+    permission = "deny" if args.deny else "allow"
+    return [Acl.parse([args.principal, permission, op, rtype, name, pattern])
+            for op in dict.fromkeys(args.operation)]
+
+
+def cmd_acl_change(args) -> int:
+    from kera.cli.main import _admin
+    entries = _entries(args)
+    reply = _admin(args)._call(args.op, {"acls": [e.to_list() for e in entries]})
+    verb = "added" if args.op == "acl_add" else "removed"
+    print(f"{verb} {reply['changed']} of {len(entries)} entries (ACL version "
+          f"{reply['acl_version']})")
+    return 0
+
+
+def cmd_acl_list(args) -> int:
+    from kera.cli.main import _admin, _print_json, _table
+    fields = {k: v for k, v in (("principal", args.principal), ("resource", args.resource))
+              if v is not None}
+    reply = _admin(args)._call("acl_list", fields)
+    if args.json:
+        _print_json(reply["acls"])
+        return 0
+    print(_table(["PRINCIPAL", "PERMISSION", "OPERATION", "TYPE", "RESOURCE", "PATTERN"],
+                 reply["acls"]))
+    return 0
+
+
+def _add_quota(sub, admin_options) -> None:
+    p = sub.add_parser("quota", help="per-principal produce and fetch byte rates (admin key)",
+                       description="Byte-rate quotas per principal, metered on each broker: a "
+                                   "client over its rate gets a retriable `throttled` and slows "
+                                   "down; nothing is dropped. `*` sets the default.")
+    qsub = p.add_subparsers(dest="quota_command", metavar="ACTION", required=True)
+    s = qsub.add_parser("set", parents=[admin_options()], help="set (or, with 0, remove) rates")
+    s.add_argument("--principal", required=True, help="principal name, or '*' for the default")
+    s.add_argument("--produce-bytes-per-s", type=_rate, default=None, metavar="SIZE",
+                   help="bytes per second this principal may produce per broker (e.g. 10MiB; "
+                        "0 removes)")
+    s.add_argument("--fetch-bytes-per-s", type=_rate, default=None, metavar="SIZE",
+                   help="bytes per second it may fetch per broker (0 removes)")
+    s.set_defaults(func=cmd_quota_set)
+    qsub.add_parser("list", parents=[admin_options()], help="list quotas").set_defaults(
+        func=cmd_quota_list)
+
+
+def _rate(text: str) -> int:
+    from kera.cli.main import _size
+    return _size(text)
+
+
+def cmd_quota_set(args) -> int:
+    from kera.cli.main import CliError, _admin
+    if args.produce_bytes_per_s is None and args.fetch_bytes_per_s is None:
+        raise CliError("give --produce-bytes-per-s and/or --fetch-bytes-per-s")
+    rates = _admin(args).set_quota(args.principal, args.produce_bytes_per_s,
+                                   args.fetch_bytes_per_s)
+    print(f"quotas of {args.principal!r}: {rates.get(args.principal) or 'none'}")
+    return 0
+
+
+def cmd_quota_list(args) -> int:
+    from kera.cli.main import _admin, _print_json, _table
+    rates = _admin(args).list_quotas()
+    if args.json:
+        _print_json(rates)
+        return 0
+    print(_table(["PRINCIPAL", "PRODUCE BYTES/S", "FETCH BYTES/S"],
+                 [[p, r.get("produce", "-"), r.get("fetch", "-")] for p, r in sorted(rates.items())]))
+    return 0

@@ -1,0 +1,1 @@
+"""What every client shares: its environment, the request thread, the stream cache, the Admin client."""

@@ -1,0 +1,1 @@
+"""What every daemon process shares: its environment, flags, identity, coordinator link, process policies, metrics."""

@@ -1,0 +1,90 @@
+"""Per-principal byte-rate quotas on produce and fetch (Kafka's quota shape), sans-IO.
+
+A quota is a rate in bytes per second for one principal (or `*`, the default for principals
+without their own). Each broker meters what each principal sends (produce) and is sent (fetch)
+with a token bucket holding at most QUOTA_BURST_S seconds of its rate. A request is charged after
+it is admitted, so the bucket can go into debt; while it is in debt the principal's next
+requests of that kind are refused with a retriable `throttled` saying how long to wait. The
+client slows down to the quota and loses nothing: it never gets a non-retriable error or a
+dropped connection for going too fast. Quotas apply per broker, as Kafka's do.
+"""
+
+from __future__ import annotations
+
+from kera.errors import BadRequest, Throttled
+from kera.net.keys import check_name
+
+KINDS = ("produce", "fetch")
+DEFAULT_PRINCIPAL = "*"
+# Seconds of its rate a principal may send in one burst after being idle: enough for a
+# producer's request window, short enough that the average holds over a few seconds.
+QUOTA_BURST_S = 1.0
+# Quotas one cluster holds (they travel with the ACLs in broker heartbeats).
+QUOTAS_MAX = 10_000
+RATE_MAX_BYTES_PER_S = 2**50
+
+
+class Quotas:
+    """The cluster's quotas ({principal: {kind: bytes_per_s}}) and one broker's buckets."""
+
+    def __init__(self):
+        self.rates: dict[str, dict[str, int]] = {}
+        self._buckets: dict[tuple[str, str], list[float]] = {}   # (name, kind) -> [tokens, at]
+
+    def set(self, principal: str, kind: str, bytes_per_s: int | None) -> None:
+        if principal != DEFAULT_PRINCIPAL:
+            check_name(principal)
+        if kind not in KINDS:
+            raise BadRequest(f"quota kind {kind!r} is not one of {', '.join(KINDS)}")
+        if bytes_per_s is None:
+            self.rates.get(principal, {}).pop(kind, None)
+            if not self.rates.get(principal, True):
+                del self.rates[principal]
+            return
+        if not isinstance(bytes_per_s, int) or not 1 <= bytes_per_s <= RATE_MAX_BYTES_PER_S:
+            raise BadRequest(f"a quota is 1-{RATE_MAX_BYTES_PER_S} bytes per second")
+        if principal not in self.rates and len(self.rates) >= QUOTAS_MAX:
+            raise BadRequest(f"the cluster already holds quotas for {QUOTAS_MAX} principals")
+        self.rates.setdefault(principal, {})[kind] = bytes_per_s
+
+    def replace(self, rates: dict) -> None:
+        fresh = Quotas()
+        if not isinstance(rates, dict):
+            raise BadRequest("'quotas' must map principals to {kind: bytes_per_s}")
+        for principal, kinds in rates.items():
+            if not isinstance(kinds, dict):
+                raise BadRequest("'quotas' must map principals to {kind: bytes_per_s}")
+            for kind, rate in kinds.items():
+                fresh.set(principal, kind, rate)
+        self.rates = fresh.rates
+        self._buckets = {k: v for k, v in self._buckets.items() if self.rate(*k) is not None}
+
+    def rate(self, name: str, kind: str) -> int | None:
+        own = self.rates.get(name)
+        if own is not None and kind in own:
+            return own[kind]
+        return self.rates.get(DEFAULT_PRINCIPAL, {}).get(kind)
+
+    def admit(self, name: str, kind: str, now: float) -> None:
+        """Raise Throttled while `name` owes bytes of `kind`."""
+        rate = self.rate(name, kind)
+        if rate is None:
+            return
+        tokens = self._refill(name, kind, rate, now)
+        if tokens < 0:
+            wait_ms = max(1, round(-tokens / rate * 1000))
+            raise Throttled(f"principal {name!r} is over its {kind} quota of {rate} bytes/s: "
+                            f"retry in {wait_ms} ms")
+
+    def charge(self, name: str, kind: str, nbytes: int, now: float) -> None:
+        rate = self.rate(name, kind)
+        if rate is not None:
+            self._buckets[(name, kind)][0] = self._refill(name, kind, rate, now) - nbytes
+
+    def _refill(self, name: str, kind: str, rate: int, now: float) -> float:
+        bucket = self._buckets.get((name, kind))
+        if bucket is None:
+            bucket = self._buckets[(name, kind)] = [rate * QUOTA_BURST_S, now]
+        bucket[0] = min(rate * QUOTA_BURST_S, bucket[0] + (now - bucket[1]) * rate)
+        bucket[1] = now
+        return bucket[0]

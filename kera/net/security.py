@@ -1,0 +1,181 @@
+"""A daemon's side of CURVE: its keys, the ZAP handler that authenticates callers, and who they are.
+
+pyzmq's `zmq.auth.Authenticator` answers ZeroMQ's ZAP requests; here it is driven by the daemon's
+own loop (its socket registered with the shell's poller) instead of a thread, so a lookup never
+races a reload. The handler accepts a client whose public key is in the keys directory
+(kera.net.keys) and sets the connection's ZMTP `User-Id` to `ROLE:NAME`; the shell reads it from
+every request it receives (`principal_of`). The directory is looked at again at most once per
+KEYRING_RELOAD_INTERVAL_S, so `kera keys create` (or deleting a public key, to revoke it)
+applies to new connections without a restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.utils import z85
+
+from kera.net import keys as keyfiles
+from kera.net.keys import KeyPair, Principal
+
+log = logging.getLogger(__name__)
+
+ZAP_DOMAIN = "kera"
+# How stale the daemon's view of the keys directory may be: a new or revoked key takes effect
+# for connections made this long after the change, and a flood of unknown keys costs at most
+# one directory scan per interval.
+KEYRING_RELOAD_INTERVAL_S = 1.0
+# ZAP requests answered per loop turn: each is one dict lookup; the cap keeps a connection
+# storm from starving the requests of connected clients.
+ZAP_BATCH_MAX = 256
+
+
+class Keyring:
+    """The keys directory's public keys, reloaded when it changes."""
+
+    def __init__(self, keys_dir: str | os.PathLike, clock=time.monotonic):
+        self.keys_dir = Path(keys_dir)
+        self.clock = clock
+        self._stamp: tuple = ()
+        self._checked_s = float("-inf")
+        self.principals: dict[bytes, Principal] = {}
+        self.reload()
+
+    def lookup(self, z85_key: bytes) -> Principal | None:
+        now = self.clock()
+        if now - self._checked_s >= KEYRING_RELOAD_INTERVAL_S:
+            self._checked_s = now
+            if self._dir_stamp() != self._stamp:
+                self.reload()
+        return self.principals.get(z85_key)
+
+    def reload(self) -> None:
+        stamp = self._dir_stamp()
+        self.principals = keyfiles.load_principals(self.keys_dir)
+        self._stamp = stamp
+        log.info("keys directory %s: %d principals", self.keys_dir, len(self.principals))
+
+    def _dir_stamp(self) -> tuple:
+        root = self.keys_dir / keyfiles.PUBLIC_DIR
+        out = []
+        for role in keyfiles.ROLES:
+            try:
+                st = (root / role).stat()
+                out.append((role, st.st_mtime_ns, st.st_ino))
+            except OSError:
+                out.append((role, None, None))
+        return tuple(out)
+
+
+class ZapHandler(zmq.auth.Authenticator):
+    """pyzmq's ZAP handler with principals from a Keyring, run from the daemon's loop."""
+
+    def __init__(self, ctx: zmq.Context, keyring: Keyring):
+        super().__init__(ctx, log=log)
+        self.keyring = keyring
+        self.configure_curve_callback(ZAP_DOMAIN, credentials_provider=self)
+        self.refused = 0
+
+    def callback(self, domain: str, z85_key: bytes) -> bool:
+        known = self.keyring.lookup(z85_key) is not None
+        if not known:
+            self.refused += 1
+            log.warning("refused a connection: public key %s is not in %s", z85_key.decode(),
+                        self.keyring.keys_dir)
+        return known
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        principal = self.keyring.lookup(z85.encode(client_public_key))
+        return f"{principal.role}:{principal.name}"   # callback() has just found it
+
+    def on_readable(self) -> None:
+        for _ in range(ZAP_BATCH_MAX):
+            try:
+                msg = self.zap_socket.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            _run_to_end(self.handle_zap_message(msg))
+
+
+def _run_to_end(coroutine) -> None:
+    """pyzmq's handler is a coroutine so an async credentials provider can be awaited; ours
+    answers at once, so it finishes on its first step without an event loop."""
+    try:
+        coroutine.send(None)
+    except StopIteration:
+        return
+    coroutine.close()
+    raise RuntimeError("the ZAP handler waited on something: the credentials provider must "
+                       "answer at once")
+
+
+def principal_of(frame: zmq.Frame) -> Principal | None:
+    """Who sent `frame`, from the User-Id the ZAP handler gave its connection."""
+    try:
+        user = frame.get("User-Id")
+    except zmq.ZMQError:
+        return None
+    role, _, name = (user or "").partition(":")
+    return Principal(name, role) if name else None
+
+
+@dataclass(frozen=True)
+class Security:
+    """What a secure daemon holds: the cluster's server pair, its own identity, the keyring."""
+    server: KeyPair
+    identity: KeyPair
+    keys_dir: Path
+
+    def keyring(self) -> Keyring:
+        return Keyring(self.keys_dir)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("security (CURVE; see docs/SECURITY.md)")
+    group.add_argument("--keys-dir", type=Path, default=None, metavar="DIR",
+                       help="keys directory (kera keys create): serve CURVE-encrypted and "
+                            "authenticated; only keys under DIR/public may connect")
+    group.add_argument("--key-file", type=Path, default=None, metavar="FILE",
+                       help="this daemon's own key (DIR/NAME.key_secret), used when it calls "
+                            "other daemons; its role must be the daemon's kind")
+
+
+def from_args(args: argparse.Namespace, kind: str) -> Security | None:
+    """The daemon's Security from its flags, or None for plaintext."""
+    if args.keys_dir is None:
+        if args.key_file is not None:
+            raise keyfiles.KeyFileError("--key-file needs --keys-dir (the cluster's keys)")
+        return None   # the shell warns if it binds beyond loopback
+    if args.key_file is None:
+        raise keyfiles.KeyFileError(f"--keys-dir needs --key-file: the {kind}'s own key "
+                                    f"(kera keys create NAME --role {kind} --dir {args.keys_dir})")
+    identity = keyfiles.load_key_file(args.key_file)
+    if identity.role != kind:
+        raise keyfiles.KeyFileError(f"{args.key_file} is a {identity.role or 'role-less'} key; "
+                                    f"a {kind} needs a key created with --role {kind}")
+    return Security(keyfiles.server_key_pair(args.keys_dir), identity, Path(args.keys_dir))
+
+
+def warn_if_open(kind: str, host: str) -> None:
+    if not is_loopback(host):
+        log.warning("SECURITY: this %s binds %s WITHOUT authentication or encryption: anyone "
+                    "who can reach it can read and delete every stream. Start it with "
+                    "--keys-dir and --key-file (kera keys create) on any shared network.",
+                    kind, host)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False   # a host name, or a wildcard such as "*" or "0.0.0.0"

@@ -1,0 +1,1 @@
+"""The PostgreSQL transactional-outbox harvester (`kera outbox`)."""
