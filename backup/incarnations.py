@@ -20,10 +20,10 @@ from collections import OrderedDict
 
 from kera.errors import BadRequest
 from kera.codec.wire import Fields
+from kera.codec.vseg import epoch_of
 
 log = logging.getLogger(__name__)
 
-EPOCH_SHIFT = 32
 FENCED_MAX = 65_536          # incarnations remembered as fenced (oldest forgotten first)
 FILTER_ENTRIES_MAX = 4096    # [stream id, streamlet] pairs in a read filter
 HELD_ENTRIES_MAX = 4096      # incarnations reported per heartbeat (the coordinator's bound)
@@ -50,14 +50,14 @@ class Incarnations:
             self.fenced.popitem(last=False)
 
     def blocked(self, key) -> bool:
-        return bool(self.fenced) and (key[0], key[2] >> EPOCH_SHIFT) in self.fenced
+        return bool(self.fenced) and (key[0], epoch_of(key[2])) in self.fenced
 
     # ------------------------------------------------------------------ holding and freeing
     def held(self) -> list[list[int]]:
         """[[broker_id, epoch, replicas, bytes], ...] over every replica held."""
         table: dict[tuple[int, int], list[int]] = {}
         for (broker_id, _, vseg), replica in self.store.replicas.items():
-            entry = table.setdefault((broker_id, vseg >> EPOCH_SHIFT), [0, 0])
+            entry = table.setdefault((broker_id, epoch_of(vseg)), [0, 0])
             entry[0] += 1
             entry[1] += replica.length
         return [[b, e, n, size] for (b, e), (n, size) in sorted(table.items())][:HELD_ENTRIES_MAX]
@@ -76,7 +76,7 @@ class Incarnations:
         for b, e in wanted:
             self.fence(b, [e])
         replies = []
-        keys = [k for k in self.store.replicas if (k[0], k[2] >> EPOCH_SHIFT) in wanted]
+        keys = [k for k in self.store.replicas if (k[0], epoch_of(k[2])) in wanted]
         for key in keys:
             _, rep = self.store.drop(key)
             replies.extend(rep)

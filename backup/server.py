@@ -38,6 +38,7 @@ from kera.daemon.coordinator_session import CoordinatorSession
 from kera.daemon.identity import Identity
 from kera.backup.store import DiskRead, FlushJob, ReplicaStore, StoreConfig
 from kera.backup.worker import expected
+from kera.codec.vseg import epoch_of
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class BackupDaemon:
         if self.draining:
             raise NotReady("backup is shutting down")
         if self.incarnations.blocked(key):
-            raise NotReady(f"broker {key[0]} epoch {key[2] >> 32} was failed over: "
+            raise NotReady(f"broker {key[0]} epoch {epoch_of(key[2])} was failed over: "
                            f"its writes are refused")
         frames = [frame.buffer for frame in req.frames]
         if reset:   # the broker restarts the replica from 0: what is stored of it goes first

@@ -215,9 +215,6 @@ class Group:
             ci = 0
         return read.frames, read.total, read.chunks
 
-    def chunk_count(self) -> int:
-        return sum(len(s) for s in self.segments)
-
     def iter_chunks_reversed(self):
         """(segment, index) of every chunk, newest first (used by rare recovery scans)."""
         for seg in reversed(self.segments):

@@ -36,10 +36,10 @@ from kera import config
 from kera.broker.rebuild import StreamletRebuild, install
 from kera.codec.chunk import HEADER_SIZE, chunk_size, verify
 from kera.errors import CorruptChunk, KeraError, Throttled
+from kera.codec.vseg import epoch_of, sequence_of
 
 log = logging.getLogger(__name__)
 
-EPOCH_SHIFT = 32
 # Read errors that say nothing about the copy itself: retried (READ_ERRORS_MAX).
 PASSING_ERRORS = frozenset({"timeout", "not_ready", "storage_error", "internal"})
 READ_BYTES = 8 * config.MiB            # one read_replica page
@@ -386,7 +386,7 @@ class Recovery:
             if parsed is None or parsed[0] != b:
                 continue
             _, vlog, vseg, length = parsed
-            epoch = vseg >> EPOCH_SHIFT
+            epoch = epoch_of(vseg)
             if epoch in epochs and length > 0:
                 job.replicas.setdefault((b, epoch, vlog, vseg), []).append(
                     Candidate(bid, address, length, disk_length=_disk_length(r, length)))
@@ -440,7 +440,7 @@ class Recovery:
         backup holds (more failures than the replication factor covers)."""
         by_chain: dict[tuple, list[int]] = {}
         for t in job.tasks:
-            by_chain.setdefault(t.chain, []).append(t.vseg & ((1 << EPOCH_SHIFT) - 1))
+            by_chain.setdefault(t.chain, []).append(sequence_of(t.vseg))
         for chain, numbers in by_chain.items():
             # From the lowest found: retention may have dropped the oldest ones.
             missing = sorted(set(range(min(numbers), max(numbers) + 1)) - set(numbers))

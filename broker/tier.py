@@ -179,10 +179,6 @@ class TierStore:
 
     # ------------------------------------------------------------------ accounting
     @property
-    def enabled(self) -> bool:
-        return self.root is not None
-
-    @property
     def memory_bytes(self) -> int:
         return self.mapped_bytes
 

@@ -602,8 +602,3 @@ def chunks_crc(seg_mv, positions, n: int) -> int:
         p = positions[i]
         crc = chunk.crc32c(seg_mv[p + 4:p + 8], crc)
     return crc
-
-
-def statvfs_free_bytes(root: Path) -> int:
-    st = os.statvfs(root)
-    return st.f_bavail * st.f_frsize

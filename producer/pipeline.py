@@ -345,9 +345,6 @@ class Pipeline:
                   if lane.retry_at > now and not lane.paused and lane.cursor < len(lane.chunks)]
         return min(times, default=None)
 
-    def has_unsent(self) -> bool:
-        return any(lane.cursor < len(lane.chunks) for lane in self.lanes.values())
-
     # ------------------------------------------------------------------ outcomes
     def _chunk_acked(self, c: PendingChunk, result: tuple) -> None:
         lane = c.lane

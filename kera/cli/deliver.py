@@ -14,6 +14,7 @@ from kera import config
 from kera.services.deliver import core
 from kera.services.deliver.targets import DEFAULT_TABLE_PREFIX
 from kera.daemon.stop_signal import stop_on_sigterm
+from kera.cli.output import CliError
 
 DESCRIPTION = """\
 Deliver every record of a stream to each target exactly once, in order per streamlet
@@ -63,7 +64,6 @@ def add_parser(sub, client_options) -> None:
 
 def target_from_spec(spec: str, table_prefix: str = DEFAULT_TABLE_PREFIX):
     """The Target a --target SPEC names."""
-    from kera.cli.main import CliError
     if spec.startswith("sqlite:"):
         from kera.services.deliver.targets import SqliteTarget
         return SqliteTarget(spec[len("sqlite:"):], table_prefix)

@@ -8,6 +8,7 @@ lag, the durable records and chunk bytes past its committed position, asked of t
 """
 
 from __future__ import annotations
+from kera.cli.output import print_json, table
 
 
 RESET_TARGETS = ("earliest", "latest")
@@ -54,25 +55,23 @@ def _call(args, op: str, **fields) -> dict:
 
 
 def cmd_list(args) -> int:
-    from kera.cli.main import _print_json, _table
     groups = _call(args, "group_list")["groups"]
     if args.json:
-        _print_json(groups)
+        print_json(groups)
         return 0
     rows = [[g["group"], g["state"], g["members"], g["epoch"], g["parts_committed"]]
             for g in groups]
-    print(_table(["GROUP", "STATE", "MEMBERS", "EPOCH", "COMMITTED STREAMLETS"], rows))
+    print(table(["GROUP", "STATE", "MEMBERS", "EPOCH", "COMMITTED STREAMLETS"], rows))
     return 0
 
 
 def cmd_describe(args) -> int:
-    from kera.cli.main import _print_json, _table
     group = _call(args, "group_describe", group=args.group)
     lags = sorted(_lag(args, group["positions"]).items())
     group["lag"] = [[s, sl, lag.records] for (s, sl), lag in lags]
     group["lag_bytes"] = [[s, sl, lag.bytes] for (s, sl), lag in lags]
     if args.json:
-        _print_json(group)
+        print_json(group)
         return 0
     owner = {tuple(p): m["member_id"] for m in group["members"] for p in m["assignment"]}
     lag = dict(lags)
@@ -82,7 +81,7 @@ def cmd_describe(args) -> int:
             for s, sl, pos in group["positions"]]
     rows += [[s, sl, mid, "-", "-", "-"] for (s, sl), mid in sorted(owner.items())
              if not any((s, sl) == (ps, psl) for ps, psl, _ in group["positions"])]
-    print(_table(["STREAM", "STREAMLET", "MEMBER", "COMMITTED (group:offset)", "LAG",
+    print(table(["STREAM", "STREAMLET", "MEMBER", "COMMITTED (group:offset)", "LAG",
                   "LAG BYTES"], rows))
     return 0
 

@@ -13,6 +13,7 @@ import argparse
 
 from kera.services.outbox import defaults
 from kera.daemon.stop_signal import stop_on_sigterm
+from kera.cli.output import CliError
 
 RUN_DESCRIPTION = """\
 Publish the rows of a PostgreSQL outbox table to a kera stream, then delete them. Services
@@ -73,8 +74,6 @@ def _run_options(p) -> None:
 
 def cmd_init(args) -> int:
     import psycopg
-
-    from kera.cli.main import CliError
     from kera.services.outbox.db import create_schema
     try:
         with psycopg.connect(args.dsn, connect_timeout=defaults.DB_CONNECT_TIMEOUT_S) as conn:

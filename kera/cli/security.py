@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kera.net import keys as keyfiles
 from kera.net.acl import ANY_PRINCIPAL, CLUSTER_NAME, OPERATIONS, Acl
+from kera.cli.output import CliError, admin, print_json, size, table
 
 KEYS_DIR_ENV = "KERA_KEYS_DIR"
 
@@ -61,10 +62,9 @@ def cmd_keys_create(args) -> int:
 
 
 def cmd_keys_list(args) -> int:
-    from kera.cli.main import _table
     principals = keyfiles.load_principals(args.dir)
     rows = sorted([p.name, p.role, key.decode()] for key, p in principals.items())
-    print(_table(["PRINCIPAL", "ROLE", "PUBLIC KEY"], rows))
+    print(table(["PRINCIPAL", "ROLE", "PUBLIC KEY"], rows))
     return 0
 
 
@@ -109,9 +109,8 @@ def _entries(args) -> list[Acl]:
 
 
 def cmd_acl_change(args) -> int:
-    from kera.cli.main import _admin
     entries = _entries(args)
-    reply = _admin(args)._call(args.op, {"acls": [e.to_list() for e in entries]})
+    reply = admin(args)._call(args.op, {"acls": [e.to_list() for e in entries]})
     verb = "added" if args.op == "acl_add" else "removed"
     print(f"{verb} {reply['changed']} of {len(entries)} entries (ACL version "
           f"{reply['acl_version']})")
@@ -119,14 +118,13 @@ def cmd_acl_change(args) -> int:
 
 
 def cmd_acl_list(args) -> int:
-    from kera.cli.main import _admin, _print_json, _table
     fields = {k: v for k, v in (("principal", args.principal), ("resource", args.resource))
               if v is not None}
-    reply = _admin(args)._call("acl_list", fields)
+    reply = admin(args)._call("acl_list", fields)
     if args.json:
-        _print_json(reply["acls"])
+        print_json(reply["acls"])
         return 0
-    print(_table(["PRINCIPAL", "PERMISSION", "OPERATION", "TYPE", "RESOURCE", "PATTERN"],
+    print(table(["PRINCIPAL", "PERMISSION", "OPERATION", "TYPE", "RESOURCE", "PATTERN"],
                  reply["acls"]))
     return 0
 
@@ -150,26 +148,23 @@ def _add_quota(sub, admin_options) -> None:
 
 
 def _rate(text: str) -> int:
-    from kera.cli.main import _size
-    return _size(text)
+    return size(text)
 
 
 def cmd_quota_set(args) -> int:
-    from kera.cli.main import CliError, _admin
     if args.produce_bytes_per_s is None and args.fetch_bytes_per_s is None:
         raise CliError("give --produce-bytes-per-s and/or --fetch-bytes-per-s")
-    rates = _admin(args).set_quota(args.principal, args.produce_bytes_per_s,
+    rates = admin(args).set_quota(args.principal, args.produce_bytes_per_s,
                                    args.fetch_bytes_per_s)
     print(f"quotas of {args.principal!r}: {rates.get(args.principal) or 'none'}")
     return 0
 
 
 def cmd_quota_list(args) -> int:
-    from kera.cli.main import _admin, _print_json, _table
-    rates = _admin(args).list_quotas()
+    rates = admin(args).list_quotas()
     if args.json:
-        _print_json(rates)
+        print_json(rates)
         return 0
-    print(_table(["PRINCIPAL", "PRODUCE BYTES/S", "FETCH BYTES/S"],
+    print(table(["PRINCIPAL", "PRODUCE BYTES/S", "FETCH BYTES/S"],
                  [[p, r.get("produce", "-"), r.get("fetch", "-")] for p, r in sorted(rates.items())]))
     return 0

@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EPOCH_SHIFT = 32          # a virtual segment number is epoch << EPOCH_SHIFT | sequence
 HELD_ENTRIES_MAX = 4096   # incarnations one backup may report holding replicas of
 RECOVERED_ENTRIES_MAX = 100_000
 # After a coordinator restart a broker not heard from within this many heartbeat allowances is

@@ -433,7 +433,7 @@ def wait_published_some(bootstrap: str, stream: str, at_least: int = 200,
 
 @pytest.mark.parametrize("command", [["outbox"], ["outbox", "init"], ["outbox", "run"]])
 def test_outbox_help(command, capsys):
-    from kera.cli.main import main as cli
+    from kera.cli import main as cli
     with pytest.raises(SystemExit) as exit_info:
         cli.main([*command, "--help"])
     assert exit_info.value.code == 0
