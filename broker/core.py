@@ -19,7 +19,8 @@ from kera.broker import history_epoch
 from kera.broker.backups import BackupPool
 from kera.broker.fetch_waits import FetchWaits
 from kera.broker.group import Group
-from kera.broker.producers import APPEND, DUPLICATE, GAP, Entry, ProducerTable, classify
+from kera.broker.producers import (APPEND, DUPLICATE, GAP, Entry, ProducerTable, classify,
+                                   classify_kafka)
 from kera.broker.repair import RepairRead, Repairs
 from kera.broker.segment_pool import SEGMENT_POOL_BYTES, SegmentPool
 from kera.broker.retention import ReplicaDrop, Retention
@@ -29,13 +30,15 @@ from kera.broker.time_index import streamlet_cursor_at
 from kera.daemon.stream_traffic import StreamTraffic
 from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
-from kera.codec.chunk import FLAG_CONDITION, Chunk, check_columns, frame_chunks, read_condition, verify
+from kera.codec.chunk import (FLAG_CONDITION, FLAG_KAFKA, Chunk, check_columns, frame_chunks,
+                              read_condition, verify)
 from kera.codec.frame_pack import pack
 from kera.errors import (BadRequest, CorruptChunk, KeraError, LockConflict, NotOwner, NotReady,
                          OffsetOutOfRange, PositionLost, RecordTooLarge, ReplicationFailed,
                          SequenceGap, StorageError, Throttled, Timeout, UnknownStream,
                          lock_conflict_message)
 from kera.daemon.metrics import Counters
+from kera.codec.vseg import vseg_id
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,9 @@ FETCH_REPLY_MAX_BYTES = 64 * config.MiB  # chunk bytes in one fetch reply, all r
 FETCH_CURSOR_GROUPS_MAX = 4096           # entries in one cursor's `offsets`
 
 
+# The producer id of a Kafka batch from a producer without idempotence (its producerId -1):
+# no duplicate detection, as a Kafka broker has none for it.
+ANONYMOUS_PRODUCER_ID = 0
 NO_BROKER = -1   # placement of a streamlet on no broker this one knows (a disowned stream)
 TOMBSTONES_MAX = 1 << 20   # entries accepted in a `deleted` list (the coordinator sends <= 4096)
 # Locks one conditional append may name: a transaction touching more rows than this is better
@@ -321,7 +327,7 @@ class Broker:
                               self.cfg.virtual_segment_bytes, self.pool,
                               in_flight_max=self.cfg.replication_in_flight_max,
                               exclude_s=self.cfg.backup_exclude_s, counters=self.counters,
-                              vseg_base=(self.epoch or 0) << 32)
+                              vseg_base=vseg_id(self.epoch or 0, 0))
             self.vlogs[key] = vlog
             self.vlog_list.append(vlog)
         return vlog
@@ -444,9 +450,7 @@ class Broker:
             streamlet.epoch = history_epoch.epoch_for_new_history(info.replication, self.epoch)
             self.new_histories.append((info.id, sl, streamlet.epoch))
         pid, seq = h.producer_id, h.sequence
-        key = (pid, info.id, sl)
-        entry = self.producers.get(key)
-        verdict = classify(entry, seq)
+        key, entry, verdict = self._producer_verdict(h, info.id, sl)
         if verdict == DUPLICATE:
             return self._duplicate(streamlet, key, entry, seq, waits)
         if verdict == GAP:
@@ -466,7 +470,8 @@ class Broker:
         group.last_ms = self.wall_ms
         base = group.head - h.record_count
 
-        self.producers.put(key, Entry(seq, group.id, seg.number, base, group.head))
+        if key is not None:
+            self.producers.put(key, Entry(seq, group.id, seg.number, base, group.head))
         self.chunks_appended += 1
         self.bytes_appended += size
         stream.traffic.appended(h.record_count, size)
@@ -480,6 +485,20 @@ class Broker:
             vlog.add(seg, idx, size)
             waits.append((group, group.head))
         return _stored(group, seg.number, base)
+
+    def _producer_verdict(self, h, sid: int, sl: int) -> tuple:
+        """(key, entry, verdict) of a chunk's producer: kera's rule (sequences count chunks),
+        Kafka's for a Kafka batch (sequences count records), none for a Kafka producer
+        without idempotence (ANONYMOUS_PRODUCER_ID: every batch is new, as Kafka has it)."""
+        if h.flags & FLAG_KAFKA:
+            if h.producer_id == ANONYMOUS_PRODUCER_ID:
+                return None, None, APPEND
+            key = (h.producer_id, sid, sl)
+            entry = self.producers.get(key)
+            return key, entry, classify_kafka(entry, h.sequence)
+        key = (h.producer_id, sid, sl)
+        entry = self.producers.get(key)
+        return key, entry, classify(entry, h.sequence)
 
     def _check_condition(self, info, streamlet: Streamlet, buf) -> tuple[int, ...]:
         """A conditional append's locks, once checked against the streamlet's lock table
@@ -618,6 +637,17 @@ class Broker:
             return 0, {}
         return streamlet_cursor_at(streamlet, timestamp_us)
 
+    def number_at_time(self, sid: int, sl: int, timestamp_us: int) -> int | None:
+        """The record number of the first durable record at or after `timestamp_us` in a
+        one-slot streamlet (Kafka's ListOffsets by timestamp); None when there is none."""
+        low, offsets = self.cursor_at_time(sid, sl, timestamp_us)
+        streamlet = self.streams[sid].streamlets.get(sl)
+        for g in streamlet.groups if streamlet is not None else ():
+            off = offsets.get(g.id, 0)
+            if g.id >= low and g.number_base is not None and off < g.durable:
+                return g.number_base + off
+        return None
+
     def cursor_at_number(self, sid: int, sl: int, number: int) -> tuple[int, dict[int, int]]:
         """(low, offsets): a reader's cursor at the record numbered `number` (or the first
         retained one, when retention deleted it; or the end, when it is not written yet).
@@ -630,6 +660,16 @@ class Broker:
             raise BadRequest(f"seeking by record number needs one active group per streamlet; "
                              f"this stream has {streamlet.active_groups}")
         return streamlet.cursor_at_number(number)
+
+    def number_span(self, sid: int, sl: int) -> tuple[int, int]:
+        """(first retained, durable end) record numbers of a one-slot streamlet (Kafka's log
+        start offset and high watermark)."""
+        streamlet = self._streamlet_for_read(sid, sl)
+        if streamlet is None:
+            floor = self.streams[sid].info.floors.get(sl)
+            number = floor[1][0] if floor else 0
+            return number, number
+        return streamlet.number_span()
 
     def bytes_behind(self, sid: int, sl: int, low: int, offsets: dict[int, int]) -> int:
         """Durable chunk bytes past a reader's cursor (`low`, `offsets` as in a fetch read):

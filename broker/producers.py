@@ -103,6 +103,19 @@ class ProducerTable:
                 del table[key]
 
 
+def classify_kafka(entry: Entry | None, sequence: int) -> int:
+    """APPEND, DUPLICATE or GAP for a Kafka idempotent producer's batch (kera.codec.chunk
+    FLAG_KAFKA): Kafka's sequences count records, so the next batch's base sequence is the
+    last one's plus its record count; a producer this broker has no entry of (a new
+    producer id or epoch) starts where it says, as Kafka brokers since 2.5 accept."""
+    if entry is None:
+        return APPEND
+    expected = entry.sequence + (entry.end_offset - entry.base_offset)
+    if sequence == expected:
+        return APPEND
+    return DUPLICATE if sequence < expected else GAP
+
+
 def classify(entry: Entry | None, sequence: int) -> int:
     """APPEND, DUPLICATE or GAP for a chunk with `sequence` given the producer's entry."""
     if entry is None:

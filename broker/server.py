@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass, field
 import signal
 import socket
 from pathlib import Path
@@ -42,6 +43,10 @@ from kera.daemon.metrics import labelled_text, serve_metrics
 from kera.daemon.env import DaemonEnv, real_if_none
 from kera.daemon.flags import add_common_arguments, setup_logging, size_bytes
 from kera.net.server import DEFERRED, Request
+from kera.broker.kafka.catalog import Catalog, CoordinatorCalls
+from kera.broker.kafka.context import Advertised, Context, Deferred, Settings
+from kera.broker.kafka import groups as kafka_groups
+from kera.broker.kafka.listener import KafkaListener
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +70,7 @@ class BrokerDaemon:
                  heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
                  advertise: str | None = None, identity: Identity | None = None,
                  security: daemon_security.Security | None = None,
-                 env: DaemonEnv | None = None):
+                 env: DaemonEnv | None = None, kafka: KafkaOptions | None = None):
         self.env = env = real_if_none(env)
         self.clock = env.clock
         self.node = node or socket.gethostname()
@@ -96,8 +101,10 @@ class BrokerDaemon:
         self._pages: list = []            # (version, descriptors) of a paged broker_streams
         self._beats = 0
         # Register, heartbeat, follow the leader (kera.daemon.coordinator_link).
+        self.kafka = None if kafka is None else self._start_kafka(kafka)
+        extra = {} if self.kafka is None else {"kafka_address": self.kafka_advertise}
         session = CoordinatorSession("broker", advertise, self.node, identity, broker_id,
-                                     heartbeat_interval_s)
+                                     heartbeat_interval_s, register_extra=extra)
         self.link = CoordinatorLink(self.server, coordinator, session, LinkHooks(
             heartbeat_fields=self._heartbeat_fields, on_registered=self._registered,
             on_heartbeat=self._heartbeat_reply, on_fatal=self._on_fatal,
@@ -112,6 +119,23 @@ class BrokerDaemon:
     @property
     def address(self) -> str:
         return self.server.address
+
+    def _start_kafka(self, opts: KafkaOptions) -> KafkaListener:
+        """The Kafka listener on this broker's loop (kera.broker.kafka)."""
+        catalog = Catalog(CoordinatorCalls(self.server, lambda: self.link.address), self.clock)
+        ctx = Context(self.core, catalog, self.clock, self.server.wake_at, opts.settings)
+        listener = KafkaListener(self.server, ctx, opts.host, opts.port)
+        host, port = listener.host, listener.port
+        if opts.advertise:
+            host, _, port = opts.advertise.rpartition(":")
+            port = int(port)
+        elif host in ("0.0.0.0", "::", ""):
+            host = socket.gethostname()
+        opts.settings.advertise = Advertised(host, port)
+        self.kafka_advertise = f"{host}:{port}"
+        self.kafka_catalog = catalog
+        log.info("kafka listener on %s, advertised as %s", listener.address, self.kafka_advertise)
+        return listener
 
     # ------------------------------------------------------------------ handlers
     def _on_produce(self, req: Request):
@@ -165,7 +189,11 @@ class BrokerDaemon:
     def _answer_held_fetches(self) -> None:
         """Fetch again, and answer, the held fetches that new records or their deadline
         released. `held` tells the consumer this broker holds fetches that find nothing."""
-        for req, reads, quota in self.core.take_ready_fetches(self.clock.monotonic()):
+        for token in self.core.take_ready_fetches(self.clock.monotonic()):
+            if isinstance(token, Deferred):
+                token.done(None)
+                continue
+            req, reads, quota = token
             try:
                 results, epochs, frames = self._fetch(req, reads, again=True)
             except KeraError as err:   # e.g. not_ready: this broker lost its registration
@@ -242,11 +270,15 @@ class BrokerDaemon:
         for w, frames in zip(writes, self.server.share([w.frames for w in writes])):
             self._send_write(w, frames)
         for token, result in core.take_replies():
-            if isinstance(result, KeraError):
+            if isinstance(token, Deferred):
+                token.done(result)
+            elif isinstance(result, KeraError):
                 self.server.fail(token, result)
             else:
                 self.server.reply(token, {"results": result})
         self._answer_held_fetches()
+        if self.kafka is not None:
+            kafka_groups.pump(self.kafka.ctx)
 
     def _send_write(self, w: ReplicationWrite, frames: list) -> None:
         core = self.core   # a write of a previous incarnation is accounted by that core
@@ -366,6 +398,8 @@ class BrokerDaemon:
     def _cluster_reply(self, header: dict) -> None:
         self.core.set_backups(header.get("backups"), self.clock.monotonic(),
                               header.get("settled", True) is not False)
+        if self.kafka is not None:
+            self.kafka_catalog.update_brokers(header.get("brokers"))
         self.recovery.cluster_reply(header)
         live = {b.address for b in self.core.pool.backups.values() if b.alive}
         # Departed backups' connections are freed (one still needed opens again on next use).
@@ -379,10 +413,21 @@ class BrokerDaemon:
         try:
             self.server.run()
         finally:
+            if self.kafka is not None:
+                self.kafka.close()
             self.tiering.shutdown()
 
     def stop(self) -> None:
         self.server.stop()
+
+
+@dataclass
+class KafkaOptions:
+    """The broker's Kafka listener: where it binds, what it advertises, how it behaves."""
+    host: str = "127.0.0.1"
+    port: int = 0
+    advertise: str | None = None
+    settings: Settings = field(default_factory=Settings)
 
 
 # ====================================================================== command line
@@ -416,6 +461,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "fresh pages; resident on top of --memory-limit (default: 128MiB; "
                              "0 gives it all back)")
     daemon_security.add_arguments(parser)
+    add_kafka_arguments(parser)
+
+
+def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Kafka listener (Kafka clients, tools and connectors)")
+    g.add_argument("--kafka-port", type=int, default=None, metavar="PORT",
+                   help="serve Kafka's wire protocol on this port (0: any free port; "
+                        "default: no Kafka listener)")
+    g.add_argument("--kafka-host", default=None, metavar="HOST",
+                   help="address the Kafka listener binds (default: --host)")
+    g.add_argument("--kafka-advertise", default=None, metavar="HOST:PORT",
+                   help="address Kafka clients are told to use for this broker (default: "
+                        "the bound address)")
+    g.add_argument("--kafka-auto-create-topics", action="store_true",
+                   help="create a topic a Kafka client names that does not exist (Kafka's "
+                        "auto.create.topics.enable; default: off)")
+    g.add_argument("--kafka-default-partitions", type=int, default=1, metavar="N",
+                   help="partitions of a topic created without a count (default: 1)")
+    g.add_argument("--kafka-default-replication", type=int, default=1, metavar="R",
+                   help="replication factor of a topic created without one (default: 1)")
+
+
+def kafka_options(args: argparse.Namespace) -> KafkaOptions | None:
+    if args.kafka_port is None:
+        return None
+    settings = Settings(auto_create_topics=args.kafka_auto_create_topics,
+                        default_partitions=args.kafka_default_partitions,
+                        default_replication=args.kafka_default_replication)
+    return KafkaOptions(host=args.kafka_host or args.host, port=args.kafka_port,
+                        advertise=args.kafka_advertise, settings=settings)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -440,12 +515,18 @@ def run(args: argparse.Namespace) -> int:
                        replication_in_flight_max=args.replication_in_flight, tier=tier,
                        segment_pool_bytes=args.segment_pool)
 
+    if args.kafka_port is not None and (args.keys_dir or args.key_file):
+        log.error("--kafka-port with CURVE keys: the Kafka listener has no TLS or SASL yet, and "
+                  "a secure cluster never opens an unauthenticated port; run it without keys or "
+                  "without --kafka-port")
+        return 2
     try:
         identity = Identity.load(args.dir)
         daemon = BrokerDaemon(args.coordinator, host=args.host, port=args.port, node=args.node,
                               broker_id=args.id, cfg=cfg, advertise=args.advertise,
                               identity=identity,
-                              security=daemon_security.from_args(args, "broker"))
+                              security=daemon_security.from_args(args, "broker"),
+                              kafka=kafka_options(args))
     except KeraError as exc:                 # a key file refused
         log.error("cannot start: %s", exc.message)
         return 2

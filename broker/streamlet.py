@@ -117,6 +117,23 @@ class Streamlet:
             return self.first_group, {}
         return last.id, {last.id: last.head}
 
+    def number_span(self) -> tuple[int, int]:
+        """(first retained, durable end) record numbers of a one-slot streamlet: a Kafka
+        partition's log start offset and high watermark. One slot's groups become durable in
+        order, so the last group with durable records gives the end."""
+        first = end = None
+        for group in self.groups:
+            if group.number_base is not None:
+                first = group.number_base
+                break
+        for group in reversed(self.groups):
+            if group.number_base is not None and group.durable:
+                end = group.number_base + group.durable
+                break
+        if first is None:
+            first = self.next_numbers[0]
+        return first, first if end is None else end
+
     def lock_table(self) -> LockTable:
         if self.locks is None:
             self.locks = LockTable()

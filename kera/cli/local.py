@@ -208,12 +208,18 @@ class LocalCluster:
                  extra_broker_args=(), extra_backup_args=(), extra_coordinator_args=(),
                  heartbeat_interval_ms: int | None = None,
                  start_timeout_s: float = START_TIMEOUT_S, start: bool = True,
-                 secure: bool = False, coordinators: int = 1, where=on_loopback):
+                 secure: bool = False, coordinators: int = 1, where=on_loopback,
+                 kafka_port: int | None = None):
         """`secure`: CURVE on every daemon, keys in DATA_DIR/keys (see `keys`). `where(name)`
         places each daemon (`coordinator`, `coordinator-I`, `broker-I`, `backup-I`) on a host
         (see `Where`). `coordinators` > 1 (with `--metadata etcd://...` in
         extra_coordinator_args): one leads and the others stand by
-        (kera.coordinator.leadership); `bootstrap` lists them all."""
+        (kera.coordinator.leadership); `bootstrap` lists them all. `kafka_port`: every broker
+        runs a Kafka listener, broker i on `kafka_port + i` (0: free ports), topics created
+        on first use as in a Kafka test cluster; `kafka_bootstrap` lists them."""
+        if secure and kafka_port is not None:
+            raise ClusterError("a secure cluster opens no unauthenticated port, and the Kafka "
+                               "listener has no TLS or SASL yet: drop --kafka-port or --secure")
         self.data_dir = Path(data_dir).absolute()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.keys = LocalKeys(self.data_dir / "keys", brokers, backups) if secure else None
@@ -248,12 +254,19 @@ class LocalCluster:
         self.coordinator = self.coordinators[0]
         self.bootstrap = ",".join(c.address for c in self.coordinators)
         self.brokers: list[Daemon] = []
+        self.kafka_addresses: list[str] = []
         for i in range(brokers):
             p, w = pick(), where(f"broker-{i}")
+            kafka_args = []
+            if kafka_port is not None:
+                kp = pick(kafka_port + i if kafka_port else 0)
+                kafka_args = ["--kafka-port", str(kp), "--kafka-auto-create-topics"]
+                self.kafka_addresses.append(f"{w.host}:{kp}")
             args = ["broker", "--coordinator", self.bootstrap, "--host", w.host, "--port", str(p),
                     "--node", w.node or f"local-broker-{i}", "--id", str(i),
                     "--dir", str(self.data_dir / f"broker-{i}"), *level, *_advertise(w, p)]
 
+            args += kafka_args
             if virtual_logs is not None:
                 args += ["--virtual-logs", str(virtual_logs)]
             args += self._key_args(f"broker-{i}")
@@ -269,6 +282,11 @@ class LocalCluster:
                                        self.log_dir / f"backup-{i}.log", w.host, w.prefix))
         if start:
             self.start()
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """Kafka clients' `bootstrap.servers` (empty without `kafka_port`)."""
+        return ",".join(self.kafka_addresses)
 
     def _key_args(self, name: str) -> list[str]:
         if self.keys is None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
 import os
 import signal
@@ -34,6 +33,8 @@ from kera.daemon.flags import LOG_LEVELS
 from kera.net.keys import KEY_FILE_ENV
 from kera.errors import KeraError
 
+from kera.cli.output import CliError, admin as _admin, print_json as _print_json, size as _size, table as _table  # noqa: E402
+
 log = logging.getLogger("kera.cli.main")
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7000"
@@ -49,10 +50,6 @@ DAEMONS = {
     "broker": ("kera.broker.server", "run a broker (stores streamlets, replicates to backups)"),
     "backup": ("kera.backup.server", "run a backup (stores replicas of virtual segments)"),
 }
-
-
-class CliError(Exception):
-    """A problem with the command line's input, reported as one line."""
 
 
 # ---------------------------------------------------------------------- parser
@@ -89,12 +86,6 @@ def _options_after_subcommand() -> argparse.ArgumentParser:
         action.help = (action.help or "").replace(" (default: %(default)s)", "").replace(
             "; now %(default)s", "")
     return p
-
-
-def _size(text: str) -> int:
-    """A size flag's value in the one size syntax (536870912, 64MiB, 1GiB) of parse_size."""
-    from kera.daemon.flags import size_bytes
-    return size_bytes(text)
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -171,6 +162,10 @@ def _add_local(sub) -> None:
     p.add_argument("--secure", action="store_true",
                    help="CURVE encryption and authentication on every daemon: keys for each "
                         "daemon, an admin and a client are created in DIR/keys")
+    p.add_argument("--kafka-port", type=int, default=None, metavar="PORT",
+                   help="every broker also speaks Kafka's wire protocol, broker i on PORT+i "
+                        "(0: free ports), creating topics on first use; prints the "
+                        "bootstrap.servers line for Kafka clients (default: off)")
     p.set_defaults(func=cmd_local)
 
 
@@ -335,11 +330,6 @@ def _add_consume(sub) -> None:
 
 # ---------------------------------------------------------------------- commands
 
-def _admin(args):
-    from kera.client.admin import Admin
-    return Admin(args.bootstrap, timeout_s=args.timeout_s)
-
-
 def _retention_arguments(p, default) -> None:
     p.add_argument("--retention-ms", type=int, default=default,
                    help="delete whole groups whose last record is older than this, 0 = keep "
@@ -352,10 +342,6 @@ def _retention_arguments(p, default) -> None:
                    help="delete by age only what every consumer group has committed past "
                         "(with --retention-ms 0: as soon as it has); --retention-bytes still "
                         "bounds the size")
-
-
-def _print_json(obj) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=True, default=str))
 
 
 def cmd_stream_create(args) -> int:
@@ -568,16 +554,6 @@ def _rates(before: dict, after: dict, seconds: float) -> dict:
     return out
 
 
-def _table(header: list[str], rows: list[list], right: bool = False) -> str:
-    cells = [header, *[[str(c) for c in r] for r in rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = []
-    for row in cells:
-        parts = [row[0].ljust(widths[0])]
-        for i in range(1, len(row)):
-            parts.append(row[i].rjust(widths[i]) if right else row[i].ljust(widths[i]))
-        lines.append("  ".join(parts).rstrip())
-    return "\n".join(lines)
 
 
 def _options(pairs: list[str]) -> dict:
@@ -727,12 +703,14 @@ def cmd_local(args) -> int:
                                heartbeat_interval_ms=args.heartbeat_interval_ms,
                                start_timeout_s=args.start_timeout_s, secure=args.secure,
                                extra_coordinator_args=["--no-auto-rebalance"]
-                               if args.no_auto_rebalance else [])
+                               if args.no_auto_rebalance else [], kafka_port=args.kafka_port)
     except ClusterError as exc:
         raise CliError(f"the local cluster did not start: {exc}") from None
     try:
         print(cluster.bootstrap, flush=True)
         print(cluster.summary(), flush=True)
+        if cluster.kafka_bootstrap:
+            print(f"Kafka clients: bootstrap.servers={cluster.kafka_bootstrap}", flush=True)
         if cluster.keys is not None:
             print(f"secure (CURVE): keys in {cluster.keys.dir}\n  admin key:  {cluster.keys.admin}"
                   f"\n  client key: {cluster.keys.client} (needs grants: kera acl add)\n"

@@ -41,7 +41,7 @@ from kera import config
 from kera.codec import schema
 
 from kera.codec import wire
-from kera.coordinator import acl_ops, groups, validate
+from kera.coordinator import acl_ops, groups, kafka_offsets, validate
 from kera.coordinator.rebalance import Rebalancer
 from kera.coordinator.recovery import Failover, parse_streamlets
 from kera.coordinator.validate import KINDS, StreamSpec
@@ -133,12 +133,16 @@ class Member:
     token_sha256: str | None = None        # hash of the current incarnation's token (persisted)
     token: str | None = None               # the token itself, in memory only (register reply)
     principal: str | None = None           # the key it registered with (secure clusters)
+    kafka_address: str | None = None       # a broker's Kafka listener, when it runs one
 
     def summary(self) -> dict:
         # `registered_version` lets a caller that restarted a daemon tell its new registration
         # from the old one (versions only grow, also across coordinator restarts).
-        return {"id": self.id, "address": self.address, "node": self.node, "alive": self.alive,
-                "registered_version": self.registered_version}
+        out = {"id": self.id, "address": self.address, "node": self.node, "alive": self.alive,
+               "registered_version": self.registered_version}
+        if self.kafka_address is not None:
+            out["kafka_address"] = self.kafka_address
+        return out
 
 
 @dataclass(slots=True)
@@ -196,6 +200,8 @@ class Coordinator:
         self.replica_journal: list[list] | None = []
         # Consumer groups (kera.coordinator.groups): their commits persist with the rest.
         self.groups = groups.Groups(self._streamlets_of, self.streams.keys)
+        # Kafka-protocol groups' committed offsets (kera.coordinator.kafka_offsets), likewise.
+        self.kafka_offsets = kafka_offsets.KafkaOffsets(lambda: self.groups.groups.keys())
         # ACLs and their version (kera.coordinator.acl_ops); `caller` is the principal of the
         # request being handled (None in plaintext).
         self.access = acl_ops.AccessState()
@@ -222,13 +228,15 @@ class Coordinator:
             "rebalance": self._op_rebalance,
         }
         self._ops.update(groups.ops(self.groups))
+        self._ops.update(kafka_offsets.ops(self.kafka_offsets))
         self._ops.update(acl_ops.ops(self.access, self._bump))
 
     OPS = ("register", "heartbeat", "cluster", "create_stream", "describe_stream",
            "list_streams", "delete_stream", "alter_stream", "broker_streams", "replicas", "recovered",
            "recovery_status", "deregister", "rebalance", "group_heartbeat", "group_commit", "group_offsets",
            "group_list", "group_describe", "group_reset", "group_delete",
-           "acl_add", "acl_remove", "acl_list", "quota_set", "quota_list")
+           "acl_add", "acl_remove", "acl_list", "quota_set", "quota_list",
+           "kafka_offset_commit", "kafka_offset_fetch", "kafka_offset_delete", "kafka_group_list")
 
     def _streamlets_of(self, name: str) -> int | None:
         stream = self.streams.get(name)
@@ -251,10 +259,14 @@ class Coordinator:
         kind = validate.kind(f)
         member_id = f.int("daemon_id", None, hi=validate.CHOSEN_ID_MAX)
         address, node = validate.address(f), validate.node(f)
+        kafka_address = validate.address(f, "kafka_address") if "kafka_address" in f.h else None
+        if kafka_address is not None and kind != "broker":
+            raise BadRequest("only brokers register a 'kafka_address'")
         token = f.str("token", None, hi=TOKEN_CHARS_MAX)
         mark = f.int("stream_id_mark", 0, hi=STREAM_ID_MARK_MAX)
         self.check_cluster(kind, address, f.str("cluster_id", None, hi=TOKEN_CHARS_MAX))
         member = self.register(now, kind, address, node, member_id, token)
+        member.kafka_address = kafka_address
         self.raise_stream_ids(mark, f"{kind} {member.id} at {address}")   # once admitted
         return {"daemon_id": member.id, "token": member.token, "cluster_id": self.cluster_id,
                 "heartbeat_interval_ms": round(self.heartbeat_interval_s * 1000)}
@@ -833,6 +845,7 @@ class Coordinator:
         stream = self._stream(name)
         del self.streams[name]
         self.failover.stream_deleted(stream.id)
+        self.kafka_offsets.forget_topic(name)
         self._bump()
         self.tombstones[stream.id] = self.version   # brokers drop exactly this stream
         while len(self.tombstones) > TOMBSTONES_MAX:
@@ -922,7 +935,8 @@ class Coordinator:
             "rotation": self.rotation,
             "members": {k: [{"id": m.id, "address": m.address, "node": m.node,
                              "token_sha256": m.token_sha256, "principal": m.principal,
-                             "registered_version": m.registered_version}
+                             "registered_version": m.registered_version,
+                             "kafka_address": m.kafka_address}
                             for _, m in sorted(t.items())] for k, t in self.members.items()},
             "streams": [{"id": s.id, "placement": s.placement, "version": s.version,
                          "name": s.spec.name, "streamlets": s.spec.streamlets,
@@ -939,6 +953,7 @@ class Coordinator:
                         for _, s in sorted(self.streams.items())],
             "recovery": self.failover.to_state(),
             "groups": self.groups.to_state(),
+            "kafka_offsets": self.kafka_offsets.to_state(),
             "groups_session_max_ms": self.groups.session_max_ms,
             "acls": self.access.to_state(),
         }
@@ -967,7 +982,8 @@ class Coordinator:
                         kind, member_id, str(m["address"]), str(m["node"]),
                         token_sha256=_token_hash(m.get("token_sha256")),
                         principal=_token_hash(m.get("principal")),
-                        registered_version=_nonneg(m.get("registered_version", 0)))
+                        registered_version=_nonneg(m.get("registered_version", 0)),
+                        kafka_address=_optional_str(m.get("kafka_address")))
                     if self.members[kind][member_id].registered_version > self.version:
                         raise ValueError(f"{kind} id {member_id} registered at a version newer "
                                          f"than the metadata version")
@@ -988,6 +1004,7 @@ class Coordinator:
             # Absent in files written before broker failover existed.
             self.failover.load(state.get("recovery"))
             # Absent in files written before consumer groups existed.
+            self.kafka_offsets.load(state.get("kafka_offsets", []))
             self.groups.load(state.get("groups", []), self.started_s,
                              state.get("groups_session_max_ms"))
             # Absent in files written before ACLs existed.
@@ -1037,4 +1054,10 @@ def _floors_loaded(entries, spec: StreamSpec) -> dict:
 def _nonneg(value) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _optional_str(value) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"expected a string or null, not {value!r}")
     return value

@@ -62,7 +62,7 @@ class CoordinatorServer:
         self.data_dir = data_dir
         if store is None or data_dir is not None:   # a store of its own needs no directory
             env.makedirs(data_dir)
-        # `store`: a kera.coordinator.metadata.MetadataStoreLike other than the directory's.
+        # `store`: a metadata store other than the directory's (kera.coordinator.etcd_store).
         self.store = store if store is not None else env.metadata_store.MetadataStore(data_dir)
         self.where = data_dir if store is None else store.describe()
         state = self.store.load()
@@ -165,7 +165,8 @@ class CoordinatorServer:
             else:
                 # Group commits change persisted state without moving the metadata version
                 # (daemons need not refetch metadata for them).
-                moved = self.core.groups.take_dirty() or self.core.version != self._saved_version
+                moved = (self.core.groups.take_dirty() | self.core.kafka_offsets.take_dirty()
+                         or self.core.version != self._saved_version)
                 if not self.store.commit(self.core.base_state() if moved else None, journal):
                     return
                 if self.store.wants_snapshot():

@@ -56,8 +56,10 @@ class CoordinatorSession:
 
     def __init__(self, kind: str, address: str, node: str, identity: Identity,
                  daemon_id: int | None = None,
-                 heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S):
+                 heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
+                 register_extra: dict | None = None):
         self.kind = kind
+        self.register_extra = register_extra or {}   # e.g. a broker's `kafka_address`
         self.address = address
         self.node = node
         self.identity = identity
@@ -77,7 +79,7 @@ class CoordinatorSession:
 
     def register_fields(self) -> dict:
         fields = {"kind": self.kind, "address": self.address, "node": self.node,
-                  **self.identity.register_fields(self.wanted_id)}
+                  **self.identity.register_fields(self.wanted_id), **self.register_extra}
         if self.wanted_id is not None:
             fields["daemon_id"] = self.wanted_id
         return fields

@@ -71,6 +71,12 @@ RULES: dict[str, Rule] = {
     "group_reset": _acl("alter", "group", "group"),
     "group_delete": _acl("delete", "group", "group"),
     "group_list": _acl("describe", "cluster", None),
+    # coordinator: Kafka-protocol groups' offsets, for brokers' Kafka listeners (which check the
+    # Kafka client's own grants) and for operators
+    "kafka_offset_commit": _cluster("broker", "admin"),
+    "kafka_offset_fetch": _cluster("broker", "admin"),
+    "kafka_offset_delete": _cluster("broker", "admin"),
+    "kafka_group_list": _cluster("broker", "admin"),
     # coordinator: ACLs themselves
     "acl_add": _acl("alter", "cluster", None),
     "acl_remove": _acl("alter", "cluster", None),

@@ -18,7 +18,7 @@ import itertools
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import zmq
@@ -104,7 +104,6 @@ class Request:
     op: str
     fields: wire.Fields
     frames: list
-    received_at: float = field(default_factory=time.monotonic)
     principal: Principal | None = None   # who sent it (secure daemons); None in plaintext
 
 
@@ -297,6 +296,9 @@ class Server:
         self.failure: BaseException | None = None
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
+        # Plain sockets served on the same loop (the broker's Kafka listener): fd -> callback
+        # taking the poll event mask.
+        self._watched: dict[int, Callable[[int], None]] = {}
         if self.zap is not None:
             self.poller.register(self.zap.zap_socket, zmq.POLLIN)
 
@@ -324,6 +326,19 @@ class Server:
         """Run a turn (and so the after_turn hooks) by monotonic time `t`, even if nothing
         arrives: for a deadline a hook acts on (a broker's held fetches)."""
         heapq.heappush(self._wakes, t)
+
+    def watch(self, fd: int, on_event: Callable[[int], None], events: int = zmq.POLLIN) -> None:
+        """Serve a plain socket on this loop: `on_event(mask)` runs, guarded, whenever it is
+        ready for `events` (zmq.POLLIN, zmq.POLLOUT); called again to change the events."""
+        self._watched[fd] = on_event
+        self.poller.register(fd, events)
+
+    def unwatch(self, fd: int) -> None:
+        if self._watched.pop(fd, None) is not None:
+            try:
+                self.poller.unregister(fd)
+            except KeyError:
+                pass   # watched for no events (zmq.Poller.register with 0 unregisters)
 
     def peer(self, address: str) -> Peer:
         """The connection to `address`, opened on first use. An address zmq rejects gives a
@@ -426,6 +441,8 @@ class Server:
             self.guarded(self.zap.on_readable)
         if self.router in events:
             self._drain_router()
+        if self._watched:
+            self._serve_watched(events)
         if self.failure is not None:
             return   # a bug: nothing more runs on the state it may have broken
         # A callback may drop peers (Server.drop_peer): a closed one is skipped.
@@ -439,6 +456,12 @@ class Server:
         self._run_timers(now)
         for hook in self.after_turn:
             self.guarded(hook)
+
+    def _serve_watched(self, events: dict) -> None:
+        for fd, mask in events.items():
+            on_event = self._watched.get(fd) if type(fd) is int else None
+            if on_event is not None:
+                self.guarded(on_event, mask)
 
     def _drain_router(self) -> None:
         for _ in range(MAX_BATCH_MESSAGES):

@@ -1,0 +1,169 @@
+"""One Kafka client connection: length-prefixed requests in, responses out in request order.
+
+Kafka answers a connection's requests in the order they came, even when a later one (a
+metadata request) is ready before an earlier one (a produce waiting for replication): each
+request takes a slot in the connection's reply queue when it arrives, and replies leave from
+the head of the queue only. Memory is bounded from both sides: a request's size is checked
+from its length prefix before its bytes are kept, and a connection stops being read while it
+has `REQUESTS_IN_FLIGHT_MAX` requests unanswered or `REPLY_BYTES_QUEUED_MAX` bytes of replies
+its client has not taken (a slow reader slows itself, not the broker).
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import socket
+import struct
+
+import zmq
+
+from kera.codec.chunk import MAX_CHUNK_BYTES
+
+log = logging.getLogger(__name__)
+
+# Kafka's socket.request.max.bytes: a request larger is refused from its length prefix. One
+# chunk (kera.codec.chunk.MAX_CHUNK_BYTES) plus room for the request's own fields: no larger
+# Produce could be stored anyway.
+REQUEST_BYTES_MAX = MAX_CHUNK_BYTES + (1 << 20)
+# Requests of one connection read and not yet answered; past it the socket is not read (Kafka
+# clients keep at most 5 in flight by default, max.in.flight.requests.per.connection).
+REQUESTS_IN_FLIGHT_MAX = 64
+# Reply bytes a connection's client has not taken yet; past it the socket is not read.
+REPLY_BYTES_QUEUED_MAX = 64 << 20
+# Bytes taken from the socket per readiness event: one large produce in a few reads, and no
+# connection holds the loop long.
+READ_BYTES = 1 << 20
+_SIZE = struct.Struct(">i")
+PENDING = None   # a reply slot whose answer is not ready yet
+SILENT = b""     # a request answered with nothing (a Produce with acks=0)
+
+
+class Framer:
+    """Sans-IO: bytes in, whole request frames out; ValueError for a length prefix that is
+    negative or over `REQUEST_BYTES_MAX`."""
+
+    def __init__(self, request_bytes_max: int = REQUEST_BYTES_MAX):
+        self.request_bytes_max = request_bytes_max
+        self.buf = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self.buf += data
+        frames = []
+        while len(self.buf) >= 4:
+            size = _SIZE.unpack_from(self.buf, 0)[0]
+            if size < 0 or size > self.request_bytes_max:
+                raise ValueError(f"request of {size} bytes: at most {self.request_bytes_max} "
+                                 f"(socket.request.max.bytes)")
+            if len(self.buf) < 4 + size:
+                break
+            frames.append(bytes(self.buf[4:4 + size]))
+            del self.buf[:4 + size]
+        return frames
+
+
+class Slot:
+    """A request's place in its connection's reply queue."""
+    __slots__ = ("reply",)
+
+    def __init__(self):
+        self.reply: bytes | None = PENDING
+
+
+class Connection:
+    """The shell of one accepted socket, served on the broker's loop (kera.net.server.Server.watch)."""
+
+    def __init__(self, sock: socket.socket, peer: str, server, on_frame, on_close):
+        self.sock = sock
+        self.peer = peer                # "host:port" of the client
+        self.server = server
+        self.on_frame = on_frame        # (connection, frame bytes) -> None
+        self.on_close = on_close        # (connection) -> None
+        self.framer = Framer()
+        self.slots: collections.deque[Slot] = collections.deque()
+        self.out = bytearray()
+        self.closed = False
+        self.state: dict = {}           # what the protocol keeps per connection (SASL, producer ids)
+        self._events = zmq.POLLIN
+        sock.setblocking(False)
+        server.watch(sock.fileno(), self.on_event, self._events)
+
+    def reserve(self) -> Slot:
+        slot = Slot()
+        self.slots.append(slot)
+        return slot
+
+    def fill(self, slot: Slot, reply: bytes) -> None:
+        """Answer a slot (SILENT: no bytes) and send what the queue's head allows."""
+        slot.reply = reply
+        if not self.closed:
+            self._flush()
+
+    def on_event(self, mask: int) -> None:
+        if self.closed:
+            return
+        if mask & zmq.POLLOUT:
+            self._send_out()
+        if mask & zmq.POLLIN and not self.closed:
+            self._read()
+        self._update_events()
+
+    def _read(self) -> None:
+        try:
+            data = self.sock.recv(READ_BYTES)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self.close(f"read failed: {exc}")
+            return
+        if not data:
+            self.close("closed by the client")
+            return
+        try:
+            frames = self.framer.feed(data)
+        except ValueError as exc:
+            self.close(str(exc))
+            return
+        for frame in frames:
+            if self.closed:
+                return
+            self.on_frame(self, frame)
+
+    def _flush(self) -> None:
+        while self.slots and self.slots[0].reply is not PENDING:
+            self.out += self.slots.popleft().reply
+        self._send_out()
+        self._update_events()
+
+    def _send_out(self) -> None:
+        while self.out:
+            try:
+                sent = self.sock.send(self.out)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    self.close(f"write failed: {exc}")
+                return
+            del self.out[:sent]
+
+    def _update_events(self) -> None:
+        if self.closed:
+            return
+        events = zmq.POLLOUT if self.out else 0
+        if len(self.slots) < REQUESTS_IN_FLIGHT_MAX and len(self.out) < REPLY_BYTES_QUEUED_MAX:
+            events |= zmq.POLLIN
+        if events != self._events:
+            self._events = events
+            self.server.watch(self.sock.fileno(), self.on_event, events)
+
+    def close(self, why: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        log.debug("kafka connection from %s closed: %s", self.peer, why)
+        self.server.unwatch(self.sock.fileno())
+        self.sock.close()
+        self.slots.clear()
+        self.on_close(self)

@@ -1,0 +1,184 @@
+"""The topic admin APIs: CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs.
+
+Each is a coordinator call (create_stream, delete_stream, alter_stream) made for the client.
+Kafka's topic configs map onto a stream's settings where kera has the same thing
+(`TOPIC_CONFIGS`); any other config is refused by name (INVALID_CONFIG), never ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from kio.schema.errors import ErrorCode
+
+from kera.broker.kafka.context import Call, Context
+from kera.broker.kafka.errors import kafka_code
+
+# Kafka's legal topic names (kera's stream names allow the same characters, up to 255).
+TOPIC_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")
+RESOURCE_TOPIC = 2
+CONFIG_SOURCE_TOPIC = 1         # DYNAMIC_TOPIC_CONFIG
+CONFIG_SOURCE_DEFAULT = 5       # DEFAULT_CONFIG
+# Kafka config -> (stream field, kera's "none" value, Kafka's spelling of it).
+TOPIC_CONFIGS = {
+    "retention.ms": ("retention_ms", 0, -1),
+    "retention.bytes": ("retention_bytes", 0, -1),
+    "segment.bytes": ("segment_size_bytes", None, None),
+}
+
+
+def valid_topic_name(name: str) -> str | None:
+    """None for a legal topic name, else why not."""
+    if not TOPIC_NAME_RE.match(name) or name in (".", ".."):
+        return f"topic name {name!r} must be 1-249 characters of letters, digits, '.', '_', '-'"
+    return None
+
+
+def create_topic(ctx: Context, name: str, partitions: int, replication: int,
+                 done: Callable[[ErrorCode, str | None], None], settings: dict | None = None) -> None:
+    fields = {"name": name, "streamlets": partitions, "replication": replication,
+              "active_groups": 1, **(settings or {})}
+
+    def reply(header, error):
+        ctx.catalog.forget()
+        done(ErrorCode.none, None) if error is None else done(kafka_code(error), error.message)
+
+    ctx.catalog.calls.call("create_stream", fields, reply)
+
+
+def handle_create_topics(ctx: Context, call: Call) -> None:
+    topics = list(call.body.topics)
+    results: dict[str, dict] = {}
+
+    def finish(name: str, code: ErrorCode, message: str | None, topic) -> None:
+        results[name] = {"name": name, "error_code": code, "error_message": message,
+                         "num_partitions": topic.num_partitions if code == 0 else -1,
+                         "replication_factor": topic.replication_factor if code == 0 else -1}
+        if len(results) == len(topics):
+            call.answer({"topics": [results[t.name] for t in topics]})
+
+    if not topics:
+        call.answer({"topics": []})
+    for t in topics:
+        _create_one(ctx, call, t, lambda code, msg, t=t: finish(t.name, code, msg, t))
+
+
+def _create_one(ctx: Context, call: Call, t, done) -> None:
+    why = valid_topic_name(t.name)
+    if why is not None:
+        return done(ErrorCode.invalid_topic_exception, why)
+    settings, why = _settings(t.configs or ())
+    if why is not None:
+        return done(ErrorCode.invalid_config, why)
+    partitions = t.num_partitions if t.num_partitions > 0 else ctx.settings.default_partitions
+    replication = t.replication_factor if t.replication_factor > 0 else \
+        ctx.settings.default_replication
+    if t.assignments:
+        return done(ErrorCode.invalid_request, "kera places partitions itself: give no "
+                                               "replica assignment")
+    if call.body.validate_only:
+        return done(ErrorCode.none, None)
+    create_topic(ctx, t.name, partitions, replication, done, settings)
+
+
+def _settings(configs) -> tuple[dict, str | None]:
+    out = {}
+    for c in configs:
+        if c.name not in TOPIC_CONFIGS:
+            return {}, (f"config {c.name!r} is not supported by kera; supported: "
+                        f"{', '.join(sorted(TOPIC_CONFIGS))}")
+        field, none, kafka_none = TOPIC_CONFIGS[c.name]
+        try:
+            value = int(c.value)
+        except (TypeError, ValueError):
+            return {}, f"config {c.name!r} must be an integer, not {c.value!r}"
+        out[field] = none if kafka_none is not None and value == kafka_none else value
+    return out, None
+
+
+def handle_delete_topics(ctx: Context, call: Call) -> None:
+    body = call.body
+    names = [t.name for t in body.topics] if hasattr(body, "topics") else list(body.topic_names)
+    results: dict[str, dict] = {}
+
+    def finish(name, header, error):
+        results[name] = {"name": name, "error_code": ErrorCode.none if error is None
+                         else kafka_code(error),
+                         "error_message": None if error is None else error.message}
+        if len(results) == len(names):
+            ctx.catalog.forget()
+            call.answer({"responses": [results[n] for n in names]})
+
+    if not names:
+        call.answer({"responses": []})
+    for name in names:
+        ctx.catalog.calls.call("delete_stream", {"name": name},
+                               lambda h, e, name=name: finish(name, h, e))
+
+
+def handle_create_partitions(ctx: Context, call: Call) -> None:
+    topics = list(call.body.topics)
+    results: dict[str, dict] = {}
+
+    def finish(name, header, error):
+        results[name] = {"name": name, "error_code": ErrorCode.none if error is None
+                         else _partitions_code(error),
+                         "error_message": None if error is None else error.message}
+        if len(results) == len(topics):
+            ctx.catalog.forget()
+            call.answer({"results": [results[t.name] for t in topics]})
+
+    if not topics:
+        call.answer({"results": []})
+    for t in topics:
+        if call.body.validate_only:
+            finish(t.name, {}, None)
+            continue
+        ctx.catalog.calls.call("alter_stream", {"name": t.name, "streamlets": t.count},
+                               lambda h, e, name=t.name: finish(name, h, e))
+
+
+def _partitions_code(error) -> ErrorCode:
+    if error.code == "bad_request":
+        return ErrorCode.invalid_partitions
+    return kafka_code(error)
+
+
+def handle_describe_configs(ctx: Context, call: Call) -> None:
+    ctx.catalog.fresh(lambda error: call.answer({"results": [
+        _describe(ctx, r) for r in call.body.resources]}))
+
+
+def _describe(ctx: Context, r) -> dict:
+    out = {"error_code": ErrorCode.none, "error_message": None,
+           "resource_type": r.resource_type, "resource_name": r.resource_name, "configs": []}
+    if r.resource_type != RESOURCE_TOPIC:
+        out["configs"] = []          # broker configs: none exposed
+        return out
+    info = ctx.catalog.topics.get(r.resource_name)
+    if info is None:
+        out["error_code"] = ErrorCode.unknown_topic_or_partition
+        out["error_message"] = f"no topic {r.resource_name!r}"
+        return out
+    wanted = None if r.configuration_keys is None else set(r.configuration_keys)
+    configs = topic_configs(info, ctx.catalog.settings.get(r.resource_name, {}))
+    out["configs"] = [c for c in configs if wanted is None or c["name"] in wanted]
+    return out
+
+
+def topic_configs(info, descriptor: dict) -> list[dict]:
+    """A stream's settings (its descriptor as listed) as Kafka topic configs."""
+    retention_ms = descriptor.get("retention_ms", 0) or -1
+    retention_bytes = descriptor.get("retention_bytes", 0) or -1
+    segment = descriptor.get("segment_size_bytes")
+    entries = {"cleanup.policy": "delete", "retention.ms": str(retention_ms),
+               "retention.bytes": str(retention_bytes),
+               "min.insync.replicas": str(info.replication)}
+    if segment:
+        entries["segment.bytes"] = str(segment)
+        entries["max.message.bytes"] = str(segment)
+    return [{"name": k, "value": v, "read_only": k in ("cleanup.policy", "max.message.bytes",
+                                                       "min.insync.replicas"),
+             "config_source": CONFIG_SOURCE_TOPIC, "is_sensitive": False, "synonyms": []}
+            for k, v in entries.items()]
