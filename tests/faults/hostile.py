@@ -52,7 +52,7 @@ MODERATE_ITEMS = 5_000
 # Fields of each op (docs/PROTOCOL.md), by role: which ones take daemon ids, which ints, etc.
 COORDINATOR_OPS = {
     "register": ["kind", "address", "node", "daemon_id", "token", "cluster_id",
-                 "stream_id_mark"],
+                 "stream_id_mark", "kafka_address"],
     "heartbeat": ["kind", "daemon_id", "token", "metadata_version", "epoch", "stats", "vsegs",
                   "held", "stream_id_mark", "acl_version", "consumed_at", "floors"],
     "cluster": [],
@@ -84,6 +84,10 @@ COORDINATOR_OPS = {
     "acl_list": ["principal", "resource"],
     "quota_set": ["principal", "produce_bytes_per_s", "fetch_bytes_per_s"],
     "quota_list": [],
+    "kafka_offset_commit": ["group", "offsets"],
+    "kafka_offset_fetch": ["group"],
+    "kafka_offset_delete": ["group", "partitions"],
+    "kafka_group_list": [],
 }
 BROKER_OPS = {"produce": ["acks"], "fetch": ["reads"], "offsets": ["sid", "sl", "at"], "stats": [],
               "offsets_for_time": ["sid", "sl", "timestamp_us"],
@@ -97,7 +101,7 @@ BACKUP_OPS = {
 }
 OPS_BY_KIND = {"coordinator": COORDINATOR_OPS, "broker": BROKER_OPS, "backup": BACKUP_OPS}
 LIST_FIELDS = {"vsegs", "floors", "held", "streamlets", "reads", "fence", "streams", "owned",
-               "positions", "acls"}
+               "positions", "acls", "offsets", "partitions"}
 MAP_FIELDS = {"stats", "at"}
 
 FAMILIES = ("envelope", "types", "huge_numbers", "huge_counts", "unknown_ids", "forged_ids",
@@ -191,6 +195,11 @@ class HostileMessages:
             "produce_bytes_per_s": rng.choice([0, 1, 2**40]),
             "fetch_bytes_per_s": rng.choice([0, 1, 2**40]),
             "number": rng.choice([0, 1, 2**64 - 2, 2**64 - 1, -1, "7"]),
+            # Kafka groups' offsets: fuzz groups only, never a live group's
+            "offsets": [[f"fuzz-{rng.randrange(10)}", rng.randrange(4),
+                         rng.choice([0, 5, 2**63 - 1, -1]), rng.choice(["", "m" * 5000])]],
+            "partitions": [[f"fuzz-{rng.randrange(10)}", rng.randrange(4)]],
+            "kafka_address": self._fresh_address(),
         }
         if op == "list_streams":
             t["after"] = f"fuzz-{rng.randrange(10**6)}"
