@@ -17,9 +17,8 @@ from kera.broker.kafka.connection import Connection, Slot
 from kera.broker.kafka.messages import KafkaRequest, encode_response, response
 from kera.broker.kafka.connection import SILENT
 
-# Partitions a Kafka-created topic gets when CreateTopics or auto-creation does not say
-# (Kafka's num.partitions default is 1; kera's own default streamlet count is kept instead
-# so a topic spreads over the brokers like a kera stream).
+# Partitions a Kafka-created topic gets when CreateTopics or auto-creation does not say:
+# Kafka's num.partitions default (`--kafka-default-partitions` changes it).
 DEFAULT_PARTITIONS = 1
 
 

@@ -18,6 +18,7 @@ from kio.schema.errors import ErrorCode
 from kera.broker.kafka.context import Call, Context
 from kera.broker.kafka.errors import kafka_code
 from kera.broker.kafka.metadata import brokers
+from kera.coordinator.kafka_offsets import METADATA_CHARS_MAX
 
 KEY_TYPE_GROUP = 0
 
@@ -165,6 +166,8 @@ def handle_offset_commit(ctx: Context, call: Call) -> None:
             by_topic.setdefault(topic, []).append({"partition_index": index, "error_code": code})
         call.answer({"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]})
 
+    if not code and any(len(meta) > METADATA_CHARS_MAX for *_, meta in parts):
+        code = ErrorCode.offset_metadata_too_large
     if code:
         answer(code)
         return
@@ -173,8 +176,8 @@ def handle_offset_commit(ctx: Context, call: Call) -> None:
 
 
 def _group_code(error) -> ErrorCode:
-    if error.code == "bad_request":
-        return ErrorCode.invalid_commit_offset_size
+    if error.code == "bad_request":       # the name is a kera group's, or offsets are full
+        return ErrorCode.inconsistent_group_protocol
     return ErrorCode.coordinator_not_available if error.retriable else kafka_code(error)
 
 

@@ -257,31 +257,32 @@ class LocalCluster:
         self.kafka_addresses: list[str] = []
         for i in range(brokers):
             p, w = pick(), where(f"broker-{i}")
-            kafka_args = []
-            if kafka_port is not None:
-                kp = pick(kafka_port + i if kafka_port else 0)
-                kafka_args = ["--kafka-port", str(kp), "--kafka-auto-create-topics"]
-                self.kafka_addresses.append(f"{w.host}:{kp}")
             args = ["broker", "--coordinator", self.bootstrap, "--host", w.host, "--port", str(p),
                     "--node", w.node or f"local-broker-{i}", "--id", str(i),
                     "--dir", str(self.data_dir / f"broker-{i}"), *level, *_advertise(w, p)]
-
-            args += kafka_args
+            if kafka_port is not None:
+                args += self._kafka_args(w.host, pick(kafka_port + i if kafka_port else 0))
             if virtual_logs is not None:
                 args += ["--virtual-logs", str(virtual_logs)]
             args += self._key_args(f"broker-{i}")
             self.brokers.append(Daemon("broker", i, p, args + list(extra_broker_args),
                                        self.log_dir / f"broker-{i}.log", w.host, w.prefix))
-        self.backups: list[Daemon] = []
-        for i in range(backups):
-            p, w = pick(), where(f"backup-{i}")
-            args = ["backup", "--coordinator", self.bootstrap, "--host", w.host, "--port", str(p),
-                    "--dir", str(self.data_dir / f"backup-{i}"), "--node", w.node or f"local-backup-{i}",
-                    "--id", str(i), *level, *self._key_args(f"backup-{i}"), *_advertise(w, p)]
-            self.backups.append(Daemon("backup", i, p, args + list(extra_backup_args),
-                                       self.log_dir / f"backup-{i}.log", w.host, w.prefix))
+        self.backups = [self._backup(i, pick(), where(f"backup-{i}"), level, extra_backup_args)
+                        for i in range(backups)]
         if start:
             self.start()
+
+    def _backup(self, i: int, p: int, w: Where, level: list, extra) -> Daemon:
+        args = ["backup", "--coordinator", self.bootstrap, "--host", w.host, "--port", str(p),
+                "--dir", str(self.data_dir / f"backup-{i}"), "--node", w.node or f"local-backup-{i}",
+                "--id", str(i), *level, *self._key_args(f"backup-{i}"), *_advertise(w, p)]
+        return Daemon("backup", i, p, args + list(extra), self.log_dir / f"backup-{i}.log",
+                      w.host, w.prefix)
+
+    def _kafka_args(self, host: str, port: int) -> list[str]:
+        """A broker's Kafka listener, creating topics on first use as a test Kafka does."""
+        self.kafka_addresses.append(f"{host}:{port}")
+        return ["--kafka-port", str(port), "--kafka-auto-create-topics"]
 
     @property
     def kafka_bootstrap(self) -> str:

@@ -202,6 +202,7 @@ class Coordinator:
         self.groups = groups.Groups(self._streamlets_of, self.streams.keys)
         # Kafka-protocol groups' committed offsets (kera.coordinator.kafka_offsets), likewise.
         self.kafka_offsets = kafka_offsets.KafkaOffsets(lambda: self.groups.groups.keys())
+        self.groups.foreign_names = lambda: self.kafka_offsets.groups.keys()
         # ACLs and their version (kera.coordinator.acl_ops); `caller` is the principal of the
         # request being handled (None in plaintext).
         self.access = acl_ops.AccessState()
@@ -211,7 +212,11 @@ class Coordinator:
             # The restart itself is a change: liveness is unknown until daemons heartbeat, and
             # a daemon that applied the last version must notice it is behind.
             self._bump()
-        self._ops = {
+        self._ops = self._request_ops()
+
+    def _request_ops(self) -> dict:
+        """The request handlers by op: (Fields, now) -> reply."""
+        ops = {
             "register": self._op_register,
             "heartbeat": self._op_heartbeat,
             "cluster": self._op_cluster,
@@ -227,9 +232,10 @@ class Coordinator:
             "deregister": self._op_deregister,
             "rebalance": self._op_rebalance,
         }
-        self._ops.update(groups.ops(self.groups))
-        self._ops.update(kafka_offsets.ops(self.kafka_offsets))
-        self._ops.update(acl_ops.ops(self.access, self._bump))
+        ops.update(groups.ops(self.groups))
+        ops.update(kafka_offsets.ops(self.kafka_offsets))
+        ops.update(acl_ops.ops(self.access, self._bump))
+        return ops
 
     OPS = ("register", "heartbeat", "cluster", "create_stream", "describe_stream",
            "list_streams", "delete_stream", "alter_stream", "broker_streams", "replicas", "recovered",

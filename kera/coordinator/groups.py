@@ -113,6 +113,9 @@ class Groups:
         self.session_max_ms = 0
         self.grants_after_s = float("-inf")
         self.changes = 0     # counts changes of committed positions (consumption retention)
+        # Names Kafka-protocol groups hold (kera.coordinator.kafka_offsets): a group is used by
+        # one protocol at a time.
+        self.foreign_names = frozenset
 
     # ------------------------------------------------------------------ membership
     def heartbeat(self, name: str, member_id: str, member_epoch: int, now: float, *,
@@ -200,6 +203,10 @@ class Groups:
     def _group_for_writes(self, name: str) -> Group:
         group = self.groups.get(name)
         if group is None:
+            if name in self.foreign_names():
+                raise BadRequest(f"group {name!r} is a Kafka consumer group (its offsets were "
+                                 f"committed through the Kafka listener): a group is used by "
+                                 f"one protocol at a time; use another group name")
             if len(self.groups) >= GROUPS_MAX:
                 raise BadRequest(f"the cluster has {GROUPS_MAX} consumer groups, the most it "
                                  f"keeps: delete unused ones (kera group delete)")

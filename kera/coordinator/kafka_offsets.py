@@ -34,7 +34,8 @@ class KafkaOffsets:
                              f"one protocol at a time; use another group id")
         if group not in self.groups and len(self.groups) >= KAFKA_GROUPS_MAX:
             raise BadRequest(f"{KAFKA_GROUPS_MAX} Kafka groups hold offsets already: delete "
-                             f"unused ones (kera group delete)")
+                             f"unused ones (Kafka's DeleteGroups: kafka-consumer-groups "
+                             f"--delete --group NAME)")
         table = self.groups.setdefault(group, {})
         for topic, partition, offset, metadata in entries:
             table[(topic, partition)] = (offset, metadata)
