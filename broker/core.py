@@ -440,7 +440,9 @@ class Broker:
         if self.recovering and (info.id, sl) in self.recovering:
             raise NotReady(f"streamlet {sl} of {info.name!r} is being recovered")
         if size > info.segment_size_bytes:
-            raise RecordTooLarge(f"chunk of {size} bytes exceeds the {info.segment_size_bytes}-byte segment")
+            raise RecordTooLarge(f"chunk of {size} bytes exceeds the {info.segment_size_bytes}-byte "
+                                 f"segment of stream {info.name!r}: send smaller records, or "
+                                 f"create the stream with a larger --segment-size-bytes")
         streamlet = stream.streamlets.get(sl)
         if streamlet is None:
             streamlet = stream.streamlets[sl] = Streamlet(

@@ -87,7 +87,10 @@ class Producer:
                  key_file: str | None = None, env: ClientEnv | None = None,
                  metadata_max_age_ms: int = config.DEFAULT_METADATA_MAX_AGE_MS):
         if max_record_bytes + chunkcodec.HEADER_SIZE > chunkcodec.MAX_CHUNK_BYTES:
-            raise ValueError(f"max_record_bytes={max_record_bytes} exceeds the chunk limit")
+            raise ValueError(f"max_record_bytes={max_record_bytes} exceeds the chunk limit: a "
+                             f"chunk holds at most {chunkcodec.MAX_CHUNK_BYTES} bytes "
+                             f"(kera.codec.chunk.MAX_CHUNK_BYTES) with its "
+                             f"{chunkcodec.HEADER_SIZE}-byte header")
         if in_flight_per_broker < 1 or buffer_bytes < chunk_size_bytes:
             raise ValueError("in_flight_per_broker must be >= 1 and buffer_bytes >= chunk_size_bytes")
         if compression not in chunkcodec.COMPRESSIONS:

@@ -78,6 +78,21 @@ def free_port(host: str = HOST, exclude: set[int] | frozenset = frozenset()) -> 
     raise ClusterError("no free port found")
 
 
+def port_free(host: str, port: int) -> bool:
+    """Whether nothing listens on (host, port) now (a bind succeeds)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
 @dataclass(frozen=True)
 class Where:
     """Where a daemon runs: the address it binds and advertises, the `--node` it names for
@@ -300,6 +315,7 @@ class LocalCluster:
         return [*self.coordinators, *self.brokers, *self.backups]
 
     def start(self) -> "LocalCluster":
+        self._check_ports_free()
         try:
             for c in self.coordinators:
                 c.start(self.env)
@@ -313,6 +329,18 @@ class LocalCluster:
         log.info("local cluster up at %s: %d brokers, %d backups", self.bootstrap,
                  len(self.brokers), len(self.backups))
         return self
+
+    def _check_ports_free(self) -> None:
+        """Refuse to start on a port something already listens on: a daemon would fail to
+        bind, or a broker would join the cluster that owns the coordinator's port."""
+        ports = [(d.name, d.host, d.port) for d in self.daemons if not d.prefix]
+        ports += [(f"broker-{i} Kafka listener", *_host_port(a))
+                  for i, a in enumerate(self.kafka_addresses) if not self.brokers[i].prefix]
+        for name, host, port in ports:
+            if not port_free(host, port):
+                raise ClusterError(f"port {port} ({name}) is in use on {host}: another kera "
+                                   f"local or service listens there; stop it, or pick other "
+                                   f"ports (--port 0 for free ones)")
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM every daemon (brokers and backups first), SIGKILL what is left after

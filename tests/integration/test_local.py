@@ -124,3 +124,16 @@ def test_two_brokers_serve_a_new_stream(tmp_path):
         cluster.kill_broker(0)
         cluster.restart_broker(0)
         wait_for(lambda: admin.describe_stream("s")["ready"], 10, "stream ready after restart")
+
+
+@pytest.mark.parametrize("taken", ["coordinator", "kafka"])
+def test_a_port_in_use_is_refused_before_anything_starts(tmp_path, taken):
+    import socket
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        kwargs = {"port": port} if taken == "coordinator" else {"kafka_port": port}
+        with pytest.raises(ClusterError, match=f"port {port} .* is in use"):
+            LocalCluster(tmp_path, brokers=1, **kwargs)
+    assert not (tmp_path / "logs").exists()   # no daemon was started
