@@ -350,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
     httpd = None
     if args.metrics_port:
         httpd = serve_metrics(args.metrics_port, "kera_backup", daemon.metrics_snapshot,
-                              {"address": daemon.address}, host=args.host)
+                              {"address": daemon.address}, host=args.metrics_host)
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: daemon.stop())

@@ -540,7 +540,7 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         daemon.export_traffic = True
         httpd = serve_metrics(args.metrics_port, "kera_broker", lambda: daemon.snapshot,
-                              labels={"address": daemon.address}, host=args.host,
+                              labels={"address": daemon.address}, host=args.metrics_host,
                               extra=lambda: labelled_text("kera_broker_stream", "stream",
                                                           daemon.traffic_snapshot))
 

@@ -363,7 +363,7 @@ def _serve(coord: CoordinatorServer, args: argparse.Namespace, stop: _StopOnSign
                                lambda: coord.group_view[1],
                                str(args.key_file) if args.key_file else None)
         httpd = serve_metrics(args.metrics_port, "kera_coordinator", lambda: coord.snapshot,
-                              host=args.host, extra=lag.text)
+                              host=args.metrics_host, extra=lag.text)
     stop.server = coord.server
     if stop.requested:
         coord.stop()

@@ -61,6 +61,10 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int =
                                  "(default: HOST:bound port)")
     parser.add_argument("--metrics-port", type=port_number, default=0,
                         help="serve Prometheus metrics on this port (default: off)")
+    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                        help="address the metrics endpoint binds: plaintext HTTP that names "
+                             "streams and groups, so loopback unless asked (default: "
+                             "%(default)s; 0.0.0.0 for a scraper on another host)")
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
                         help="log level on stderr (default: %(default)s)")
 

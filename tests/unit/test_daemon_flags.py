@@ -33,6 +33,13 @@ def test_every_daemon_has_the_shared_flags_with_the_same_defaults(module):
 
 
 @pytest.mark.parametrize("module", DAEMONS)
+def test_metrics_stay_on_loopback_when_the_daemon_binds_a_routable_address(module):
+    args = parse(module, "--host", "0.0.0.0", "--metrics-port", "9100")
+    assert args.metrics_host == "127.0.0.1"   # plaintext and names streams: only when asked
+    assert parse(module, "--metrics-host", "0.0.0.0").metrics_host == "0.0.0.0"
+
+
+@pytest.mark.parametrize("module", DAEMONS)
 def test_log_level_is_validated_and_case_blind(module):
     assert parse(module, "--log-level", "debug").log_level == "DEBUG"
     with pytest.raises(SystemExit):
