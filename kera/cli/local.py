@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kera.net import keys as keyfiles
+from kera.net.security import is_loopback
 from kera.client.coordinator_client import CoordinatorClient
 from kera.net.rpc import call as rpc_call
 from kera.errors import KeraError
@@ -261,7 +262,7 @@ class LocalCluster:
                           "--dir", str(self.data_dir / f"coordinator{suffix}"), *level]
             if heartbeat_interval_ms is not None:
                 coord_args += ["--heartbeat-interval-ms", str(heartbeat_interval_ms)]
-            coord_args += self._key_args("coordinator")
+            coord_args += self._key_args("coordinator", cwhere.host)
             self.coordinators.append(Daemon("coordinator", i, cport,
                                             coord_args + list(extra_coordinator_args),
                                             self.log_dir / f"coordinator{suffix}.log",
@@ -279,7 +280,7 @@ class LocalCluster:
                 args += self._kafka_args(w.host, pick(kafka_port + i if kafka_port else 0))
             if virtual_logs is not None:
                 args += ["--virtual-logs", str(virtual_logs)]
-            args += self._key_args(f"broker-{i}")
+            args += self._key_args(f"broker-{i}", w.host)
             self.brokers.append(Daemon("broker", i, p, args + list(extra_broker_args),
                                        self.log_dir / f"broker-{i}.log", w.host, w.prefix))
         self.backups = [self._backup(i, pick(), where(f"backup-{i}"), level, extra_backup_args)
@@ -290,7 +291,7 @@ class LocalCluster:
     def _backup(self, i: int, p: int, w: Where, level: list, extra) -> Daemon:
         args = ["backup", "--coordinator", self.bootstrap, "--host", w.host, "--port", str(p),
                 "--dir", str(self.data_dir / f"backup-{i}"), "--node", w.node or f"local-backup-{i}",
-                "--id", str(i), *level, *self._key_args(f"backup-{i}"), *_advertise(w, p)]
+                "--id", str(i), *level, *self._key_args(f"backup-{i}", w.host), *_advertise(w, p)]
         return Daemon("backup", i, p, args + list(extra), self.log_dir / f"backup-{i}.log",
                       w.host, w.prefix)
 
@@ -304,9 +305,11 @@ class LocalCluster:
         """Kafka clients' `bootstrap.servers` (empty without `kafka_port`)."""
         return ",".join(self.kafka_addresses)
 
-    def _key_args(self, name: str) -> list[str]:
+    def _key_args(self, name: str, host: str) -> list[str]:
+        """A daemon's keys; without them, a test host's routable address is served only
+        with --insecure (the daemons refuse it otherwise)."""
         if self.keys is None:
-            return []
+            return [] if is_loopback(host) else ["--insecure"]
         return ["--keys-dir", str(self.keys.dir), "--key-file", str(self.keys.secret(name))]
 
     # ------------------------------------------------------------------ lifecycle

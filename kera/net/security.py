@@ -146,6 +146,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--key-file", type=Path, default=None, metavar="FILE",
                        help="this daemon's own key (DIR/NAME.key_secret), used when it calls "
                             "other daemons; its role must be the daemon's kind")
+    group.add_argument("--insecure", action="store_true",
+                       help="serve a routable --host without keys: anyone who reaches it may "
+                            "read and delete every stream (refused unless given, as Redis's "
+                            "protected mode; loopback needs no keys)")
 
 
 def from_args(args: argparse.Namespace, kind: str) -> Security | None:
@@ -153,7 +157,13 @@ def from_args(args: argparse.Namespace, kind: str) -> Security | None:
     if args.keys_dir is None:
         if args.key_file is not None:
             raise keyfiles.KeyFileError("--key-file needs --keys-dir (the cluster's keys)")
-        return None   # the shell warns if it binds beyond loopback
+        host = getattr(args, "host", "127.0.0.1")
+        if not is_loopback(host) and not getattr(args, "insecure", False):
+            raise keyfiles.KeyFileError(
+                f"the {kind} would serve {host} without authentication or encryption: anyone "
+                f"who reaches it could read and delete every stream. Give it keys (--keys-dir, "
+                f"--key-file: kera keys create), bind 127.0.0.1, or pass --insecure")
+        return None   # the shell still warns when it binds beyond loopback
     if args.key_file is None:
         raise keyfiles.KeyFileError(f"--keys-dir needs --key-file: the {kind}'s own key "
                                     f"(kera keys create NAME --role {kind} --dir {args.keys_dir})")

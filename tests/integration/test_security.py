@@ -313,3 +313,17 @@ def test_kera_local_secure_prints_its_keys_and_the_cli_uses_them(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.mark.parametrize("daemon", [["coordinator", "--dir", "{tmp}/c"],
+                                    ["broker", "--coordinator", "127.0.0.1:1"],
+                                    ["backup", "--coordinator", "127.0.0.1:1", "--dir", "{tmp}/b"]])
+def test_a_routable_address_without_keys_is_refused_unless_insecure(tmp_path, daemon):
+    """Protected mode: a daemon without keys binds a routable address only with --insecure
+    (the test hosts' clusters pass it: tests/hosts)."""
+    args = [a.format(tmp=tmp_path) for a in daemon]
+    proc = subprocess.run([sys.executable, "-m", "kera", *args, "--host", "0.0.0.0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "without authentication or encryption" in proc.stderr
+    assert "--insecure" in proc.stderr
