@@ -26,6 +26,7 @@ from kera import config
 
 from kera.codec import schema
 from kera.net import security as daemon_security
+from kera.net.security import is_loopback
 from kera.daemon.coordinator_link import CoordinatorLink, LinkHooks
 from kera.daemon.coordinator_session import CoordinatorSession
 from kera.broker import history_epoch, replica_report
@@ -519,6 +520,11 @@ def run(args: argparse.Namespace) -> int:
         log.error("--kafka-port with CURVE keys: the Kafka listener has no TLS or SASL yet, and "
                   "a secure cluster never opens an unauthenticated port; run it without keys or "
                   "without --kafka-port")
+        return 2
+    kafka_host = args.kafka_host or args.host
+    if args.kafka_port is not None and not is_loopback(kafka_host) and not args.insecure:
+        log.error("--kafka-host %s would serve Kafka's protocol without authentication to "
+                  "anyone who reaches it: bind 127.0.0.1, or pass --insecure", kafka_host)
         return 2
     try:
         identity = Identity.load(args.dir)
