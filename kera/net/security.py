@@ -3,7 +3,7 @@
 pyzmq's `zmq.auth.Authenticator` answers ZeroMQ's ZAP requests; here it is driven by the daemon's
 own loop (its socket registered with the shell's poller) instead of a thread, so a lookup never
 races a reload. The handler accepts a client whose public key is in the keys directory
-(kera.net.keys) and sets the connection's ZMTP `User-Id` to `ROLE:NAME`; the shell reads it from
+(kera.net.keys) and sets the connection's ZMTP `User-Id` to `ROLE:NAME:KEY`; the shell reads it from
 every request it receives (`principal_of`). The directory is looked at again at most once per
 KEYRING_RELOAD_INTERVAL_S, so `kera keys create` (or deleting a public key, to revoke it)
 applies to new connections without a restart.
@@ -39,7 +39,8 @@ ZAP_BATCH_MAX = 256
 
 
 class Keyring:
-    """The keys directory's public keys, reloaded when it changes."""
+    """The keys directory's public keys, reloaded when a key file or folder changes (a key
+    deleted, added or overwritten in place), looked at most every KEYRING_RELOAD_INTERVAL_S."""
 
     def __init__(self, keys_dir: str | os.PathLike, clock=time.monotonic):
         self.keys_dir = Path(keys_dir)
@@ -50,12 +51,21 @@ class Keyring:
         self.reload()
 
     def lookup(self, z85_key: bytes) -> Principal | None:
+        self._refresh()
+        return self.principals.get(z85_key)
+
+    def holds(self, z85_key: bytes, principal: Principal) -> bool:
+        """Whether `z85_key` is still `principal`'s key here: checked on every request, so a
+        key deleted or overwritten stops being served on connections it opened before
+        (revocation is immediate)."""
+        return self.lookup(z85_key) == principal
+
+    def _refresh(self) -> None:
         now = self.clock()
         if now - self._checked_s >= KEYRING_RELOAD_INTERVAL_S:
             self._checked_s = now
             if self._dir_stamp() != self._stamp:
                 self.reload()
-        return self.principals.get(z85_key)
 
     def reload(self) -> None:
         stamp = self._dir_stamp()
@@ -68,10 +78,12 @@ class Keyring:
         out = []
         for role in keyfiles.ROLES:
             try:
-                st = (root / role).stat()
-                out.append((role, st.st_mtime_ns, st.st_ino))
+                with os.scandir(root / role) as entries:
+                    files = sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size, e.inode())
+                                   for e in entries)
+                out.append((role, tuple(files)))
             except OSError:
-                out.append((role, None, None))
+                out.append((role, None))
         return tuple(out)
 
 
@@ -93,8 +105,11 @@ class ZapHandler(zmq.auth.Authenticator):
         return known
 
     def curve_user_id(self, client_public_key: bytes) -> str:
-        principal = self.keyring.lookup(z85.encode(client_public_key))
-        return f"{principal.role}:{principal.name}"   # callback() has just found it
+        key = z85.encode(client_public_key)
+        principal = self.keyring.lookup(key)
+        # callback() has just found it; the key rides along so each request can be checked
+        # against the current keyring (kera.net.server: revocation)
+        return f"{principal.role}:{principal.name}:{key.decode()}"
 
     def on_readable(self) -> None:
         for _ in range(ZAP_BATCH_MAX):
@@ -123,8 +138,28 @@ def principal_of(frame: zmq.Frame) -> Principal | None:
         user = frame.get("User-Id")
     except zmq.ZMQError:
         return None
-    role, _, name = (user or "").partition(":")
+    role, _, name = _split_user(user or "")[0].partition(":")
     return Principal(name, role) if name else None
+
+
+def key_of(frame: zmq.Frame) -> bytes | None:
+    """The z85 public key that authenticated `frame`'s connection (from its User-Id)."""
+    try:
+        user = frame.get("User-Id") or ""
+    except zmq.ZMQError:
+        return None
+    return _split_user(user)[1]
+
+
+# A CURVE public key in z85: 32 bytes as 40 characters (':' among them, so it is cut by length).
+Z85_KEY_CHARS = 40
+
+
+def _split_user(user: str) -> tuple[str, bytes | None]:
+    """("ROLE:NAME", key) of a User-Id "ROLE:NAME:KEY"."""
+    if len(user) > Z85_KEY_CHARS and user[-Z85_KEY_CHARS - 1] == ":":
+        return user[:-Z85_KEY_CHARS - 1], user[-Z85_KEY_CHARS:].encode()
+    return user, None
 
 
 @dataclass(frozen=True)

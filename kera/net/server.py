@@ -27,9 +27,9 @@ from kera.net import keys
 
 from kera.codec import wire
 from kera.net.access import Guard
-from kera.errors import BadRequest, KeraError, PeerUnreachable, Throttled, Timeout
+from kera.errors import BadRequest, KeraError, NotAuthorized, PeerUnreachable, Throttled, Timeout
 from kera.net.keys import Principal
-from kera.net.security import Security, ZapHandler, principal_of, warn_if_open
+from kera.net.security import Security, ZapHandler, key_of, principal_of, warn_if_open
 
 log = logging.getLogger(__name__)
 
@@ -457,6 +457,15 @@ class Server:
         for hook in self.after_turn:
             self.guarded(hook)
 
+    def _check_current(self, frame, principal) -> None:
+        """A connection authenticated by a key since deleted or replaced is served no more."""
+        if self.zap is None or principal is None:
+            return
+        key = key_of(frame)
+        if key is None or not self.zap.keyring.holds(key, principal):
+            raise NotAuthorized(f"the key of {principal} was revoked: this connection is no "
+                                f"longer served; connect again with a current key")
+
     def _serve_watched(self, events: dict) -> None:
         for fd, mask in events.items():
             on_event = self._watched.get(fd) if type(fd) is int else None
@@ -536,6 +545,7 @@ class Server:
             req = Request(identity, req_id, op, fields, parts[2:])
             if self.guard is not None:
                 req.principal = principal_of(parts[1])
+                self._check_current(parts[1], req.principal)
                 self.guard.admit(req.principal, op, header)
             result = handler(req)
         except KeraError as err:

@@ -327,3 +327,41 @@ def test_a_routable_address_without_keys_is_refused_unless_insecure(tmp_path, da
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "without authentication or encryption" in proc.stderr
     assert "--insecure" in proc.stderr
+
+
+@pytest.mark.parametrize("how", ["deleted", "overwritten in place"])
+def test_a_revoked_key_is_refused_on_the_connection_it_already_has(cluster, how):
+    name = f"revokee-{next(_names)}"
+    secret = create_key(cluster.keys.dir, name, "client")
+    public = cluster.keys.dir / "public" / "client" / f"{name}.key"
+    with _admitted_connection(cluster.bootstrap, secret) as conn:
+        if how == "deleted":
+            public.unlink()
+        else:   # the same file, another key's bytes: the connection's key is no longer there
+            other = create_key(cluster.keys.dir, f"{name}-other", "client")
+            other_public = cluster.keys.dir / "public" / "client" / f"{name}-other.key"
+            public.write_bytes(other_public.read_bytes())
+            assert other.exists()
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            try:
+                conn.call("cluster")
+            except NotAuthorized as exc:
+                assert "revoked" in exc.message and name in exc.message
+                break
+            assert time.monotonic() < deadline, "the revoked key was still served"
+            time.sleep(0.1)
+
+
+def _admitted_connection(address: str, secret) -> rpc.Connection:
+    """A connection with a key just created: daemons look at the keys directory at most once
+    a second (kera.net.security.KEYRING_RELOAD_INTERVAL_S), so connect until admitted."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        conn = rpc.Connection(address, timeout_s=1.5, key_file=str(secret))
+        try:
+            conn.call("cluster")
+            return conn
+        except Timeout:
+            conn.close()
+            assert time.monotonic() < deadline, "a new key was never admitted"
