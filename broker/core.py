@@ -19,14 +19,14 @@ from kera.broker import history_epoch
 from kera.broker.backups import BackupPool
 from kera.broker.fetch_waits import FetchWaits
 from kera.broker.group import Group
-from kera.broker.producers import (APPEND, DUPLICATE, GAP, Entry, ProducerTable, classify,
-                                   classify_kafka)
+from kera.broker.producers import (ANONYMOUS_PRODUCER_ID, APPEND, DUPLICATE, GAP, Entry,
+                                   ProducerTable, classify, classify_kafka)
 from kera.broker.repair import RepairRead, Repairs
 from kera.broker.segment_pool import SEGMENT_POOL_BYTES, SegmentPool
 from kera.broker.retention import ReplicaDrop, Retention
 from kera.broker.streamlet import Streamlet, growth
 from kera.broker.tier import TierConfig, TierStore
-from kera.broker.time_index import streamlet_cursor_at
+from kera.broker.time_index import record_timestamp_us, streamlet_cursor_at
 from kera.daemon.stream_traffic import StreamTraffic
 from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
@@ -49,9 +49,6 @@ FETCH_REPLY_MAX_BYTES = 64 * config.MiB  # chunk bytes in one fetch reply, all r
 FETCH_CURSOR_GROUPS_MAX = 4096           # entries in one cursor's `offsets`
 
 
-# The producer id of a Kafka batch from a producer without idempotence (its producerId -1):
-# no duplicate detection, as a Kafka broker has none for it.
-ANONYMOUS_PRODUCER_ID = 0
 NO_BROKER = -1   # placement of a streamlet on no broker this one knows (a disowned stream)
 TOMBSTONES_MAX = 1 << 20   # entries accepted in a `deleted` list (the coordinator sends <= 4096)
 # Locks one conditional append may name: a transaction touching more rows than this is better
@@ -639,15 +636,16 @@ class Broker:
             return 0, {}
         return streamlet_cursor_at(streamlet, timestamp_us)
 
-    def number_at_time(self, sid: int, sl: int, timestamp_us: int) -> int | None:
-        """The record number of the first durable record at or after `timestamp_us` in a
-        one-slot streamlet (Kafka's ListOffsets by timestamp); None when there is none."""
+    def number_at_time(self, sid: int, sl: int, timestamp_us: int) -> tuple[int, int] | None:
+        """(record number, its timestamp in µs) of the first durable record at or after
+        `timestamp_us` in a one-slot streamlet (Kafka's ListOffsets by timestamp); None when
+        there is none."""
         low, offsets = self.cursor_at_time(sid, sl, timestamp_us)
         streamlet = self.streams[sid].streamlets.get(sl)
         for g in streamlet.groups if streamlet is not None else ():
             off = offsets.get(g.id, 0)
             if g.id >= low and g.number_base is not None and off < g.durable:
-                return g.number_base + off
+                return g.number_base + off, record_timestamp_us(g, off)
         return None
 
     def cursor_at_number(self, sid: int, sl: int, number: int) -> tuple[int, dict[int, int]]:

@@ -103,6 +103,11 @@ class ProducerTable:
                 del table[key]
 
 
+# The producer id of a Kafka batch from a producer without idempotence (its producerId -1):
+# no duplicate detection and no table entry, as a Kafka broker has none for it.
+ANONYMOUS_PRODUCER_ID = 0
+
+
 def classify_kafka(entry: Entry | None, sequence: int) -> int:
     """APPEND, DUPLICATE or GAP for a Kafka idempotent producer's batch (kera.codec.chunk
     FLAG_KAFKA): Kafka's sequences count records, so the next batch's base sequence is the

@@ -38,9 +38,9 @@ import logging
 from array import array
 
 from kera.broker.group import Group
-from kera.broker.producers import Entry
+from kera.broker.producers import ANONYMOUS_PRODUCER_ID, Entry
 from kera.broker.streamlet import Streamlet
-from kera.codec.chunk import FLAG_CONDITION, UNSET_U32, UNSET_U64, Chunk, ChunkHeader, read_condition
+from kera.codec.chunk import FLAG_CONDITION, FLAG_KAFKA, UNSET_U32, UNSET_U64, Chunk, ChunkHeader, read_condition
 from kera.errors import CorruptChunk
 
 log = logging.getLogger(__name__)
@@ -48,13 +48,15 @@ log = logging.getLogger(__name__)
 
 
 class _GroupBuild:
-    __slots__ = ("group", "pending", "pids", "seqs", "durable_end", "durable_open", "conditions")
+    __slots__ = ("group", "pending", "pids", "seqs", "nexts", "durable_end", "durable_open",
+                 "conditions")
 
     def __init__(self, group: Group):
         self.group = group
         self.pending: dict[int, tuple] = {}    # base offset -> (chunk, header, durable)
         self.pids = array("Q")                 # producer of each placed chunk, in order
         self.seqs = array("Q")                 # its sequence
+        self.nexts = array("Q")                # the sequence its producer's next chunk has
         self.durable_end = 0                   # end of the leading run of readable chunks
         self.durable_open = True               # the run has not been broken yet
         self.conditions: list = []             # (end offset, lock ids) of conditional chunks
@@ -127,6 +129,7 @@ class StreamletRebuild:
             gb.conditions.append((group.head, _locks_of(chunk)))
         gb.pids.append(h.producer_id)
         gb.seqs.append(h.sequence)
+        gb.nexts.append(next_sequence(h))
         if durable and gb.durable_open:
             gb.durable_end = group.head
         else:
@@ -157,16 +160,18 @@ class StreamletRebuild:
             if gb.pending:
                 cut(gb.group.slot, gid, len(gb.pids), f"{len(gb.pending)} chunks after a gap")
         starts_at_zero = ids[0] == 0
-        last_seq: dict[int, int] = {}
+        expected: dict[int, int] = {}   # producer -> the sequence its next chunk must have
         for gid in ids:
             gb = self.groups[gid]
-            for k, (pid, seq) in enumerate(zip(gb.pids, gb.seqs)):
-                prev = last_seq.get(pid)
-                if (prev is not None and seq != prev + 1) or (
-                        prev is None and seq != 0 and starts_at_zero):
-                    cut(gb.group.slot, gid, k, f"producer {pid:#x} sequence {seq} after "
-                        f"{'none' if prev is None else prev}")
-                last_seq[pid] = seq
+            for k, (pid, seq, nxt) in enumerate(zip(gb.pids, gb.seqs, gb.nexts)):
+                if nxt == NO_SEQUENCE:
+                    continue   # a Kafka producer without idempotence: no order to check
+                want = expected.get(pid)
+                if (want is not None and seq != want) or (
+                        want is None and seq != 0 and starts_at_zero):
+                    cut(gb.group.slot, gid, k, f"producer {pid:#x} sequence {seq} where "
+                        f"{'the first' if want is None else want} was due")
+                expected[pid] = nxt
         for slot, gid, why in self._number_gaps(ids, cuts):
             cut(slot, gid, 0, why)
         for gid in ids:
@@ -230,8 +235,9 @@ class StreamletRebuild:
             for seg in gb.group.segments:
                 for i in range(len(seg)):
                     pid = gb.pids[k]
-                    newest[pid] = Entry(gb.seqs[k], gid, seg.number, seg.bases[i],
-                                        seg.end_offset(i))
+                    if gb.nexts[k] != NO_SEQUENCE:
+                        newest[pid] = Entry(gb.seqs[k], gid, seg.number, seg.bases[i],
+                                            seg.end_offset(i))
                     k += 1
         return newest
 
@@ -244,6 +250,21 @@ class StreamletRebuild:
         self.pending_bytes = 0
 
 
+# `next_sequence` of a chunk whose producer has no sequence rule (kera.broker.core
+# ANONYMOUS_PRODUCER_ID with a Kafka batch): never a producer-table entry, never a cut.
+NO_SEQUENCE = 2**64 - 1
+
+
+def next_sequence(h) -> int:
+    """The sequence the chunk after `h` of its producer has: kera's count chunks, Kafka's
+    idempotent producers' count records (kera.broker.producers.classify_kafka)."""
+    if not h.flags & FLAG_KAFKA:
+        return h.sequence + 1
+    if h.producer_id == ANONYMOUS_PRODUCER_ID:
+        return NO_SEQUENCE
+    return h.sequence + h.record_count
+
+
 def _truncate(gb: _GroupBuild, keep: int) -> None:
     """Keep only the first `keep` chunks of a group under construction."""
     group = gb.group
@@ -251,6 +272,7 @@ def _truncate(gb: _GroupBuild, keep: int) -> None:
         return
     del gb.pids[keep:]
     del gb.seqs[keep:]
+    del gb.nexts[keep:]
     left = keep
     for si, seg in enumerate(group.segments):
         n = len(seg)

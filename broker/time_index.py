@@ -122,6 +122,13 @@ def chunk_timestamps_us(seg, index: int) -> np.ndarray:
     return Chunk(view, check=False).timestamps
 
 
+def record_timestamp_us(group, offset: int) -> int:
+    """The timestamp of durable record `offset` of `group`."""
+    si, ci = group.locate(offset)
+    seg = group.segments[si]
+    return int(chunk_timestamps_us(seg, ci)[offset - seg.bases[ci]])
+
+
 def group_offset_at(group, timestamp_us: int, budget: IndexBudget) -> int:
     """The first offset of `group` whose record timestamp is >= `timestamp_us`, or its durable
     end when no durable record is. NotReady when `budget` runs out first."""

@@ -13,16 +13,18 @@ A request that must wait is parked under the shell's `token` (hashable: it route
 and its call returns None; its answer comes out of `take_ready`, possibly at once. Time is the
 `now` passed in (seconds, monotonic); every call first applies what `now` has expired, and
 `next_deadline` says when the shell must call `tick` next. Offsets are stored elsewhere:
-`commit_allowed` only says whether a member may commit.
+`commit_allowed` only says whether a member may commit. What is held between calls (groups,
+members, parked requests, deadlines) and its bookkeeping is kera.broker.kafka.group_state's.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import uuid
 from dataclasses import dataclass, field
-from typing import NamedTuple
+
+from kera.broker.kafka.group_state import (
+    COMPLETING, DEAD, EMPTY, PREPARING, STABLE, Deadlines, Group, Joining, Member, Parked,
+    ParkedRequests)
 
 # Kafka error codes (kio.schema.errors.ErrorCode) this module answers.
 NONE = 0
@@ -37,9 +39,6 @@ NON_EMPTY_GROUP = 68
 GROUP_ID_NOT_FOUND = 69
 MEMBER_ID_REQUIRED = 79
 GROUP_MAX_SIZE_REACHED = 81
-
-EMPTY, PREPARING, COMPLETING, STABLE, DEAD = (
-    "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead")
 
 # Kafka's group.min.session.timeout.ms / group.max.session.timeout.ms defaults: a member asking
 # for a session outside them gets INVALID_SESSION_TIMEOUT. kafka-python asks 10 s, librdkafka
@@ -103,74 +102,6 @@ class GroupDescription:
     members: list        # [MemberDescription]
 
 
-class _Joining(NamedTuple):
-    """What a JoinGroup says of its member."""
-    client_id: str
-    client_host: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    protocol_type: str
-    protocols: list[tuple[str, bytes]]
-
-
-class _Parked:
-    """One held JoinGroup or SyncGroup: the shell's token and the member it answers."""
-    __slots__ = ("token", "group", "member", "forgotten")
-
-    def __init__(self, token, group: _Group, member: _Member):
-        self.token = token
-        self.group = group
-        self.member = member
-        self.forgotten = False   # its connection closed: answered into the void
-
-
-class _Member:
-    __slots__ = ("member_id", "client_id", "client_host", "session_s", "rebalance_s",
-                 "protocols", "assignment", "expires_at", "joined", "synced",
-                 "join_wait", "sync_wait")
-
-    def __init__(self, member_id: str, client_id: str, client_host: str):
-        self.member_id = member_id
-        self.client_id = client_id
-        self.client_host = client_host
-        self.session_s = 0.0
-        self.rebalance_s = 0.0
-        self.protocols: list[tuple[str, bytes]] = []
-        self.assignment = b""
-        self.expires_at = 0.0        # session deadline, while not kept alive
-        self.joined = False          # rejoined in the rebalance under way
-        self.synced = True           # sent its SyncGroup for the current generation
-        self.join_wait: _Parked | None = None
-        self.sync_wait: _Parked | None = None
-
-    def metadata(self, protocol: str | None) -> bytes:
-        return next((meta for name, meta in self.protocols if name == protocol), b"")
-
-
-class _Group:
-    __slots__ = ("group_id", "state", "generation", "protocol_type", "protocol_name", "leader",
-                 "members", "pending", "join_deadline", "initial_until", "rebalance_start",
-                 "sync_deadline", "scheduled")
-
-    def __init__(self, group_id: str):
-        self.group_id = group_id
-        self.state = EMPTY
-        self.generation = 0
-        self.protocol_type = ""
-        self.protocol_name: str | None = None
-        self.leader: str | None = None
-        self.members: dict[str, _Member] = {}     # in joining order: the first may lead
-        self.pending: dict[str, float] = {}       # member id handed out -> when it expires
-        self.join_deadline: float | None = None   # PreparingRebalance ends by then
-        self.initial_until: float | None = None   # an empty group's first join held till then
-        self.rebalance_start = 0.0
-        self.sync_deadline: float | None = None   # members that did not sync by then leave
-        self.scheduled: float | None = None       # earliest deadline in the heap for it
-
-    def size(self) -> int:
-        return len(self.members) + len(self.pending)
-
-
 class ClassicGroups:
     def __init__(self, *, groups_max: int = GROUPS_MAX, members_max: int = GROUP_MEMBERS_MAX,
                  parked_max: int = PARKED_REQUESTS_MAX,
@@ -183,13 +114,15 @@ class ClassicGroups:
         self.initial_delay_s = initial_rebalance_delay_ms / 1000
         self.session_min_ms = session_timeout_min_ms
         self.session_max_ms = session_timeout_max_ms
-        self.groups: dict[str, _Group] = {}
-        self.parked = 0
+        self.groups: dict[str, Group] = {}
         self.rebalances = 0                       # generations formed, since start
-        self._by_token: dict[object, list[_Parked]] = {}
-        self._ready: list = []
-        self._deadlines: list = []                # (when, tiebreak, group); stale ones recheck
-        self._tiebreak = itertools.count()
+        self._parked = ParkedRequests()
+        self._deadlines = Deadlines()
+
+    @property
+    def parked(self) -> int:
+        """JoinGroups and SyncGroups held now, forgotten ones not counted."""
+        return self._parked.count
 
     # --- JoinGroup
 
@@ -201,7 +134,9 @@ class ClassicGroups:
         `require_known_member` for v4+; a v0 request passes its session timeout as
         `rebalance_timeout_ms`."""
         self.tick(now)
-        error = self._join_error(group_id, session_timeout_ms, protocol_type, protocols)
+        args = Joining(client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
+                       protocol_type, protocols)
+        error = _join_error(group_id, args, self.session_min_ms, self.session_max_ms)
         if error:
             return JoinResult(error, member_id=member_id)
         group = self.groups.get(group_id)
@@ -214,55 +149,40 @@ class ClassicGroups:
         group = group or self._new_group(group_id)
         if group is None:
             return JoinResult(COORDINATOR_NOT_AVAILABLE, member_id=member_id)
-        args = _Joining(client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
-                        protocol_type, protocols)
         if not member_id:
             return self._join_new(group, require_known_member, args, token, now)
         if group.pending.pop(member_id, None) is not None:
-            return self._add_member(group, member_id, args, token, now)
+            member = group.add_member(member_id, args)
+            return self._update_and_rebalance(group, member, args, token, now, new=True)
         member = group.members.get(member_id)
         if member is None:
             return JoinResult(UNKNOWN_MEMBER_ID, member_id=member_id)
         return self._rejoin(group, member, args, token, now)
 
-    def _join_error(self, group_id: str, session_timeout_ms: int, protocol_type: str,
-                    protocols: list) -> int:
-        if not group_id:
-            return INVALID_GROUP_ID
-        if not self.session_min_ms <= session_timeout_ms <= self.session_max_ms:
-            return INVALID_SESSION_TIMEOUT
-        if not protocol_type or not protocols:
-            return INCONSISTENT_GROUP_PROTOCOL
-        return NONE
-
-    def _new_group(self, group_id: str) -> _Group | None:
+    def _new_group(self, group_id: str) -> Group | None:
         """A new Empty group, making room by forgetting an Empty one; None when all are busy."""
         if len(self.groups) >= self.groups_max:
-            idle = next((g for g in self.groups.values() if _forgettable(g)), None)
+            idle = next((g for g in self.groups.values() if g.forgettable()), None)
             if idle is None:
                 return None
             del self.groups[idle.group_id]
-        group = self.groups[group_id] = _Group(group_id)
+        group = self.groups[group_id] = Group(group_id)
         return group
 
-    def _join_new(self, group: _Group, require_known_member: bool, args: _Joining, token,
+    def _join_new(self, group: Group, require_known_member: bool, args: Joining, token,
                   now: float) -> JoinResult | None:
         if group.size() >= self.members_max:
             return JoinResult(GROUP_MAX_SIZE_REACHED)
         member_id = f"{args.client_id}-{uuid.uuid4()}"
         if not require_known_member:
-            return self._add_member(group, member_id, args, token, now)
+            member = group.add_member(member_id, args)
+            return self._update_and_rebalance(group, member, args, token, now, new=True)
         expires_at = now + args.session_timeout_ms / 1000
         group.pending[member_id] = expires_at
-        self._schedule(group, expires_at)
+        self._deadlines.schedule(group, expires_at)
         return JoinResult(MEMBER_ID_REQUIRED, member_id=member_id)
 
-    def _add_member(self, group: _Group, member_id: str, args: _Joining, token,
-                    now: float) -> None:
-        member = group.members[member_id] = _Member(member_id, args.client_id, args.client_host)
-        return self._update_and_rebalance(group, member, args, token, now, new=True)
-
-    def _rejoin(self, group: _Group, member: _Member, args: _Joining, token,
+    def _rejoin(self, group: Group, member: Member, args: Joining, token,
                 now: float) -> JoinResult | None:
         """A known member's JoinGroup: answered at once with the current generation when
         nothing changed (a follower of a Stable group, anyone while CompletingRebalance), else
@@ -271,88 +191,48 @@ class ClassicGroups:
         if group.state == COMPLETING and same or (
                 group.state == STABLE and same and member.member_id != group.leader):
             self._start_session(group, member, now)
-            return self._join_result(group, member)
+            return _join_result(group, member)
         return self._update_and_rebalance(group, member, args, token, now)
 
-    def _update_and_rebalance(self, group: _Group, member: _Member, args: _Joining, token,
+    def _update_and_rebalance(self, group: Group, member: Member, args: Joining, token,
                               now: float, new: bool = False) -> None:
         _update(group, member, args)
         member.joined = True
         if member.join_wait is not None:   # a retry on another connection: the old one gives up
             self._answer(member.join_wait, JoinResult(REBALANCE_IN_PROGRESS,
                                                       member_id=member.member_id), now)
-        member.join_wait = self._park(token, group, member)
+        member.join_wait = self._parked.park(token, group, member)
         if group.state != PREPARING:
             self._prepare(group, now)
         elif new and group.initial_until is not None:
-            self._extend_initial_delay(group, now)
-        self._try_complete_join(group, now)
+            self._deadlines.schedule(group, group.extend_initial_delay(now, self.initial_delay_s))
+        if group.ready_to_form(now):
+            self._complete_join(group, now)
         return None
-
-    def _extend_initial_delay(self, group: _Group, now: float) -> None:
-        longest = max((m.rebalance_s for m in group.members.values()), default=0.0)
-        until = min(now + self.initial_delay_s, group.rebalance_start + longest)
-        group.initial_until = group.join_deadline = max(until, group.initial_until)
-        self._schedule(group, until)
 
     # --- rebalance
 
-    def _prepare(self, group: _Group, now: float) -> None:
+    def _prepare(self, group: Group, now: float) -> None:
         """Start a rebalance: held SyncGroups of the unfinished generation are answered 27."""
         for member in group.members.values():
             if member.sync_wait is not None:
                 self._answer(member.sync_wait, SyncResult(REBALANCE_IN_PROGRESS), now)
-        initial = group.state == EMPTY
-        group.state = PREPARING
-        group.sync_deadline = None
-        group.rebalance_start = now
-        longest = max((m.rebalance_s for m in group.members.values()), default=0.0)
-        delay = min(self.initial_delay_s, longest) if initial else longest
-        group.join_deadline = now + delay
-        group.initial_until = group.join_deadline if initial else None
-        self._schedule(group, group.join_deadline)
+        self._deadlines.schedule(group, group.begin_rebalance(now, self.initial_delay_s))
 
-    def _try_complete_join(self, group: _Group, now: float) -> None:
-        if group.state != PREPARING or group.pending:
-            return
-        if group.initial_until is not None and now < group.initial_until:
-            return
-        if all(m.joined for m in group.members.values()):
-            self._complete_join(group, now)
-
-    def _complete_join(self, group: _Group, now: float) -> None:
+    def _complete_join(self, group: Group, now: float) -> None:
         """The rebalance ends: members that did not rejoin leave, a generation forms (or the
         group is Empty) and every held JoinGroup is answered."""
         for member in [m for m in group.members.values() if not m.joined]:
             self._drop(group, member, now)
-        group.join_deadline = group.initial_until = None
-        if not group.members:
-            group.state, group.protocol_name, group.leader = EMPTY, None, None
+        if not group.form_generation(now):
             return
-        group.generation += 1
         self.rebalances += 1
-        if group.leader not in group.members:
-            group.leader = next(iter(group.members))
-        group.protocol_name = _select_protocol(group)
-        group.state = COMPLETING
-        group.sync_deadline = now + max(m.rebalance_s for m in group.members.values())
-        self._schedule(group, group.sync_deadline)
+        self._deadlines.schedule(group, group.sync_deadline)
         for member in group.members.values():
-            self._start_generation(group, member, now)
-
-    def _start_generation(self, group: _Group, member: _Member, now: float) -> None:
-        member.joined, member.synced, member.assignment = False, False, b""
-        self._start_session(group, member, now)   # also of members whose join was forgotten
-        if member.join_wait is not None:
-            self._answer(member.join_wait, self._join_result(group, member), now)
-
-    def _join_result(self, group: _Group, member: _Member) -> JoinResult:
-        members = []
-        if member.member_id == group.leader:
-            members = [(m.member_id, m.metadata(group.protocol_name))
-                       for m in group.members.values()]
-        return JoinResult(NONE, group.generation, group.protocol_type, group.protocol_name,
-                          group.leader, member.member_id, members)
+            member.joined, member.synced, member.assignment = False, False, b""
+            self._start_session(group, member, now)   # also of members whose join was forgotten
+            if member.join_wait is not None:
+                self._answer(member.join_wait, _join_result(group, member), now)
 
     # --- SyncGroup
 
@@ -372,20 +252,20 @@ class ClassicGroups:
             return SyncResult(error)
         if group.state == STABLE:
             member.synced = True
-            self._check_all_synced(group)
+            group.close_sync_if_all_synced()
             self._start_session(group, member, now)
-            return self._sync_result(group, member)
+            return _sync_result(group, member)
         if self.parked >= self.parked_max:
             return SyncResult(COORDINATOR_NOT_AVAILABLE)
         member.synced = True
         if member.sync_wait is not None:
             self._answer(member.sync_wait, SyncResult(REBALANCE_IN_PROGRESS), now)
-        member.sync_wait = self._park(token, group, member)
+        member.sync_wait = self._parked.park(token, group, member)
         if member_id == group.leader:
             self._assign(group, assignments, now)
         return None
 
-    def _assign(self, group: _Group, assignments: list[tuple[str, bytes]], now: float) -> None:
+    def _assign(self, group: Group, assignments: list[tuple[str, bytes]], now: float) -> None:
         """The leader's SyncGroup: every member gets its assignment (b"" if the leader gave it
         none) and the group is Stable."""
         given = dict(assignments)
@@ -393,15 +273,8 @@ class ClassicGroups:
         for member in group.members.values():
             member.assignment = bytes(given.get(member.member_id, b""))
             if member.sync_wait is not None:
-                self._answer(member.sync_wait, self._sync_result(group, member), now)
-        self._check_all_synced(group)
-
-    def _sync_result(self, group: _Group, member: _Member) -> SyncResult:
-        return SyncResult(NONE, member.assignment, group.protocol_type, group.protocol_name)
-
-    def _check_all_synced(self, group: _Group) -> None:
-        if all(m.synced for m in group.members.values()):
-            group.sync_deadline = None
+                self._answer(member.sync_wait, _sync_result(group, member), now)
+        group.close_sync_if_all_synced()
 
     # --- Heartbeat, LeaveGroup, OffsetCommit
 
@@ -429,7 +302,7 @@ class ClassicGroups:
             self._after_departures(group, now)
         return answers
 
-    def _leave_one(self, group: _Group, member_id: str, now: float) -> int:
+    def _leave_one(self, group: Group, member_id: str, now: float) -> int:
         if group.pending.pop(member_id, None) is not None:
             return NONE
         member = group.members.get(member_id)
@@ -493,30 +366,24 @@ class ClassicGroups:
     def tick(self, now: float) -> None:
         """Apply what has expired by `now`: silent members, rebalances and syncs whose time is
         up, member ids handed out and not used."""
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][0] <= now:
-            group = heapq.heappop(deadlines)[2]
-            if self.groups.get(group.group_id) is group:
-                group.scheduled = None
+        for group in self._deadlines.due(now):
+            if self.groups.get(group.group_id) is group:   # else deleted or forgotten since
                 self._expire(group, now)
 
     def next_deadline(self) -> float | None:
         """When `tick` has something to do next (it may find nothing: a heartbeat moved it)."""
-        return self._deadlines[0][0] if self._deadlines else None
+        return self._deadlines.next()
 
     def take_ready(self, now: float) -> list[tuple[object, JoinResult | SyncResult]]:
         """(token, answer) of the parked requests answered by `now`, in the order answered."""
         self.tick(now)
-        ready, self._ready = self._ready, []
-        return ready
+        return self._parked.take()
 
     def forget_token(self, token) -> None:
         """The connection of `token` closed: its parked requests are never answered. Their
         members stay held, as in Kafka (which cannot tell): the member may come back on
         another connection, and the rebalance or sync timeout bounds the wait."""
-        for parked in self._by_token.pop(token, ()):
-            parked.forgotten = True
-            self.parked -= 1
+        self._parked.forget(token)
 
     def stats(self) -> dict:
         return {"kafka_groups": len(self.groups), "kafka_groups_parked": self.parked,
@@ -524,38 +391,33 @@ class ClassicGroups:
 
     # --- internals
 
-    def _expire(self, group: _Group, now: float) -> None:
-        for member_id in [m for m, until in group.pending.items() if until <= now]:
-            del group.pending[member_id]
-        silent = [m for m in group.members.values()
-                  if not _kept_alive(group, m) and m.expires_at <= now]
+    def _expire(self, group: Group, now: float) -> None:
+        group.expire_pending(now)
+        silent = group.silent_members(now)
         for member in silent:
             self._drop(group, member, now)
         if silent:
             self._after_departures(group, now)
         if group.state == PREPARING and group.join_deadline <= now:
             self._complete_join(group, now)
-        self._expire_sync(group, now)
-        self._try_complete_join(group, now)   # a pending id that expired may have held it
-        self._reschedule(group)
-
-    def _expire_sync(self, group: _Group, now: float) -> None:
-        """Members that did not send their SyncGroup within the rebalance timeout leave."""
-        if group.sync_deadline is None or group.sync_deadline > now:
-            return
-        group.sync_deadline = None
-        late = [m for m in group.members.values() if not m.synced]
+        late = group.late_to_sync(now)   # did not sync within the rebalance timeout: they leave
         for member in late:
             self._drop(group, member, now)
         if late:
             self._after_departures(group, now)
+        if group.ready_to_form(now):   # a pending id that expired may have held it
+            self._complete_join(group, now)
+        when = group.next_expiry()
+        if when is not None:
+            self._deadlines.schedule(group, when)
 
-    def _after_departures(self, group: _Group, now: float) -> None:
+    def _after_departures(self, group: Group, now: float) -> None:
         if group.state in (STABLE, COMPLETING):
             self._prepare(group, now)
-        self._try_complete_join(group, now)
+        if group.ready_to_form(now):
+            self._complete_join(group, now)
 
-    def _drop(self, group: _Group, member: _Member, now: float) -> None:
+    def _drop(self, group: Group, member: Member, now: float) -> None:
         """Remove a member; its held requests are answered UNKNOWN_MEMBER_ID."""
         del group.members[member.member_id]
         if member.join_wait is not None:
@@ -564,48 +426,42 @@ class ClassicGroups:
         if member.sync_wait is not None:
             self._answer(member.sync_wait, SyncResult(UNKNOWN_MEMBER_ID), now)
 
-    def _start_session(self, group: _Group, member: _Member, now: float) -> None:
+    def _start_session(self, group: Group, member: Member, now: float) -> None:
         member.expires_at = now + member.session_s
-        self._schedule(group, member.expires_at)
+        self._deadlines.schedule(group, member.expires_at)
 
-    def _park(self, token, group: _Group, member: _Member) -> _Parked:
-        parked = _Parked(token, group, member)
-        self._by_token.setdefault(token, []).append(parked)
-        self.parked += 1
-        return parked
-
-    def _answer(self, parked: _Parked, result: JoinResult | SyncResult, now: float) -> None:
+    def _answer(self, parked: Parked, result: JoinResult | SyncResult, now: float) -> None:
         """Release a held request; its member's session starts again (as Kafka's)."""
+        self._parked.answer(parked, result)
         member, group = parked.member, parked.group
-        if member.join_wait is parked:
-            member.join_wait = None
-        if member.sync_wait is parked:
-            member.sync_wait = None
         if group.members.get(member.member_id) is member:
             self._start_session(group, member, now)
-        if parked.forgotten:
-            return
-        others = self._by_token[parked.token]
-        others.remove(parked)
-        if not others:
-            del self._by_token[parked.token]
-        self.parked -= 1
-        self._ready.append((parked.token, result))
-
-    def _schedule(self, group: _Group, when: float) -> None:
-        if group.scheduled is None or when < group.scheduled:
-            group.scheduled = when
-            heapq.heappush(self._deadlines, (when, next(self._tiebreak), group))
-
-    def _reschedule(self, group: _Group) -> None:
-        times = [m.expires_at for m in group.members.values() if not _kept_alive(group, m)]
-        times.extend(group.pending.values())
-        times.extend(t for t in (group.join_deadline, group.sync_deadline) if t is not None)
-        if times:
-            self._schedule(group, min(times))
 
 
-def _update(group: _Group, member: _Member, args: _Joining) -> None:
+def _join_error(group_id: str, args: Joining, session_min_ms: int, session_max_ms: int) -> int:
+    if not group_id:
+        return INVALID_GROUP_ID
+    if not session_min_ms <= args.session_timeout_ms <= session_max_ms:
+        return INVALID_SESSION_TIMEOUT
+    if not args.protocol_type or not args.protocols:
+        return INCONSISTENT_GROUP_PROTOCOL
+    return NONE
+
+
+def _join_result(group: Group, member: Member) -> JoinResult:
+    members = []
+    if member.member_id == group.leader:
+        members = [(m.member_id, m.metadata(group.protocol_name))
+                   for m in group.members.values()]
+    return JoinResult(NONE, group.generation, group.protocol_type, group.protocol_name,
+                      group.leader, member.member_id, members)
+
+
+def _sync_result(group: Group, member: Member) -> SyncResult:
+    return SyncResult(NONE, member.assignment, group.protocol_type, group.protocol_name)
+
+
+def _update(group: Group, member: Member, args: Joining) -> None:
     """A member's JoinGroup replaces what it said before; the first member sets the type."""
     member.client_id, member.client_host = args.client_id, args.client_host
     member.session_s = args.session_timeout_ms / 1000
@@ -616,7 +472,7 @@ def _update(group: _Group, member: _Member, args: _Joining) -> None:
         group.protocol_type = args.protocol_type
 
 
-def _supports(group: _Group, member_id: str, protocol_type: str, protocols: list) -> bool:
+def _supports(group: Group, member_id: str, protocol_type: str, protocols: list) -> bool:
     """Whether a member can join: once the group has members, the same protocol type and a
     protocol every other member supports too."""
     others = [m for m in group.members.values() if m.member_id != member_id]
@@ -628,20 +484,7 @@ def _supports(group: _Group, member_id: str, protocol_type: str, protocols: list
     return any(name in common for name, _ in protocols)
 
 
-def _select_protocol(group: _Group) -> str:
-    """Kafka's choice: among the protocols every member supports, the one most members list
-    first; ties go to the leader's order of preference."""
-    members = list(group.members.values())
-    common = set.intersection(*({name for name, _ in m.protocols} for m in members))
-    votes: dict[str, int] = {}
-    for member in members:
-        first = next(name for name, _ in member.protocols if name in common)
-        votes[first] = votes.get(first, 0) + 1
-    leader_order = [name for name, _ in group.members[group.leader].protocols if name in common]
-    return max(leader_order, key=lambda name: votes.get(name, 0))
-
-
-def _sync_error(group: _Group, generation_id: int, protocol_type: str | None,
+def _sync_error(group: Group, generation_id: int, protocol_type: str | None,
                 protocol_name: str | None) -> int:
     if generation_id != group.generation:
         return ILLEGAL_GENERATION
@@ -651,11 +494,3 @@ def _sync_error(group: _Group, generation_id: int, protocol_type: str | None,
         return INCONSISTENT_GROUP_PROTOCOL
     return REBALANCE_IN_PROGRESS if group.state == PREPARING else NONE
 
-
-def _kept_alive(group: _Group, member: _Member) -> bool:
-    """A member whose JoinGroup or SyncGroup is held is not timed out by its session."""
-    return (group.state == PREPARING and member.joined) or member.sync_wait is not None
-
-
-def _forgettable(group: _Group) -> bool:
-    return group.state == EMPTY and not group.pending

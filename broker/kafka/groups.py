@@ -46,7 +46,7 @@ def _ms(value) -> int:
 def handle_find_coordinator(ctx: Context, call: Call) -> None:
     body = call.body
     keys = list(body.coordinator_keys) if hasattr(body, "coordinator_keys") else [body.key]
-    found = [_coordinator(ctx, key, body.key_type) for key in keys]
+    found = [_coordinator(ctx, key, getattr(body, "key_type", KEY_TYPE_GROUP)) for key in keys]
     if hasattr(body, "coordinator_keys"):
         call.answer({"coordinators": found})
     else:
@@ -187,20 +187,24 @@ def handle_offset_fetch(ctx: Context, call: Call) -> None:
         asks = [(g.group_id, g.topics) for g in b.groups]
     else:
         asks = [(b.group_id, b.topics)]
-    answers: dict[str, dict] = {}
+    answers: dict[int, dict] = {}
 
-    def done(group, topics, header, error) -> None:
-        answers[group] = _fetched(group, topics, header, error)
-        if len(answers) < len(asks):
-            return
+    def done(i, group, topics, header, error) -> None:
+        answers[i] = _fetched(group, topics, header, error)
+        if len(answers) == len(asks):
+            reply()
+
+    def reply() -> None:
         if hasattr(b, "groups"):
-            call.answer({"groups": [answers[g] for g, _ in asks]})
+            call.answer({"groups": [answers[i] for i in range(len(asks))]})
         else:
-            call.answer(answers[asks[0][0]])
+            call.answer(answers[0])
 
-    for group, topics in asks:
+    if not asks:
+        reply()
+    for i, (group, topics) in enumerate(asks):
         ctx.catalog.calls.call("kafka_offset_fetch", {"group": group},
-                               lambda h, e, g=group, t=topics: done(g, t, h, e))
+                               lambda h, e, i=i, g=group, t=topics: done(i, g, t, h, e))
 
 
 def _fetched(group: str, topics, header, error) -> dict:
@@ -230,7 +234,9 @@ def handle_list_groups(ctx: Context, call: Call) -> None:
     local = {g: (ptype, state) for g, ptype, state in ctx.groups.list()}
 
     def done(header, error) -> None:
-        names = set(local) | set(header.get("groups", []) if error is None else [])
+        stored = header.get("groups", []) if error is None else []
+        # each broker lists the groups it coordinates, as Kafka's do (clients merge the lists)
+        names = set(local) | {g for g in stored if _not_here(ctx, g) is None}
         call.answer({"error_code": ErrorCode.none, "groups": [
             {"group_id": g, "protocol_type": local.get(g, ("consumer", ""))[0],
              "group_state": local.get(g, ("", "Empty"))[1]} for g in sorted(names)]})
@@ -258,19 +264,20 @@ def _described(ctx: Context, group_id: str) -> dict:
 
 def handle_delete_groups(ctx: Context, call: Call) -> None:
     names = list(call.body.groups_names)
-    results: dict[str, ErrorCode] = {}
+    results: dict[int, ErrorCode] = {}
 
-    def done(group, code) -> None:
-        results[group] = code
+    def done(i, code) -> None:
+        results[i] = code
         if len(results) == len(names):
-            call.answer({"results": [{"group_id": g, "error_code": results[g]} for g in names]})
+            call.answer({"results": [{"group_id": g, "error_code": results[i]}
+                                     for i, g in enumerate(names)]})
 
     if not names:
         call.answer({"results": []})
-    for group in names:
+    for i, group in enumerate(names):
         code = _not_here(ctx, group) or ctx.groups.delete(group)
         if code and code != ErrorCode.group_id_not_found:
-            done(group, code)
+            done(i, code)
             continue
         ctx.catalog.calls.call("kafka_offset_delete", {"group": group},
-                               lambda h, e, g=group: done(g, 0 if e is None else _group_code(e)))
+                               lambda h, e, i=i: done(i, 0 if e is None else _group_code(e)))

@@ -58,7 +58,8 @@ def decode_request(frame: bytes, supported) -> KafkaRequest:
     try:
         header, at = _reader(cls.__header_schema__)(frame, 0)
         body, used = _reader(cls)(frame, at)
-    except (SerialError, ValueError, UnicodeDecodeError, OverflowError) as exc:
+    except (SerialError, ValueError, UnicodeDecodeError, OverflowError, KeyError, IndexError,
+            TypeError, struct.error) as exc:   # kio's ways of saying the bytes are not a request
         raise BadRequest(f"api key {key} v{version}: malformed request: {exc}") from None
     if at + used != len(frame):
         raise BadRequest(f"api key {key} v{version}: {len(frame) - at - used} bytes after the body")

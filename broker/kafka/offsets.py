@@ -34,19 +34,21 @@ def _partition(ctx: Context, topic: str, p) -> dict:
             topic in ctx.catalog.topics else ErrorCode.unknown_topic_or_partition
         return out
     try:
-        out["offset"] = _offset(ctx, stream.info.id, p.partition_index, p.timestamp)
+        out["offset"], out["timestamp"] = _offset(ctx, stream.info.id, p.partition_index,
+                                                  p.timestamp)
     except KeraError as err:
         out["error_code"] = kafka_code(err)
-    if p.timestamp >= 0 and out["offset"] >= 0:
-        out["timestamp"] = p.timestamp
     return out
 
 
-def _offset(ctx: Context, sid: int, sl: int, timestamp: int) -> int:
+def _offset(ctx: Context, sid: int, sl: int, timestamp: int) -> tuple[int, int]:
+    """(offset, the found record's timestamp in ms, -1 for the special queries)."""
     start, end = ctx.core.number_span(sid, sl)
     if timestamp == EARLIEST:
-        return start
+        return start, -1
     if timestamp < 0:                      # LATEST, and the max-timestamp query (-3)
-        return end
+        return end, -1
     found = ctx.core.number_at_time(sid, sl, timestamp * US_PER_MS)
-    return -1 if found is None else found
+    if found is None:
+        return -1, -1
+    return found[0], found[1] // US_PER_MS

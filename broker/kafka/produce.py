@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
-from kera.broker.core import ANONYMOUS_PRODUCER_ID
+from kera.broker.producers import ANONYMOUS_PRODUCER_ID
 from kera.broker.kafka.context import Call, Context, Deferred
 from kera.broker.kafka.errors import kafka_code
 from kera.broker.kafka.producer_ids import PRODUCER_ID_BITS

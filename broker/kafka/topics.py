@@ -14,6 +14,7 @@ from kio.schema.errors import ErrorCode
 
 from kera.broker.kafka.context import Call, Context
 from kera.broker.kafka.errors import kafka_code
+from kera.errors import BadRequest
 
 # Kafka's legal topic names (kera's stream names allow the same characters, up to 255).
 TOPIC_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")
@@ -49,19 +50,23 @@ def create_topic(ctx: Context, name: str, partitions: int, replication: int,
 
 def handle_create_topics(ctx: Context, call: Call) -> None:
     topics = list(call.body.topics)
-    results: dict[str, dict] = {}
+    results: dict[int, dict] = {}
 
-    def finish(name: str, code: ErrorCode, message: str | None, topic) -> None:
-        results[name] = {"name": name, "error_code": code, "error_message": message,
-                         "num_partitions": topic.num_partitions if code == 0 else -1,
-                         "replication_factor": topic.replication_factor if code == 0 else -1}
+    def finish(i: int, code: ErrorCode, message: str | None, topic) -> None:
+        results[i] = {"name": topic.name, "error_code": code, "error_message": message,
+                      "num_partitions": topic.num_partitions if code == 0 else -1,
+                      "replication_factor": topic.replication_factor if code == 0 else -1}
         if len(results) == len(topics):
-            call.answer({"topics": [results[t.name] for t in topics]})
+            call.answer({"topics": [results[i] for i in range(len(topics))]})
 
     if not topics:
         call.answer({"topics": []})
-    for t in topics:
-        _create_one(ctx, call, t, lambda code, msg, t=t: finish(t.name, code, msg, t))
+    repeated = _repeated([t.name for t in topics])
+    for i, t in enumerate(topics):
+        if t.name in repeated:
+            finish(i, ErrorCode.invalid_request, f"topic {t.name!r} is named twice", t)
+        else:
+            _create_one(ctx, call, t, lambda code, msg, i=i, t=t: finish(i, code, msg, t))
 
 
 def _create_one(ctx: Context, call: Call, t, done) -> None:
@@ -100,43 +105,58 @@ def _settings(configs) -> tuple[dict, str | None]:
 def handle_delete_topics(ctx: Context, call: Call) -> None:
     body = call.body
     names = [t.name for t in body.topics] if hasattr(body, "topics") else list(body.topic_names)
-    results: dict[str, dict] = {}
+    results: dict[int, dict] = {}
 
-    def finish(name, header, error):
-        results[name] = {"name": name, "error_code": ErrorCode.none if error is None
-                         else kafka_code(error),
-                         "error_message": None if error is None else error.message}
+    def finish(i, error, code=None):
+        results[i] = {"name": names[i], "error_message": None if error is None else error.message,
+                      "error_code": code if code is not None else ErrorCode.none
+                      if error is None else kafka_code(error)}
         if len(results) == len(names):
             ctx.catalog.forget()
-            call.answer({"responses": [results[n] for n in names]})
+            call.answer({"responses": [results[i] for i in range(len(names))]})
 
     if not names:
         call.answer({"responses": []})
-    for name in names:
+    repeated = _repeated(names)
+    for i, name in enumerate(names):
+        if name in repeated or name is None:
+            finish(i, BadRequest(f"topic {name!r} is named twice, or by id only"),
+                   ErrorCode.invalid_request)
+            continue
         ctx.catalog.calls.call("delete_stream", {"name": name},
-                               lambda h, e, name=name: finish(name, h, e))
+                               lambda h, e, i=i: finish(i, e))
 
 
 def handle_create_partitions(ctx: Context, call: Call) -> None:
     topics = list(call.body.topics)
-    results: dict[str, dict] = {}
+    results: dict[int, dict] = {}
 
-    def finish(name, header, error):
-        results[name] = {"name": name, "error_code": ErrorCode.none if error is None
-                         else _partitions_code(error),
-                         "error_message": None if error is None else error.message}
+    def finish(i, error):
+        results[i] = {"name": topics[i].name, "error_code": ErrorCode.none if error is None
+                      else _partitions_code(error),
+                      "error_message": None if error is None else error.message}
         if len(results) == len(topics):
             ctx.catalog.forget()
-            call.answer({"results": [results[t.name] for t in topics]})
+            call.answer({"results": [results[i] for i in range(len(topics))]})
 
     if not topics:
         call.answer({"results": []})
-    for t in topics:
-        if call.body.validate_only:
-            finish(t.name, {}, None)
-            continue
-        ctx.catalog.calls.call("alter_stream", {"name": t.name, "streamlets": t.count},
-                               lambda h, e, name=t.name: finish(name, h, e))
+    repeated = _repeated([t.name for t in topics])
+    for i, t in enumerate(topics):
+        if t.name in repeated:
+            finish(i, BadRequest(f"topic {t.name!r} is named twice"))
+        elif call.body.validate_only:
+            finish(i, None)
+        else:
+            ctx.catalog.calls.call("alter_stream", {"name": t.name, "streamlets": t.count},
+                                   lambda h, e, i=i: finish(i, e))
+
+
+def _repeated(names: list) -> set:
+    """Names given more than once in one request: each is answered INVALID_REQUEST, as Kafka
+    does, and not acted on."""
+    seen: set = set()
+    return {n for n in names if n in seen or seen.add(n)}
 
 
 def _partitions_code(error) -> ErrorCode:
