@@ -9,6 +9,7 @@ lag, the durable records and chunk bytes past its committed position, asked of t
 
 from __future__ import annotations
 from kera.cli.output import print_json, table
+from kera.errors import NotAuthorized
 
 
 RESET_TARGETS = ("earliest", "latest")
@@ -55,17 +56,47 @@ def _call(args, op: str, **fields) -> dict:
 
 
 def cmd_list(args) -> int:
-    groups = _call(args, "group_list")["groups"]
+    groups = [{**g, "protocol": "kera"} for g in _call(args, "group_list")["groups"]]
+    groups += [{"group": name, "protocol": "kafka", "state": "-", "members": "-", "epoch": "-",
+                "parts_committed": len(_kafka_offsets(args, name))}
+               for name in _kafka_groups(args)]
     if args.json:
         print_json(groups)
         return 0
-    rows = [[g["group"], g["state"], g["members"], g["epoch"], g["parts_committed"]]
-            for g in groups]
-    print(table(["GROUP", "STATE", "MEMBERS", "EPOCH", "COMMITTED STREAMLETS"], rows))
+    rows = [[g["group"], g["protocol"], g["state"], g["members"], g["epoch"],
+             g["parts_committed"]] for g in groups]
+    print(table(["GROUP", "PROTOCOL", "STATE", "MEMBERS", "EPOCH", "COMMITTED PARTITIONS"], rows))
+    return 0
+
+
+def _kafka_groups(args) -> list[str]:
+    """Groups of Kafka clients (kera.coordinator.kafka_offsets); none for a key that may not
+    list them (they are listed to brokers and admins)."""
+    try:
+        return _call(args, "kafka_group_list")["groups"]
+    except NotAuthorized:
+        return []
+
+
+def _kafka_offsets(args, name: str) -> list:
+    return _call(args, "kafka_offset_fetch", group=name)["offsets"]
+
+
+def _describe_kafka(args) -> int:
+    """A Kafka client group: its committed offsets (its members live on the broker that
+    coordinates it: Kafka's own tools describe them)."""
+    offsets = _kafka_offsets(args, args.group)
+    if args.json:
+        print_json({"group": args.group, "protocol": "kafka", "offsets": offsets})
+        return 0
+    print(f"group '{args.group}': Kafka protocol, {len(offsets)} partitions committed")
+    print(table(["TOPIC", "PARTITION", "COMMITTED OFFSET", "METADATA"], offsets))
     return 0
 
 
 def cmd_describe(args) -> int:
+    if args.group in _kafka_groups(args):
+        return _describe_kafka(args)
     group = _call(args, "group_describe", group=args.group)
     lags = sorted(_lag(args, group["positions"]).items())
     group["lag"] = [[s, sl, lag.records] for (s, sl), lag in lags]

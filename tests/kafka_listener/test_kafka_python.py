@@ -5,6 +5,9 @@ committed offsets with their metadata, and the group admin APIs."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -253,6 +256,19 @@ def test_offset_commit_keeps_its_metadata_string(kafka_cluster, topic):
         admin.close()
     assert {tp: (o.offset, o.metadata) for tp, o in offsets.items()} == {
         tp0: (7, "meta"), tp1: (0, "")}
+    # kera's own tools see the Kafka group and its commits (the coordinator keeps them)
+    listed = _kera(kafka_cluster, "group", "list", "--json")
+    assert {"group": group, "protocol": "kafka", "parts_committed": 2}.items() <= \
+        next(g for g in listed if g["group"] == group).items()
+    described = _kera(kafka_cluster, "group", "describe", group, "--json")
+    assert described["offsets"] == [[topic, 0, 7, "meta"], [topic, 1, 0, ""]]
+
+
+def _kera(cluster, *argv: str):
+    proc = subprocess.run([sys.executable, "-m", "kera", *argv, "--bootstrap", cluster.bootstrap],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
 
 
 def test_group_admin_lists_describes_and_deletes_a_group(kafka_cluster, topic):
