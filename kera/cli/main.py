@@ -749,10 +749,18 @@ def _probe_bootstrap(args) -> None:
     """Tell a refused port, an unknown host and a silent address apart within PROBE_TIMEOUT_S
     rather than after the request timeout (zmq connects lazily and would just wait)."""
     bootstrap = getattr(args, "bootstrap", None)
-    if bootstrap:
-        from kera.client.admin import parse_bootstrap
-        from kera.net.probe import probe
-        probe(parse_bootstrap(bootstrap))
+    if not bootstrap:
+        return
+    from kera.net.coordinators import parse_addresses
+    from kera.net.probe import probe
+    first = None
+    for address in parse_addresses(bootstrap):   # one answering is enough, as for the library
+        try:
+            probe(address)
+            return
+        except KeraError as err:
+            first = first or err
+    raise first
 
 
 def _explain(err: KeraError, args) -> str:

@@ -181,6 +181,14 @@ def test_wrong_address_told_apart_quickly(coordinator, address, expected):
     assert "Traceback" not in proc.stderr and elapsed_s < WRONG_ADDRESS_BUDGET_S
 
 
+@pytest.mark.parametrize("command", [["stream", "list"], ["group", "list"], ["cluster"]])
+def test_a_bootstrap_list_goes_on_past_a_dead_address(coordinator, command):
+    dead = f"127.0.0.1:{_free_port()}"
+    proc = kera(*command, "--bootstrap", f"{dead},{coordinator.bootstrap}")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip(), "the live coordinator answered"
+
+
 def test_silent_listener_told_apart_quickly():
     """Something that accepts TCP and never speaks (a proxy, a stuck service): named within
     the probe's bound, not after the 10 s request timeout."""
