@@ -383,3 +383,36 @@ def test_seeded_random_traffic_answers_every_held_request_exactly_once(seed):
         for answered, _result in g.take_ready(now):
             del held[answered]
     assert held == {} and g.parked == 0
+
+
+# --- the coordinator's state (kera.broker.kafka.group_state)
+
+def test_parked_requests_count_held_ones_and_drop_the_answers_of_forgotten_tokens():
+    from kera.broker.kafka.group_state import Group, Member, ParkedRequests
+    parked, group = ParkedRequests(), Group("g")
+    a, b = Member("a", "c", "h"), Member("b", "c", "h")
+    a.join_wait = parked.park("t1", group, a)
+    b.sync_wait = parked.park("t2", group, b)
+    assert parked.count == 2
+    parked.forget("t2")
+    assert parked.count == 1
+    parked.answer(b.sync_wait, "lost")
+    parked.answer(a.join_wait, "answer")
+    assert (a.join_wait, b.sync_wait, parked.count) == (None, None, 0)
+    assert parked.take() == [("t1", "answer")] and parked.take() == []
+
+
+def test_deadlines_keep_each_groups_earliest_and_pop_due_ones_lazily():
+    from kera.broker.kafka.group_state import Deadlines, Group
+    deadlines, g1, g2 = Deadlines(), Group("g1"), Group("g2")
+    deadlines.schedule(g1, 5.0)
+    deadlines.schedule(g1, 7.0)   # later than its earliest: not pushed
+    deadlines.schedule(g2, 6.0)
+    assert deadlines.next() == 5.0
+    due = []
+    for group in deadlines.due(6.0):
+        due.append(group.group_id)
+        if due == ["g1"]:
+            deadlines.schedule(g1, 5.5)   # scheduled during the look: due in the same pass
+    assert due == ["g1", "g1", "g2"] and deadlines.next() is None
+    assert g1.scheduled is None and g2.scheduled is None
