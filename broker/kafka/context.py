@@ -97,3 +97,23 @@ class Call:
             return
         entity = response(self.req.api_key, self.req.api_version, data)
         self.conn.fill(self.slot, encode_response(self.req.correlation_id, entity))
+
+
+class Gather:
+    """Parts of one answer that arrive one by one (a coordinator call per topic or group),
+    answered together, in request order, once the last is in."""
+    __slots__ = ("results", "left", "finish")
+
+    def __init__(self, count: int, finish: Callable[[list], None]):
+        self.results: list = [None] * count
+        self.left = count
+        self.finish = finish
+        if count == 0:
+            finish([])
+
+    def put(self, i: int, value) -> None:
+        assert self.results[i] is None, "each part is answered once"
+        self.results[i] = value
+        self.left -= 1
+        if self.left == 0:
+            self.finish(self.results)

@@ -15,7 +15,7 @@ import zlib
 
 from kio.schema.errors import ErrorCode
 
-from kera.broker.kafka.context import Call, Context
+from kera.broker.kafka.context import Call, Context, Gather
 from kera.broker.kafka.errors import kafka_code
 from kera.broker.kafka.metadata import brokers
 from kera.coordinator.kafka_offsets import METADATA_CHARS_MAX
@@ -187,24 +187,12 @@ def handle_offset_fetch(ctx: Context, call: Call) -> None:
         asks = [(g.group_id, g.topics) for g in b.groups]
     else:
         asks = [(b.group_id, b.topics)]
-    answers: dict[int, dict] = {}
-
-    def done(i, group, topics, header, error) -> None:
-        answers[i] = _fetched(group, topics, header, error)
-        if len(answers) == len(asks):
-            reply()
-
-    def reply() -> None:
-        if hasattr(b, "groups"):
-            call.answer({"groups": [answers[i] for i in range(len(asks))]})
-        else:
-            call.answer(answers[0])
-
-    if not asks:
-        reply()
+    gather = Gather(len(asks), lambda answers: call.answer(
+        {"groups": answers} if hasattr(b, "groups") else answers[0]))
     for i, (group, topics) in enumerate(asks):
         ctx.catalog.calls.call("kafka_offset_fetch", {"group": group},
-                               lambda h, e, i=i, g=group, t=topics: done(i, g, t, h, e))
+                               lambda h, e, i=i, g=group, t=topics:
+                               gather.put(i, _fetched(g, t, h, e)))
 
 
 def _fetched(group: str, topics, header, error) -> dict:
@@ -264,16 +252,9 @@ def _described(ctx: Context, group_id: str) -> dict:
 
 def handle_delete_groups(ctx: Context, call: Call) -> None:
     names = list(call.body.groups_names)
-    results: dict[int, ErrorCode] = {}
-
-    def done(i, code) -> None:
-        results[i] = code
-        if len(results) == len(names):
-            call.answer({"results": [{"group_id": g, "error_code": results[i]}
-                                     for i, g in enumerate(names)]})
-
-    if not names:
-        call.answer({"results": []})
+    gather = Gather(len(names), lambda codes: call.answer({"results": [
+        {"group_id": g, "error_code": code} for g, code in zip(names, codes)]}))
+    done = gather.put
     for i, group in enumerate(names):
         code = _not_here(ctx, group) or ctx.groups.delete(group)
         if code and code != ErrorCode.group_id_not_found:

@@ -12,7 +12,7 @@ from typing import Callable
 
 from kio.schema.errors import ErrorCode
 
-from kera.broker.kafka.context import Call, Context
+from kera.broker.kafka.context import Call, Context, Gather
 from kera.broker.kafka.errors import kafka_code
 from kera.errors import BadRequest
 
@@ -50,17 +50,13 @@ def create_topic(ctx: Context, name: str, partitions: int, replication: int,
 
 def handle_create_topics(ctx: Context, call: Call) -> None:
     topics = list(call.body.topics)
-    results: dict[int, dict] = {}
+    gather = Gather(len(topics), lambda results: call.answer({"topics": results}))
 
     def finish(i: int, code: ErrorCode, message: str | None, topic) -> None:
-        results[i] = {"name": topic.name, "error_code": code, "error_message": message,
-                      "num_partitions": topic.num_partitions if code == 0 else -1,
-                      "replication_factor": topic.replication_factor if code == 0 else -1}
-        if len(results) == len(topics):
-            call.answer({"topics": [results[i] for i in range(len(topics))]})
+        gather.put(i, {"name": topic.name, "error_code": code, "error_message": message,
+                       "num_partitions": topic.num_partitions if code == 0 else -1,
+                       "replication_factor": topic.replication_factor if code == 0 else -1})
 
-    if not topics:
-        call.answer({"topics": []})
     repeated = _repeated([t.name for t in topics])
     for i, t in enumerate(topics):
         if t.name in repeated:
@@ -105,18 +101,14 @@ def _settings(configs) -> tuple[dict, str | None]:
 def handle_delete_topics(ctx: Context, call: Call) -> None:
     body = call.body
     names = [t.name for t in body.topics] if hasattr(body, "topics") else list(body.topic_names)
-    results: dict[int, dict] = {}
+    gather = Gather(len(names), lambda results: _answer_after_change(ctx, call, "responses",
+                                                                      results))
 
     def finish(i, error, code=None):
-        results[i] = {"name": names[i], "error_message": None if error is None else error.message,
-                      "error_code": code if code is not None else ErrorCode.none
-                      if error is None else kafka_code(error)}
-        if len(results) == len(names):
-            ctx.catalog.forget()
-            call.answer({"responses": [results[i] for i in range(len(names))]})
+        gather.put(i, {"name": names[i], "error_message": None if error is None else error.message,
+                       "error_code": code if code is not None else ErrorCode.none
+                       if error is None else kafka_code(error)})
 
-    if not names:
-        call.answer({"responses": []})
     repeated = _repeated(names)
     for i, name in enumerate(names):
         if name in repeated or name is None:
@@ -129,18 +121,14 @@ def handle_delete_topics(ctx: Context, call: Call) -> None:
 
 def handle_create_partitions(ctx: Context, call: Call) -> None:
     topics = list(call.body.topics)
-    results: dict[int, dict] = {}
+    gather = Gather(len(topics), lambda results: _answer_after_change(ctx, call, "results",
+                                                                       results))
 
     def finish(i, error):
-        results[i] = {"name": topics[i].name, "error_code": ErrorCode.none if error is None
-                      else _partitions_code(error),
-                      "error_message": None if error is None else error.message}
-        if len(results) == len(topics):
-            ctx.catalog.forget()
-            call.answer({"results": [results[i] for i in range(len(topics))]})
+        gather.put(i, {"name": topics[i].name, "error_code": ErrorCode.none if error is None
+                       else _partitions_code(error),
+                       "error_message": None if error is None else error.message})
 
-    if not topics:
-        call.answer({"results": []})
     repeated = _repeated([t.name for t in topics])
     for i, t in enumerate(topics):
         if t.name in repeated:
@@ -150,6 +138,11 @@ def handle_create_partitions(ctx: Context, call: Call) -> None:
         else:
             ctx.catalog.calls.call("alter_stream", {"name": t.name, "streamlets": t.count},
                                    lambda h, e, i=i: finish(i, e))
+
+
+def _answer_after_change(ctx: Context, call: Call, field: str, results: list) -> None:
+    ctx.catalog.forget()      # the next Metadata lists the topics again
+    call.answer({field: results})
 
 
 def _repeated(names: list) -> set:
