@@ -441,8 +441,10 @@ class Server:
             self.guarded(self.zap.on_readable)
         if self.router in events:
             self._drain_router()
-        if self._watched:
-            self._serve_watched(events)
+        for fd, mask in events.items() if self._watched else ():
+            on_event = self._watched.get(fd) if type(fd) is int else None
+            if on_event is not None:
+                self.guarded(on_event, mask)
         if self.failure is not None:
             return   # a bug: nothing more runs on the state it may have broken
         # A callback may drop peers (Server.drop_peer): a closed one is skipped.
@@ -456,21 +458,6 @@ class Server:
         self._run_timers(now)
         for hook in self.after_turn:
             self.guarded(hook)
-
-    def _check_current(self, frame, principal) -> None:
-        """A connection authenticated by a key since deleted or replaced is served no more."""
-        if self.zap is None or principal is None:
-            return
-        key = key_of(frame)
-        if key is None or not self.zap.keyring.holds(key, principal):
-            raise NotAuthorized(f"the key of {principal} was revoked: this connection is no "
-                                f"longer served; connect again with a current key")
-
-    def _serve_watched(self, events: dict) -> None:
-        for fd, mask in events.items():
-            on_event = self._watched.get(fd) if type(fd) is int else None
-            if on_event is not None:
-                self.guarded(on_event, mask)
 
     def _drain_router(self) -> None:
         for _ in range(MAX_BATCH_MESSAGES):
@@ -545,7 +532,7 @@ class Server:
             req = Request(identity, req_id, op, fields, parts[2:])
             if self.guard is not None:
                 req.principal = principal_of(parts[1])
-                self._check_current(parts[1], req.principal)
+                _check_current(self.zap, parts[1], req.principal)
                 self.guard.admit(req.principal, op, header)
             result = handler(req)
         except KeraError as err:
@@ -598,6 +585,16 @@ class Server:
             self.poller.unregister(self.zap.zap_socket)
             self.zap.stop()
             self.zap = None
+
+
+def _check_current(zap: ZapHandler | None, frame, principal) -> None:
+    """A connection authenticated by a key since deleted or replaced is served no more."""
+    if zap is None or principal is None:
+        return
+    key = key_of(frame)
+    if key is None or not zap.keyring.holds(key, principal):
+        raise NotAuthorized(f"the key of {principal} was revoked: this connection is no "
+                            f"longer served; connect again with a current key")
 
 
 def _is_int(value) -> bool:
