@@ -30,7 +30,8 @@ from .workload import PRESETS, Workload
 
 log = logging.getLogger(__name__)
 
-SYSTEM_ORDER = ("kera", "kera-curve", "kafka", "kafka-tuned", "kafka-java", "kafka-java-tuned")
+SYSTEM_ORDER = ("kera", "kera-curve", "kera-kafka", "kera-kafka-tuned", "kafka", "kafka-tuned",
+                "kafka-java", "kafka-java-tuned")
 JAVA_SYSTEMS = ("kafka-java", "kafka-java-tuned")   # Kafka's own Java tools
 DEFAULT_SYSTEMS = ("kera", "kafka")
 # --security: which kera systems run ("both": plaintext and CURVE side by side, alternating).

@@ -253,14 +253,20 @@ class KafkaConsumerClient:
         self.c.close()
 
 
+def kafka_client(system: str) -> bool:
+    """Whether `system`'s workers are Kafka clients: kafka, kafka-tuned, and kera-kafka(-tuned)
+    (kera through its Kafka listener); kera and kera-curve use kera's."""
+    return not system.startswith("kera") or system.startswith("kera-kafka")
+
+
 def make_producer(system: str, bootstrap: str, prefix: str, w: Workload, index: int):
-    if system.startswith("kera"):   # kera-curve: the key comes from $KERA_KEY_FILE
+    if not kafka_client(system):   # kera-curve: the key comes from $KERA_KEY_FILE
         return KeraProducerClient(bootstrap, prefix, w)
-    return KafkaProducerClient(bootstrap, prefix, w, index, tuned=system == "kafka-tuned")
+    return KafkaProducerClient(bootstrap, prefix, w, index, tuned=system.endswith("-tuned"))
 
 
 def make_consumer(system: str, bootstrap: str, prefix: str, w: Workload,
                   partitions: dict[int, list[int]], index: int):
-    if system.startswith("kera"):
+    if not kafka_client(system):
         return KeraConsumerClient(bootstrap, prefix, w, partitions)
     return KafkaConsumerClient(bootstrap, prefix, w, partitions, index)

@@ -19,9 +19,10 @@ from pathlib import Path
 from .runner import METRICS, TrialResult, median_of
 
 # kera-curve: `--security` (CURVE on); kera-baseline: `--baseline REF` (kera as of REF);
-# kafka-tuned: the Python client tuned for throughput; kafka-java(-tuned): Kafka's own Java tools
-SYSTEMS = ("kera", "kera-curve", "kera-baseline", "kafka", "kafka-tuned", "kafka-java",
-           "kafka-java-tuned")
+# kafka-tuned: the Python client tuned for throughput; kafka-java(-tuned): Kafka's own Java tools;
+# kera-kafka(-tuned): kera through its Kafka listener, driven by kafka's (kafka-tuned's) clients
+SYSTEMS = ("kera", "kera-curve", "kera-baseline", "kera-kafka", "kera-kafka-tuned", "kafka",
+           "kafka-tuned", "kafka-java", "kafka-java-tuned")
 JAVA_SYSTEMS = ("kafka-java", "kafka-java-tuned")
 RATE_METRICS = ("producer_records_per_s", "producer_mb_per_s", "consumer_records_per_s")
 JAVA_MARK = "†"   # rows from Kafka's Java tools: latency is producer send-to-ack
@@ -44,6 +45,9 @@ RATIO_PAIRS = {"ratios": ("kera", "kafka", False, "kera/Kafka"),
                "tuned_ratios": ("kera", "kafka-tuned", False, "kera/kafka-tuned"),
                "java_ratios": ("kera", "kafka-java", True, "kera/kafka-java (rates)"),
                "curve_ratios": ("kera-curve", "kera", False, "CURVE/plaintext"),
+               "kera_kafka_ratios": ("kera-kafka", "kafka", False, "kera-kafka/Kafka"),
+               "kera_kafka_tuned_ratios": ("kera-kafka-tuned", "kafka-tuned", False,
+                                           "kera-kafka-tuned/kafka-tuned"),
                "baseline_ratios": ("kera", "kera-baseline", False, "kera/{baseline}")}
 # The metrics whose round-by-round ratios a ratio row also gives as a range (the spread a
 # reader needs to judge a median ratio on a shared 2-core machine: runs differ by 10-25%).
@@ -321,8 +325,9 @@ def write_markdown(out_dir: Path, results: dict) -> Path:
     return path
 
 
-PLOT_COLORS = {"kera": "#1f77b4", "kera-baseline": "#9ecae1", "kafka": "#ff7f0e",
-               "kafka-tuned": "#d62728", "kafka-java": "#8c564b", "kafka-java-tuned": "#e377c2"}
+PLOT_COLORS = {"kera": "#1f77b4", "kera-baseline": "#9ecae1", "kera-kafka": "#2ca02c",
+               "kera-kafka-tuned": "#98df8a", "kafka": "#ff7f0e", "kafka-tuned": "#d62728",
+               "kafka-java": "#8c564b", "kafka-java-tuned": "#e377c2"}
 
 
 def _plot_systems(results: dict) -> list[str]:

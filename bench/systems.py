@@ -11,6 +11,8 @@ How R copies are laid out (documented in the results):
 - Kafka: R brokers (combined broker+controller KRaft nodes), replication factor R, producers
   with acks=all, min.insync.replicas=2 when R >= 3 (Kafka's recommended setting), else 1
   (acks=all still waits for every in-sync replica). Logs go to the page cache (Kafka default).
+- kera-kafka: kera's layout, every broker with a Kafka listener, driven by the Kafka rows'
+  confluent-kafka clients; streams of one active group (what Kafka clients write).
 """
 
 from __future__ import annotations
@@ -123,8 +125,12 @@ class KeraSystem(_System):
         memory = layout.get("memory_limit_mib")
         return LocalCluster(cluster_dir, brokers=layout["brokers"], backups=layout["backups"],
                             virtual_logs=layout["virtual_logs"], log_level="WARNING",
-                            secure=self.secure,
-                            extra_broker_args=["--memory-limit", f"{memory}MiB"] if memory else ())
+                            extra_broker_args=["--memory-limit", f"{memory}MiB"] if memory else (),
+                            **self.cluster_options())
+
+    def cluster_options(self) -> dict:
+        """LocalCluster's options that differ between the kera systems."""
+        return {"secure": self.secure}
 
     def cluster_dir(self) -> Path:
         return self.cluster.data_dir
@@ -135,13 +141,11 @@ class KeraSystem(_System):
     def create(self, prefix: str, w: Workload) -> None:
         from kera.client.admin import Admin
 
-        with Admin(self.bootstrap, timeout_s=KERA_READY_TIMEOUT_S,
+        with Admin(self.cluster.bootstrap, timeout_s=KERA_READY_TIMEOUT_S,
                    key_file=self.cluster.key_file) as admin:
             names = [stream_name(prefix, s) for s in range(w.streams)]
             for name in names:
-                admin.create_stream(name, streamlets=w.streamlets, active_groups=w.active_groups,
-                                    replication=w.replication, durability=w.durability,
-                                    wait_ready=False)
+                admin.create_stream(name, **self.stream_settings(w), wait_ready=False)
             deadline = time.monotonic() + KERA_READY_TIMEOUT_S
             for name in names:
                 admin.wait_ready(name, max(1.0, deadline - time.monotonic()))
@@ -149,14 +153,18 @@ class KeraSystem(_System):
     def delete(self, prefix: str, w: Workload) -> None:
         from kera.client.admin import Admin
 
-        with Admin(self.bootstrap, key_file=self.cluster.key_file) as admin:
+        with Admin(self.cluster.bootstrap, key_file=self.cluster.key_file) as admin:
             for s in range(w.streams):
                 admin.delete_stream(stream_name(prefix, s))
 
+    def stream_settings(self, w: Workload) -> dict:
+        """How each of `w`'s streams is created."""
+        return {"streamlets": w.streamlets, "active_groups": w.active_groups,
+                "replication": w.replication, "durability": w.durability}
+
     def settings(self, w: Workload) -> dict:
         return {"layout": w.kera_layout(), "producer": kera_producer_settings(w),
-                "stream": {"streamlets": w.streamlets, "active_groups": w.active_groups,
-                           "replication": w.replication, "durability": w.durability},
+                "stream": self.stream_settings(w),
                 "consumer": {"api": "poll_batch", "start": "earliest",
                              "one_client_for_all_streams": True},
                 "producer_api": "send_batch, one call per chunk"}
@@ -166,9 +174,8 @@ class KeraSystem(_System):
             self.cluster._check_running()
 
 
-class KafkaClusterShare:
-    """The one Kafka cluster of a run, shared by every Kafka system (kafka, kafka-tuned,
-    kafka-java...): they differ only in their clients, so they measure the same brokers."""
+class ClusterShare:
+    """One cluster shared by systems that differ only in their clients."""
 
     def __init__(self):
         self.cluster = None
@@ -176,7 +183,30 @@ class KafkaClusterShare:
         self.starts = 0
 
 
-class KafkaSystem(_System):
+class KafkaClusterShare(ClusterShare):
+    """The one Kafka cluster of a run, shared by every Kafka system (kafka, kafka-tuned,
+    kafka-java...): they differ only in their clients, so they measure the same brokers.
+    `kera_kafka`: likewise the one kera cluster of kera-kafka and kera-kafka-tuned."""
+
+    def __init__(self):
+        super().__init__()
+        self.kera_kafka = ClusterShare()
+
+
+def _in_share(field: str) -> property:
+    return property(lambda self: getattr(self.share, field),
+                    lambda self, v: setattr(self.share, field, v))
+
+
+class _Shared:
+    """A system whose cluster, layout and start count (set by _System) live in `self.share`."""
+    share: ClusterShare
+    cluster = _in_share("cluster")
+    layout = _in_share("layout")
+    starts = _in_share("starts")
+
+
+class KafkaSystem(_Shared, _System):
     """Apache Kafka driven by the Python client (confluent-kafka); `tuned` (system
     "kafka-tuned"): its producer tuned for throughput (bench.clients.kafka_tuned_producer)."""
     name = "kafka"
@@ -188,14 +218,6 @@ class KafkaSystem(_System):
         self.tuned = name.endswith("-tuned")
         super().__init__(work_dir)
         self.work_dir = Path(work_dir) / "kafka"    # one cluster folder for all of them
-
-    # The cluster, its layout and start count live in the share (the base class sets them).
-    cluster = property(lambda self: self.share.cluster,
-                       lambda self, v: setattr(self.share, "cluster", v))
-    layout = property(lambda self: self.share.layout,
-                      lambda self, v: setattr(self.share, "layout", v))
-    starts = property(lambda self: self.share.starts,
-                      lambda self, v: setattr(self.share, "starts", v))
 
     def layout_for(self, w: Workload) -> dict:
         return w.kafka_layout()
@@ -225,31 +247,74 @@ class KafkaSystem(_System):
     def settings(self, w: Workload) -> dict:
         return {"layout": {**w.kafka_layout(), "heap": KAFKA_HEAP, "version": "4.1.2",
                            "num.network.threads": 3, "num.io.threads": 8},
-                "producer": kafka_producer_settings(w, self.tuned),
                 "topic": {"partitions": w.streamlets, "replication.factor": w.replication},
-                "consumer": {**kafka_consumer_settings(), "api": "consume(10000)",
-                             "assignment": "manual assign() from the beginning"},
-                "producer_api": "produce_batch() of records_per_chunk records to one "
-                                "partition, rotating partitions (like kera's keyless "
-                                "send_batch rotates chunks over streamlets)"}
+                **kafka_client_settings(w, self.tuned)}
 
     def check_alive(self) -> None:
         if self.cluster is not None:
             self.cluster.check_alive()
 
 
+class KeraKafkaSystem(_Shared, KeraSystem):
+    """kera driven through its brokers' Kafka listeners by the Kafka rows' own clients
+    (bench.clients' KafkaProducerClient and KafkaConsumerClient, the same settings; `tuned`,
+    system "kera-kafka-tuned": kafka-tuned's producer). kera's layout (1 broker + R-1 backups),
+    each stream made with kera's Admin: the workload's streamlets (= partitions), replication
+    and durability, one active group (Kafka clients write no other). kera-kafka and
+    kera-kafka-tuned share one cluster, as the Kafka systems do."""
+    name = "kera-kafka"
+
+    def __init__(self, work_dir: Path, name: str = "kera-kafka",
+                 share: ClusterShare | None = None):
+        self.share = share or ClusterShare()
+        self.name = name
+        self.tuned = name.endswith("-tuned")
+        super().__init__(work_dir)
+        self.work_dir = Path(work_dir) / "kera-kafka"    # one cluster folder for both
+
+    @property
+    def bootstrap(self) -> str:
+        """The workers' `bootstrap.servers`: every broker's Kafka listener."""
+        return self.cluster.kafka_bootstrap
+
+    def cluster_options(self) -> dict:
+        return {"kafka_port": 0}     # a free port per broker
+
+    def stream_settings(self, w: Workload) -> dict:
+        return {**super().stream_settings(w), "active_groups": 1}
+
+    def settings(self, w: Workload) -> dict:
+        return {"layout": {**w.kera_layout(), "kafka_listener": "every broker"},
+                "stream": self.stream_settings(w), **kafka_client_settings(w, self.tuned)}
+
+
+def kafka_client_settings(w: Workload, tuned: bool) -> dict:
+    """The confluent-kafka producer and consumer of the Kafka rows and the kera-kafka rows."""
+    return {"producer": kafka_producer_settings(w, tuned),
+            "consumer": {**kafka_consumer_settings(), "api": "consume(10000)",
+                         "assignment": "manual assign() from the beginning"},
+            "producer_api": "produce_batch() of records_per_chunk records to one "
+                            "partition, rotating partitions (like kera's keyless "
+                            "send_batch rotates chunks over streamlets)"}
+
+
 KAFKA_SYSTEMS = ("kafka", "kafka-tuned", "kafka-java", "kafka-java-tuned")
+KERA_KAFKA_SYSTEMS = ("kera-kafka", "kera-kafka-tuned")
 
 
 def make_system(name: str, work_dir: Path, share: KafkaClusterShare | None = None):
-    """System `name`; the Kafka ones run on `share`'s cluster (one cluster for all of them)."""
+    """System `name`; the Kafka ones run on `share`'s cluster (one cluster for all of them),
+    kera-kafka and kera-kafka-tuned on its `kera_kafka` one."""
     if name == "kera":
         return KeraSystem(work_dir)
     if name == "kera-curve":
         return KeraSystem(work_dir, secure=True)
+    if name in KERA_KAFKA_SYSTEMS:
+        return KeraKafkaSystem(work_dir, name, share.kera_kafka if share else None)
     if name in ("kafka", "kafka-tuned"):
         return KafkaSystem(work_dir, name, share)
     if name in ("kafka-java", "kafka-java-tuned"):
         from .kafka_java import KafkaJavaSystem
         return KafkaJavaSystem(work_dir, name, share)
-    raise ValueError(f"unknown system {name!r} (kera, kera-curve, {', '.join(KAFKA_SYSTEMS)})")
+    raise ValueError(f"unknown system {name!r} (kera, kera-curve, {', '.join(KERA_KAFKA_SYSTEMS)}, "
+                     f"{', '.join(KAFKA_SYSTEMS)})")

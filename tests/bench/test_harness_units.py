@@ -12,10 +12,12 @@ import pytest
 
 from bench import cli
 from bench.cli import apply_overrides, select
+from bench.clients import kafka_client, kafka_producer_settings
 from bench.latency import LatencyHistogram, stamp_rows, stamps_from_blob, stamps_from_values
 from bench.procstat import (machine_cpu_s, process_cpu_s, process_write_bytes,
                             processes_write_bytes, self_cpu_s)
 from bench.runner import TrialResult
+from bench.systems import KafkaClusterShare, KeraKafkaSystem, make_system
 from bench.workload import (ONE_PER_SUB_PARTITION, PRESETS, Workload, consumer_partitions,
                             producer_streams)
 
@@ -141,6 +143,25 @@ def test_selection_and_overrides():
     assert [w.tags["streams"] for w in r3] == [8, 32, 128, 512]
     short = apply_overrides(r3, ["duration_s=1.5", "producers=1"])
     assert all(w.duration_s == 1.5 and w.producers == 1 and w.replication == 3 for w in short)
+
+
+def test_kera_kafka_is_keras_layout_driven_by_the_kafka_rows_clients(tmp_path):
+    share = KafkaClusterShare()
+    plain, tuned, kafka = (make_system(n, tmp_path, share)
+                           for n in ("kera-kafka", "kera-kafka-tuned", "kafka-tuned"))
+    w = Workload("w", replication=3, streamlets=32, active_groups=4, chunk_size_bytes=16384)
+    assert isinstance(plain, KeraKafkaSystem) and plain.cluster is None     # built, not started
+    assert plain.layout_for(w) == w.kera_layout() and plain.cluster_options() == {"kafka_port": 0}
+    assert plain.stream_settings(w) == {"streamlets": 32, "active_groups": 1, "replication": 3,
+                                        "durability": "memory"}
+    assert plain.settings(w)["producer"] == kafka_producer_settings(w)
+    assert tuned.settings(w)["producer"] == kafka.settings(w)["producer"] \
+        == kafka_producer_settings(w, tuned=True)
+    assert plain.settings(w)["consumer"] == kafka.settings(w)["consumer"]
+    tuned.cluster = "started"
+    assert plain.cluster == "started" and kafka.cluster is None    # one kera cluster, apart
+    assert [kafka_client(s) for s in ("kera", "kera-curve", "kera-kafka", "kera-kafka-tuned",
+                                      "kafka", "kafka-tuned")] == [False, False] + [True] * 4
 
 
 class _InterruptedSystem:
