@@ -494,6 +494,23 @@ def kafka_options(args: argparse.Namespace) -> KafkaOptions | None:
                         advertise=args.kafka_advertise, settings=settings)
 
 
+def _kafka_refused(args: argparse.Namespace) -> bool:
+    """A Kafka listener that would be open to anyone: refused with what to do instead."""
+    if args.kafka_port is None:
+        return False
+    if args.keys_dir or args.key_file:
+        log.error("--kafka-port with CURVE keys: the Kafka listener has no TLS or SASL yet, and "
+                  "a secure cluster never opens an unauthenticated port; run it without keys or "
+                  "without --kafka-port")
+        return True
+    kafka_host = args.kafka_host or args.host
+    if not is_loopback(kafka_host) and not args.insecure:
+        log.error("--kafka-host %s would serve Kafka's protocol without authentication to "
+                  "anyone who reaches it: bind 127.0.0.1, or pass --insecure", kafka_host)
+        return True
+    return False
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging(args)
     if args.virtual_logs < 1 or args.virtual_segment_bytes < 1 or args.replication_in_flight < 1:
@@ -516,15 +533,7 @@ def run(args: argparse.Namespace) -> int:
                        replication_in_flight_max=args.replication_in_flight, tier=tier,
                        segment_pool_bytes=args.segment_pool)
 
-    if args.kafka_port is not None and (args.keys_dir or args.key_file):
-        log.error("--kafka-port with CURVE keys: the Kafka listener has no TLS or SASL yet, and "
-                  "a secure cluster never opens an unauthenticated port; run it without keys or "
-                  "without --kafka-port")
-        return 2
-    kafka_host = args.kafka_host or args.host
-    if args.kafka_port is not None and not is_loopback(kafka_host) and not args.insecure:
-        log.error("--kafka-host %s would serve Kafka's protocol without authentication to "
-                  "anyone who reaches it: bind 127.0.0.1, or pass --insecure", kafka_host)
+    if _kafka_refused(args):
         return 2
     try:
         identity = Identity.load(args.dir)
