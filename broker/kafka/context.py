@@ -7,15 +7,16 @@ catalog (all topics, brokers' Kafka addresses, coordinator calls), the clock, th
 
 from __future__ import annotations
 
+import abc
+
 from dataclasses import dataclass, field
 from typing import Callable
 
 from kera.broker.core import Broker
 from kera.broker.kafka.classic_groups import ClassicGroups
 from kera.broker.kafka.catalog import Catalog, KafkaBroker
-from kera.broker.kafka.connection import Connection, Slot
+from kera.broker.kafka.connection import SILENT, Connection, Slot
 from kera.broker.kafka.messages import KafkaRequest, encode_response, response
-from kera.broker.kafka.connection import SILENT
 
 # Partitions a Kafka-created topic gets when CreateTopics or auto-creation does not say:
 # Kafka's num.partitions default (`--kafka-default-partitions` changes it).
@@ -64,14 +65,15 @@ class Context:
         return names.get(name)
 
 
-class Deferred:
+class Deferred(abc.ABC):
     """A Kafka request the broker's core answers later: a Produce waiting for durability, a
     Fetch held until records arrive. The broker daemon calls `done` with the core's result
     where it would answer a kera request (kera.broker.server.BrokerDaemon.pump)."""
     __slots__ = ()
 
+    @abc.abstractmethod
     def done(self, result) -> None:
-        raise NotImplementedError
+        """Answer with the core's result (a KeraError when the whole request failed)."""
 
 
 class Call:
