@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import datetime
 import logging
+import importlib.util
 import sys
 import tempfile
 import traceback
@@ -22,6 +23,7 @@ from pathlib import Path
 from . import equal_load, report
 from .baseline import SYSTEM as BASELINE, BaselineError, BaselineSystem, prepare
 from .ceiling import zmq_ceiling
+from .clients import kafka_client
 from .progress import make_progress
 from .runner import TrialResult
 from .kafka_java import java_missing
@@ -293,6 +295,9 @@ def run(args: argparse.Namespace) -> int:
                                                         args.kafka_tuned),
                                  args.security, bool(args.baseline))
         systems = without_java_if_missing(systems, java_missing(), _note)
+        missing = confluent_missing(systems)
+        if missing:
+            raise ValueError(missing)   # at once, not as a Kafka trial's failure minutes later
         baseline = prepare(args.baseline, cache_dir=args.baseline_cache,
                            note=_note) if args.baseline else None
     except (ValueError, BaselineError) as e:
@@ -311,6 +316,15 @@ def run(args: argparse.Namespace) -> int:
     print(report.markdown(results))
     print(f"results: {out_dir}/", file=sys.stderr)
     return 1 if results["errors"] else 0
+
+
+def confluent_missing(systems: list[str], find_spec=importlib.util.find_spec) -> str | None:
+    """Why the systems driven by confluent-kafka cannot run here, or None."""
+    needing = [s for s in systems if kafka_client(s) and "java" not in s]
+    if needing and find_spec("confluent_kafka") is None:
+        return (f"{', '.join(needing)} need the confluent-kafka client, which is not installed: "
+                f'pip install "kera[bench]"')
+    return None
 
 
 def choose_systems(names: str, security: str, baseline: bool) -> list[str]:

@@ -206,3 +206,13 @@ def test_an_interrupted_run_writes_what_it_measured_and_stays_interrupted(tmp_pa
     [config] = results["configurations"]
     assert config["summary"]["trials_per_system"]["kera"] == 1
     assert "| w | kera | 1,000 |" in (tmp_path / "results.md").read_text()
+
+
+def test_a_missing_confluent_kafka_is_named_before_any_trial():
+    absent = cli.confluent_missing(["kera", "kafka", "kera-kafka", "kafka-java"],
+                                   find_spec=lambda name: None)
+    assert 'pip install "kera[bench]"' in absent
+    assert "kafka, kera-kafka need" in absent          # the Java client needs no confluent
+    assert cli.confluent_missing(["kera", "kera-curve", "kafka-java"],
+                                 find_spec=lambda name: None) is None
+    assert cli.confluent_missing(["kafka"], find_spec=lambda name: object()) is None
