@@ -145,6 +145,9 @@ class BackupDaemon:
         if fence and req.principal is not None and req.principal.role != "broker":
             raise NotAuthorized(f"principal {req.principal} may list replicas but not fence "
                                 f"broker {broker_id}: fencing is a recovering broker's")
+        self.broker_keys.check_fence(req.principal, broker_id, fence,
+                                     req.fields.list("fence_tokens", None,
+                                                     max_len=len(fence) or 1))
         self.incarnations.fence(broker_id, fence)
         return {"replicas": self.store.list_replicas(broker_id)}
 
@@ -251,6 +254,7 @@ class BackupDaemon:
     def heartbeat_reply(self, header: dict, sent: dict | None = None) -> None:
         if "broker_principals" in header:
             self.broker_keys.update(header["broker_principals"])
+        self.broker_keys.update_fence_key(header.get("fence_key"))
         free = header.get("free")
         if free:
             for token, err in self.incarnations.free(free):
@@ -337,6 +341,7 @@ def run(args: argparse.Namespace) -> int:
         store_config.check()
         args.dir.mkdir(parents=True, exist_ok=True)
         identity = Identity.load(args.dir)
+        identity.expect_cluster(args.cluster_id)
         daemon = BackupDaemon(args.dir, store_config, args.host, args.port,
                               daemon_security.from_args(args, "backup"))
     except KeraError as err:   # a key file refused

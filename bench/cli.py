@@ -15,7 +15,9 @@ import dataclasses
 import datetime
 import logging
 import importlib.util
+import signal
 import sys
+import threading
 import tempfile
 import traceback
 from pathlib import Path
@@ -65,6 +67,8 @@ def run_benchmark(workloads: list[Workload], *, preset: str, description: str, r
                 c = zmq_ceiling(ceiling_bytes, frame_bytes=chunk)
                 results["ceiling"][str(chunk)] = c
                 progress.note(f"ceiling: {c['bytes_per_s'] / 1e6:,.0f} MB/s")
+        if work_dir is not None:
+            Path(work_dir).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="kera-bench-", dir=work_dir) as tmp:
             running = make_systems(systems, Path(tmp), baseline, preset, out_dir)
             try:
@@ -269,7 +273,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="log level on stderr (default: %(default)s)")
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run(args: argparse.Namespace) -> int:
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM unwinds like Ctrl-C, so every cluster and JVM the run started (even one still
+        # starting) is stopped on the way out, instead of the process dying under them.
+        signal.signal(signal.SIGTERM, _interrupt)
     logging.basicConfig(level=getattr(logging, args.log_level, logging.WARNING), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.list:

@@ -26,17 +26,17 @@ from kera.broker.segment_pool import SEGMENT_POOL_BYTES, SegmentPool
 from kera.broker.retention import ReplicaDrop, Retention
 from kera.broker.streamlet import Streamlet, growth
 from kera.broker.tier import TierConfig, TierStore
-from kera.broker.time_index import record_timestamp_us, streamlet_cursor_at
+from kera.broker.time_index import record_at_or_after, streamlet_cursor_at
 from kera.daemon.stream_traffic import StreamTraffic
 from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
-from kera.codec.chunk import (FLAG_CONDITION, FLAG_KAFKA, Chunk, check_columns, frame_chunks,
-                              read_condition, verify)
+from kera.codec.chunk import (FLAG_CONDITION, FLAG_KAFKA, FLAG_SPARSE, Chunk, check_columns,
+                              frame_chunks, read_condition, verify)
 from kera.codec.frame_pack import pack
-from kera.errors import (BadRequest, CorruptChunk, KeraError, LockConflict, NotOwner, NotReady,
-                         OffsetOutOfRange, PositionLost, RecordTooLarge, ReplicationFailed,
-                         SequenceGap, StorageError, Throttled, Timeout, UnknownStream,
-                         lock_conflict_message)
+from kera.errors import (BadRequest, CorruptChunk, KeraError, KeylessRecord, LockConflict,
+                         NotOwner, NotReady, OffsetOutOfRange, PositionLost, RecordTooLarge,
+                         ReplicationFailed, SequenceGap, StorageError, Throttled, Timeout,
+                         UnknownStream, lock_conflict_message)
 from kera.daemon.metrics import Counters
 from kera.codec.vseg import vseg_id
 
@@ -416,13 +416,8 @@ class Broker:
                            retriable=False)
 
     def _append(self, buf, waits: list, check=None) -> list:
-        h = verify(buf)
+        h = _checked(buf)
         size = len(buf)
-        if h.size != size:
-            raise CorruptChunk(f"frame of {size} bytes holds a {h.size}-byte chunk")
-        if h.record_count == 0:
-            raise CorruptChunk("chunk holds no records")
-        check_columns(buf, h)
         stream = self.streams.get(h.stream_id)
         if stream is None:
             raise UnknownStream(f"unknown stream id {h.stream_id}", retriable=True)
@@ -440,6 +435,8 @@ class Broker:
             raise RecordTooLarge(f"chunk of {size} bytes exceeds the {info.segment_size_bytes}-byte "
                                  f"segment of stream {info.name!r}: send smaller records, or "
                                  f"create the stream with a larger --segment-size-bytes")
+        if info.compacted:
+            _check_keyed(buf, h, info.name)
         streamlet = stream.streamlets.get(sl)
         if streamlet is None:
             streamlet = stream.streamlets[sl] = Streamlet(
@@ -645,7 +642,9 @@ class Broker:
         for g in streamlet.groups if streamlet is not None else ():
             off = offsets.get(g.id, 0)
             if g.id >= low and g.number_base is not None and off < g.durable:
-                return g.number_base + off, record_timestamp_us(g, off)
+                found = record_at_or_after(g, off)   # past a compacted range's gaps
+                if found is not None:
+                    return g.number_base + found[0], found[1]
         return None
 
     def cursor_at_number(self, sid: int, sl: int, number: int) -> tuple[int, dict[int, int]]:
@@ -1014,6 +1013,39 @@ def _check_int(value, name: str, hi: int) -> None:
 # The produce result of a chunk stored earlier whose position this broker did not look up
 # (kera.codec.schema.produce_result): a retry of a chunk older than `duplicate_scan_chunks_max`.
 UNPLACED: tuple = ()
+
+
+def _checked(buf):
+    """The header of a chunk a producer sent, once every check of a chunk to store passed."""
+    h = verify(buf)
+    size = len(buf)
+    if h.size != size:
+        raise CorruptChunk(f"frame of {size} bytes holds a {h.size}-byte chunk")
+    if h.record_count == 0:
+        raise CorruptChunk("chunk holds no records")
+    if h.flags & FLAG_SPARSE:
+        raise BadRequest("a chunk with gaps in its record numbers (FLAG_SPARSE) is written "
+                         "by a broker's compactor only: producers send dense chunks")
+    check_columns(buf, h)
+    return h
+
+
+def _check_keyed(buf, h, stream: str) -> None:
+    """KeylessRecord unless every record of the chunk has a key: a compacted stream keeps the
+    last record of each key (docs/COMPACTION.md). Reads the key columns (decompressing or
+    decoding a Kafka batch first), which only chunks of compacted streams pay. A conditional
+    append is refused too: compaction forgets the records that carry its locks."""
+    if h.flags & FLAG_CONDITION:
+        raise BadRequest(f"stream {stream!r} is compacted: compaction forgets superseded "
+                         f"records, so it cannot keep conditional appends' locks; write them "
+                         f"to a stream whose cleanup policy is delete")
+    c = Chunk(buf, check=False)
+    nulls = c.key_nulls
+    keyless = len(c) if nulls is None else int(nulls.sum())
+    if keyless:
+        raise KeylessRecord(f"{keyless} of the {len(c)} records have no key, and stream "
+                            f"{stream!r} is compacted (cleanup policy compact): give every "
+                            f"record a key, or write to a stream whose cleanup policy is delete")
 
 
 def _stored(group: Group, segment: int, base: int) -> list:

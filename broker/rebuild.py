@@ -30,6 +30,15 @@ dropped ones are appended again, in order). Dropped chunks are counted and logge
 
 A chunk is readable at once when the replicas still hold it on R-1 backups (with this broker's
 copy: R copies); otherwise once the broker's own replication of it is acknowledged.
+
+Compacted chunks (FLAG_SPARSE, docs/COMPACTION.md) are kept aside until `finish`: each
+rewritten segment is its newest whole rewrite (pieces 0 to the one marked last, back to back)
+in place of the chunks it replaced, whichever of those the replicas still hold; a rewrite that
+did not finish is left out, its segment then being what an earlier whole rewrite or its
+originals hold. Either way nothing is lost: a rewrite's originals are released only once it
+is durable. Its chunks have no producer order, and the chunks it replaced leave holes in their
+producers' sequences by design, so a rewrite resets the sequence rule (the offset and number
+rules still see holes after it).
 """
 
 from __future__ import annotations
@@ -40,7 +49,9 @@ from array import array
 from kera.broker.group import Group
 from kera.broker.producers import ANONYMOUS_PRODUCER_ID, Entry
 from kera.broker.streamlet import Streamlet
-from kera.codec.chunk import FLAG_CONDITION, FLAG_KAFKA, UNSET_U32, UNSET_U64, Chunk, ChunkHeader, read_condition
+from kera.codec.chunk import (COMPACTED_PRODUCER_ID, FLAG_CONDITION, FLAG_KAFKA, FLAG_SPARSE,
+                              UNSET_U32, UNSET_U64, Chunk, ChunkHeader, compacted,
+                              offsets_covered, read_condition, read_header)
 from kera.errors import CorruptChunk
 
 log = logging.getLogger(__name__)
@@ -77,16 +88,26 @@ class StreamletRebuild:
         self.duplicates = 0        # copies of chunks already placed
         self.rejected = 0          # unstamped or oversized chunks
         self.dropped = 0           # placed or waiting chunks left out by the cut rules
+        # Chunks a whole rewrite replaced, and those of rewrites that did not finish: the
+        # segment is whole without them, nothing is lost (docs/COMPACTION.md).
+        self.superseded = 0
         self.finished = False
+        # Compacted chunks (docs/COMPACTION.md), kept aside until `finish` gives each segment
+        # its newest whole rewrite: (group, segment) -> generation -> piece -> (chunk, header,
+        # durable).
+        self.rewrites: dict[tuple[int, int], dict[int, dict[int, tuple]]] = {}
 
     # ------------------------------------------------------------------ placing
     def add(self, chunk, h: ChunkHeader, durable: bool) -> None:
         """A verified chunk of this streamlet (`durable`: held on enough live replicas)."""
         assert (h.stream_id, h.streamlet) == (self.stream_id, self.streamlet)
         size = len(chunk)
-        if h.group == UNSET_U32 or h.base_offset == UNSET_U64 or h.record_count == 0 \
-                or size > self.segment_size_bytes:
+        if h.group == UNSET_U32 or h.base_offset == UNSET_U64 or size > self.segment_size_bytes \
+                or (h.record_count == 0 and not h.flags & FLAG_SPARSE):
             self.rejected += 1
+            return
+        if h.flags & FLAG_SPARSE:
+            self._keep_rewrite(chunk, h, durable)
             return
         gb = self.groups.get(h.group)
         if gb is None:
@@ -111,6 +132,20 @@ class StreamletRebuild:
             self.pending_bytes -= len(nxt[0])
             self._place(gb, *nxt)
 
+    def _keep_rewrite(self, chunk, h: ChunkHeader, durable: bool) -> None:
+        """Keep a compacted chunk aside (compacted streams have one slot: active_groups 1)."""
+        if self.active_groups != 1:
+            self.rejected += 1
+            return
+        place = compacted(h)
+        pieces = self.rewrites.setdefault((h.group, h.segment), {}).setdefault(
+            place.generation, {})
+        if place.piece in pieces:
+            self.duplicates += 1
+            return
+        pieces[place.piece] = (chunk, h, durable)
+        self.pending_bytes += len(chunk)
+
     def _place(self, gb: _GroupBuild, chunk, h: ChunkHeader, durable: bool) -> None:
         group = gb.group
         size = len(chunk)
@@ -118,13 +153,13 @@ class StreamletRebuild:
             # Every chunk of a group carries base + offset: the first one placed gives the base,
             # and appending re-stamps each chunk with the number it already carries.
             group.number_base = h.number - h.base_offset
-        loc = group.append(chunk, size, h.record_count)
+        loc = group.append(chunk, size, offsets_covered(h))
         if loc is None:
             # Full by this broker's arithmetic though the dead one found room: keep every chunk
             # at its recorded offset anyway (segment boundaries are not part of a position).
             group.closed = False
             group.max_segments = len(group.segments) + 1
-            loc = group.append(chunk, size, h.record_count)
+            loc = group.append(chunk, size, offsets_covered(h))
         if h.flags & FLAG_CONDITION:
             gb.conditions.append((group.head, _locks_of(chunk)))
         gb.pids.append(h.producer_id)
@@ -143,6 +178,8 @@ class StreamletRebuild:
         placeholders where a group holds nothing), all closed."""
         assert not self.finished
         self.finished = True
+        if self.rewrites:
+            self._apply_rewrites()
         ids = sorted(self.groups)
         if not ids:
             return []
@@ -159,19 +196,8 @@ class StreamletRebuild:
             gb = self.groups[gid]
             if gb.pending:
                 cut(gb.group.slot, gid, len(gb.pids), f"{len(gb.pending)} chunks after a gap")
-        starts_at_zero = ids[0] == 0
-        expected: dict[int, int] = {}   # producer -> the sequence its next chunk must have
-        for gid in ids:
-            gb = self.groups[gid]
-            for k, (pid, seq, nxt) in enumerate(zip(gb.pids, gb.seqs, gb.nexts)):
-                if nxt == NO_SEQUENCE:
-                    continue   # a Kafka producer without idempotence: no order to check
-                want = expected.get(pid)
-                if (want is not None and seq != want) or (
-                        want is None and seq != 0 and starts_at_zero):
-                    cut(gb.group.slot, gid, k, f"producer {pid:#x} sequence {seq} where "
-                        f"{'the first' if want is None else want} was due")
-                expected[pid] = nxt
+        for slot, gid, keep, why in self._sequence_holes(ids):
+            cut(slot, gid, keep, why)
         for slot, gid, why in self._number_gaps(ids, cuts):
             cut(slot, gid, 0, why)
         for gid in ids:
@@ -200,6 +226,93 @@ class StreamletRebuild:
                     self.stream_id, self.streamlet))
             gb.group.closed = True
             out.append(gb.group)
+        return out
+
+    def _sequence_holes(self, ids: list[int]) -> list[tuple[int, int, int, str]]:
+        """(slot, group, chunks kept, why) for each chunk whose producer's previous sequence is
+        missing (or, when the streamlet starts at group 0, whose producer's first chunk is not
+        sequence 0)."""
+        out = []
+        starts_at_zero = ids[0] == 0
+        expected: dict[int, int] = {}   # producer -> the sequence its next chunk must have
+        for gid in ids:
+            gb = self.groups[gid]
+            for k, (pid, seq, nxt) in enumerate(zip(gb.pids, gb.seqs, gb.nexts)):
+                if nxt == NO_SEQUENCE:
+                    if pid == COMPACTED_PRODUCER_ID:
+                        # A rewrite replaced finished, durable chunks: its producers' sequences
+                        # have holes there by design. The offset and number rules still see
+                        # holes after it.
+                        expected.clear()
+                        starts_at_zero = False
+                    continue   # a Kafka producer without idempotence: no order to check
+                want = expected.get(pid)
+                if (want is not None and seq != want) or (
+                        want is None and seq != 0 and starts_at_zero):
+                    out.append((gb.group.slot, gid, k, f"producer {pid:#x} sequence {seq} "
+                                f"where {'the first' if want is None else want} was due"))
+                expected[pid] = nxt
+        return out
+
+    # ------------------------------------------------------------------ rewrites
+    def _apply_rewrites(self) -> None:
+        """Give each rewritten segment its newest whole rewrite, in place of the chunks it
+        replaced (docs/COMPACTION.md: a rewrite's chunks were durable before its originals
+        were released, so a whole one is the segment; a partial one is ignored, and the
+        segment is what an earlier whole rewrite or its originals hold)."""
+        runs: dict[int, list] = {}
+        for (gid, segno), gens in sorted(self.rewrites.items()):
+            self.pending_bytes -= sum(len(c) for g in gens.values() for c, _, _ in g.values())
+            run = _newest_whole(gens)
+            left_out = sum(map(len, gens.values())) - (0 if run is None else len(run))
+            if left_out:
+                self.superseded += left_out
+                log.info("stream %d streamlet %d group %d segment %d: %d compacted chunks of "
+                         "rewrites that did not finish left out", self.stream_id,
+                         self.streamlet, gid, segno, left_out)
+            if run is not None:
+                runs.setdefault(gid, []).append(run)
+        self.rewrites.clear()
+        for gid, group_runs in runs.items():
+            self._regroup(gid, group_runs)
+
+    def _regroup(self, gid: int, runs: list) -> None:
+        """Place group `gid` again: its rewrites' chunks, and its other chunks outside them."""
+        ranges = [(r[0][1].base_offset, _run_end(r)) for r in runs]
+        old = self.groups.pop(gid, None)
+        items = [c for r in runs for c in r]
+        for chunk, h, durable in ([] if old is None else self._taken_back(old)):
+            if any(lo <= h.base_offset < hi for lo, hi in ranges):
+                self.superseded += 1      # replaced by a rewrite
+            else:
+                items.append((chunk, h, durable))
+        gb = self.groups[gid] = _GroupBuild(Group(
+            gid, gid % self.active_groups, self.group_segments, self.segment_size_bytes,
+            self.stream_id, self.streamlet))
+        for chunk, h, durable in sorted(items, key=lambda item: item[1].base_offset):
+            base, size = h.base_offset, len(chunk)
+            if base < gb.group.head or base in gb.pending:
+                self.duplicates += 1
+            elif base > gb.group.head:
+                gb.pending[base] = (chunk, h, durable)
+                self.pending_bytes += size
+            else:
+                self._place(gb, chunk, h, durable)
+
+    def _taken_back(self, gb: _GroupBuild) -> list:
+        """The chunks placed in or waiting for a group under construction, copied out, and the
+        group released (its placed chunks count as readable as far as its readable run)."""
+        out = []
+        for seg in gb.group.segments:
+            for i in range(len(seg)):
+                chunk = bytes(seg.view(i))
+                out.append((chunk, read_header(chunk), seg.end_offset(i) <= gb.durable_end))
+                self.chunks -= 1
+                self.bytes -= len(chunk)
+        for chunk, h, durable in gb.pending.values():
+            self.pending_bytes -= len(chunk)
+            out.append((chunk, h, durable))
+        gb.group.release()
         return out
 
     def _number_gaps(self, ids: list[int], cuts: dict) -> list[tuple[int, int, str]]:
@@ -247,6 +360,7 @@ class StreamletRebuild:
             gb.group.release()
             gb.pending.clear()
         self.groups.clear()
+        self.rewrites.clear()
         self.pending_bytes = 0
 
 
@@ -257,12 +371,35 @@ NO_SEQUENCE = 2**64 - 1
 
 def next_sequence(h) -> int:
     """The sequence the chunk after `h` of its producer has: kera's count chunks, Kafka's
-    idempotent producers' count records (kera.broker.producers.classify_kafka)."""
+    idempotent producers' count records (kera.broker.producers.classify_kafka); a compacted
+    chunk (its sequence names its place in a rewrite) has none."""
+    if h.flags & FLAG_SPARSE:
+        return NO_SEQUENCE
     if not h.flags & FLAG_KAFKA:
         return h.sequence + 1
     if h.producer_id == ANONYMOUS_PRODUCER_ID:
         return NO_SEQUENCE
     return h.sequence + h.record_count
+
+
+def _newest_whole(gens: dict) -> list | None:
+    """The chunks of the newest whole rewrite among `gens` (generation -> piece -> (chunk,
+    header, durable)): pieces 0 to the one marked last, back to back; None when none is."""
+    for gen in sorted(gens, reverse=True):
+        pieces = gens[gen]
+        last = [p for p, (_, h, _) in pieces.items() if compacted(h).last]
+        if len(last) != 1 or sorted(pieces) != list(range(last[0] + 1)):
+            continue
+        run = [pieces[p] for p in range(last[0] + 1)]
+        if all(a[1].base_offset + offsets_covered(a[1]) == b[1].base_offset
+               for a, b in zip(run, run[1:])):
+            return run
+    return None
+
+
+def _run_end(run: list) -> int:
+    h = run[-1][1]
+    return h.base_offset + offsets_covered(h)
 
 
 def _truncate(gb: _GroupBuild, keep: int) -> None:

@@ -223,8 +223,18 @@ class Recovery:
         # one recovering must not start it again.
         self.done_keys: set[tuple[int, int]] = set()
         self.counters = core.counters
+        # (broker, epoch) -> the coordinator's token for fencing it (kera.net.fence), sent
+        # with the fence so a secure backup accepts it.
+        self.fence_tokens: dict[tuple[int, int], str] = {}
 
     # ------------------------------------------------------------------ inputs
+    def take_fence_tokens(self, tokens) -> None:
+        """A `broker_streams` reply's `fence_tokens`: [[broker, epoch, token], ...]."""
+        for entry in tokens if isinstance(tokens, list) else ():
+            if isinstance(entry, list) and len(entry) == 3 and _u64(entry[0]) and \
+                    _u64(entry[1]) and isinstance(entry[2], str):
+                self.fence_tokens[(entry[0], entry[1])] = entry[2]
+
     def apply(self, descriptors, now: float) -> bool:
         """The metadata the broker just applied: start recovering streamlets newly marked
         recovering here; forget deleted ones. Returns True when a job started (the caller then
@@ -353,8 +363,10 @@ class Recovery:
                 continue
             st.state = ListState.SENT
             st.attempts += 1
+            fence = sorted(epochs[b])
             out.append(Request(job.backups[bid], "list_replicas",
-                               {"broker_id": b, "fence": sorted(epochs[b])},
+                               {"broker_id": b, "fence": fence, "fence_tokens":
+                                [self.fence_tokens.get((b, e), "") for e in fence]},
                                st.timeout_s, job, (bid, b)))
         return out
 
@@ -555,6 +567,8 @@ class Recovery:
             c.add("recovery_bytes", rebuild.bytes)
             c.add("recovery_duplicate_chunks", rebuild.duplicates)
             c.add("recovery_dropped_chunks", rebuild.dropped)
+            if rebuild.superseded:   # chunks a whole compaction rewrite replaced
+                c.add("recovery_superseded_chunks", rebuild.superseded)
             c.add("recovery_rejected_chunks", rebuild.rejected)
             if inst is None:
                 continue

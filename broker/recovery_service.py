@@ -62,6 +62,7 @@ class RecoveryService:
                 core.set_epoch(epoch)
                 log.info("broker %s incarnation epoch %d", core.broker_id, epoch)
         apply()
+        self.recovery.take_fence_tokens(header.get("fence_tokens"))
         if self.recovery.apply(header.get("streams"), self.clock.monotonic()):
             self.refresh_backups()   # recover from a fresh list of backups
 

@@ -20,6 +20,10 @@ limit):
   `consumed` marks, kera.coordinator.groups.consumed_below, sent in heartbeat replies); with
   `retention_ms` 0, as soon as they are. The size bound applies regardless, so unconsumed data
   cannot outgrow `retention_bytes`; a stream nobody consumes keeps its data up to it.
+- On request (Kafka's DeleteRecords: `delete_below`): the groups wholly below a record
+  number, under the same rules; what must wait (durability, a floor) is retried each pass.
+- Only under a cleanup policy that deletes (`delete`, `compact,delete`: kera.codec.cleanup): a
+  `compact`-only stream keeps every key's last record however old, as Kafka does.
 
 The retention clock (`RetentionClock`) is the wall clock at the broker's start advanced by the
 monotonic clock, so a wall-clock step cannot collapse ages within a process: group stamps and
@@ -50,7 +54,7 @@ from collections import OrderedDict, deque
 from itertools import islice
 from typing import NamedTuple, Protocol
 
-from kera.codec import schema
+from kera.codec import cleanup, schema
 from kera.errors import BadRequest
 
 log = logging.getLogger(__name__)
@@ -152,6 +156,11 @@ class Retention:
         # slot's last group may go (kera.codec.schema.number_floor), and those it acknowledged.
         self.floors: dict[tuple[int, int], tuple] = {}
         self.floors_kept: dict[tuple[int, int], tuple] = {}
+        # DeleteRecords' offsets not reached yet: (sid, sl) -> record number. Groups wholly
+        # below one wait for their records' durability or their floor; each pass retries
+        # them. At most one per streamlet of this broker; in memory only (a failover forgets
+        # them, as it would a Kafka request in flight).
+        self.delete_marks: dict[tuple[int, int], int] = {}
 
     def set_consumed(self, marks, token) -> None:
         if not isinstance(marks, list) or not isinstance(token, int) or not all(
@@ -167,12 +176,15 @@ class Retention:
         """One pass over every stream with a limit; returns how many groups were deleted."""
         deleted = 0
         clock = self.clock
+        self._apply_delete_marks()
         self._by_age_left = GROUPS_DELETED_BY_AGE_AFTER_STEP_MAX if clock.suspect else None
         for stream in list(self.broker.streams.values()):
             info = stream.info
             if not info.retention_ms and not info.retention_bytes and \
                     not info.retain_until_consumed:
                 continue
+            if not cleanup.deletes(info.cleanup_policy):
+                continue   # compact only: every key's last record is kept however old (Kafka)
             for streamlet in stream.streamlets.values():
                 if info.retention_ms:
                     self._close_old(streamlet, info.retention_ms, wall_ms)
@@ -196,6 +208,39 @@ class Retention:
             self.scan_vsegs = False
             self._drop_replicas()
         return deleted
+
+    def delete_below(self, streamlet, number: int) -> int:
+        """Delete the oldest finished groups whose records all lie below record `number` of a
+        one-slot streamlet, as retention deletes (whole groups, oldest first, a slot's last
+        group only once its floor is kept): Kafka's DeleteRecords (kera.broker.kafka.records).
+        Returns how many groups went."""
+        groups, n = streamlet.groups, 0
+        while groups and groups[0].finished and groups[0].number_base is not None and \
+                groups[0].number_base + groups[0].head <= number and \
+                self._floor_kept(streamlet, groups[0]):
+            self._delete(streamlet, groups[0])
+            n += 1
+        if n:
+            self.broker.tier.record_first_group(streamlet.stream_id, streamlet.index,
+                                                streamlet.first_group)
+            self.broker.counters.add("groups_deleted", n)
+            self.scan_vsegs = True
+        key, first = (streamlet.stream_id, streamlet.index), groups[0] if groups else None
+        if first is not None and first.number_base is not None and \
+                first.number_base + first.head <= number:
+            self.delete_marks[key] = max(number, self.delete_marks.get(key, 0))
+        else:
+            self.delete_marks.pop(key, None)
+        return n
+
+    def _apply_delete_marks(self) -> None:
+        for (sid, sl), number in list(self.delete_marks.items()):
+            stream = self.broker.streams.get(sid)
+            streamlet = None if stream is None else stream.streamlets.get(sl)
+            if streamlet is None:
+                del self.delete_marks[(sid, sl)]   # deleted, or moved to another broker
+            else:
+                self.delete_below(streamlet, number)
 
     # ------------------------------------------------------------------ number floors
     def _floor_kept(self, streamlet, group) -> bool:

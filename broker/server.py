@@ -36,6 +36,7 @@ from kera.broker.recovery_service import RecoveryService
 from kera.broker.segment_pool import SEGMENT_POOL_BYTES
 from kera.broker.tier import TierConfig
 from kera.broker.tier_service import TierService
+from kera.broker.compaction_service import CompactionService
 from kera.broker.virtual_log import ReplicationWrite
 from kera.net.acl import Acl
 from kera.errors import BadRequest, KeraError, Throttled
@@ -47,7 +48,12 @@ from kera.net.server import DEFERRED, Request
 from kera.broker.kafka.catalog import Catalog, CoordinatorCalls
 from kera.broker.kafka.context import Advertised, Context, Deferred, Settings
 from kera.broker.kafka import groups as kafka_groups
+from kera.broker.kafka import group_admin
 from kera.broker.kafka.listener import KafkaListener
+from kera.broker.kafka.sasl import KafkaSecurity, server_context
+from kera.net import certs
+from kera.net.kafka_users import Users
+from kera.net.keys import KeyFileError
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +94,7 @@ class BrokerDaemon:
         self.server.on("offsets", self._on_offsets)
         self.server.on("offsets_for_time", self._on_offsets_for_time)
         self.server.on("offsets_for_number", self._on_offsets_for_number)
+        self.server.on("numbers", self._on_numbers)
         self.server.on("stats", self._on_stats)
         if advertise is None:
             advertise = self.server.address
@@ -112,6 +119,8 @@ class BrokerDaemon:
             on_refused=self._on_refused))
         # Data dir: reload of segment files, tiering thread, retention (kera.broker.tier_service).
         self.tiering = TierService(self.core, self.server, env)
+        # Passes over compacted streams on a thread, replicated and swapped (kera.broker.compactor).
+        self.compaction = CompactionService(self.core, self.server, env)
         # Incarnation epochs and recovery of dead brokers' streamlets (kera.broker.recovery).
         self.recovery = RecoveryService(self.core, self.clock, self.server, self.link, self.pump,
                                         self._refresh_cluster)
@@ -124,6 +133,8 @@ class BrokerDaemon:
     def _start_kafka(self, opts: KafkaOptions) -> KafkaListener:
         """The Kafka listener on this broker's loop (kera.broker.kafka)."""
         catalog = Catalog(CoordinatorCalls(self.server, lambda: self.link.address), self.clock)
+        if self.server.security is not None:   # SASL_SSL only, never plaintext
+            opts.settings.security = _kafka_security(self.server, opts)
         ctx = Context(self.core, catalog, self.clock, self.server.wake_at, opts.settings)
         listener = KafkaListener(self.server, ctx, opts.host, opts.port)
         host, port = listener.host, listener.port
@@ -135,6 +146,7 @@ class BrokerDaemon:
         opts.settings.advertise = Advertised(host, port)
         self.kafka_advertise = f"{host}:{port}"
         self.kafka_catalog = catalog
+        group_admin.register(self.server, ctx)   # kera's own tools on Kafka groups
         log.info("kafka listener on %s, advertised as %s", listener.address, self.kafka_advertise)
         return listener
 
@@ -225,6 +237,27 @@ class BrokerDaemon:
         q = schema.offsets_for_number(req.fields)
         return self._cursor_reply(req, q.sid, q.sl, self.core.cursor_at_number, q.target)
 
+    def _on_numbers(self, req: Request):
+        """Record numbers of a one-slot streamlet (a Kafka partition's offsets): `start` (the
+        first retained), `end` (the durable end) and, given `timestamp_us`, `at_time`, the first
+        durable record at or after it (None: none is). For `kera group` on Kafka groups."""
+        f = req.fields
+        sid, sl = f.int("sid", hi=SID_MAX), f.int("sl", hi=SL_MAX)
+        check = self._checker(req, "describe")
+        if check is not None:
+            self.core.check_stream(sid, check)
+        stream = self.core.streams.get(sid)
+        if stream is not None and stream.info.active_groups != 1:
+            raise BadRequest(f"stream '{stream.info.name}' has {stream.info.active_groups} "
+                             f"active groups per streamlet: its record numbers are per slot")
+        start, end = self.core.number_span(sid, sl)
+        reply = {"start": start, "end": end}
+        at_us = f.int("timestamp_us", None, hi=schema.TIMESTAMP_US_MAX)
+        if at_us is not None:
+            found = self.core.number_at_time(sid, sl, at_us)
+            reply["at_time"] = None if found is None else found[0]
+        return reply
+
     def _cursor_reply(self, req: Request, sid: int, sl: int, cursor_at, target: int) -> dict:
         """A reader's cursor at `target` (a time or a record number), once the caller may
         describe the stream: `low`, `offsets`, `first_group`, `epoch`."""
@@ -255,7 +288,7 @@ class BrokerDaemon:
     def _on_stats(self, req: Request):
         # acl_version: which ACLs and quotas this broker enforces (-1: none received yet).
         return {"stats": {**self.core.stats(), **self.recovery.stats(),
-                          "acl_version": self.acl_version},
+                          **self.compaction.stats(), "acl_version": self.acl_version},
                 "streams": self.core.stream_traffic()}
 
     # ------------------------------------------------------------------ replication
@@ -265,6 +298,7 @@ class BrokerDaemon:
         core = self.core
         self.tiering.pump()
         self.recovery.pump()
+        self.compaction.pump()   # a pass's new chunks go out with this turn's writes
         core.tick(now)
         writes = core.sync(now)
         # The replicas of a segment that are level get the same payload list (VirtualLog._write).
@@ -417,6 +451,7 @@ class BrokerDaemon:
             if self.kafka is not None:
                 self.kafka.close()
             self.tiering.shutdown()
+            self.compaction.shutdown()
 
     def stop(self) -> None:
         self.server.stop()
@@ -429,6 +464,23 @@ class KafkaOptions:
     port: int = 0
     advertise: str | None = None
     settings: Settings = field(default_factory=Settings)
+    tls_cert: Path | None = None   # a secure broker's certificate (default: from its keys dir)
+    tls_key: Path | None = None
+
+
+def _kafka_security(server, opts: KafkaOptions) -> KafkaSecurity:
+    """A secure broker's SASL_SSL listener: its certificate (KEYS/kafka/NAME.crt unless
+    given), the keys directory's Kafka users, the broker's ACLs and quotas."""
+    keys_dir, name = server.security.keys_dir, server.security.identity.name
+    cert, key = certs.cert_paths(keys_dir, name)
+    cert, key = opts.tls_cert or cert, opts.tls_key or key
+    for path in (cert, key):
+        if not Path(path).exists():
+            raise KeyFileError(f"the Kafka listener of a secure broker serves TLS only, and "
+                               f"{path} is missing: create it with `kera keys kafka-cert {name} "
+                               f"--dir {keys_dir} --host HOST` (HOST: what clients dial), or "
+                               f"pass --kafka-tls-cert/--kafka-tls-key")
+    return KafkaSecurity(server_context(str(cert), str(key)), Users(keys_dir), server.guard)
 
 
 # ====================================================================== command line
@@ -482,6 +534,11 @@ def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
                    help="partitions of a topic created without a count (default: 1)")
     g.add_argument("--kafka-default-replication", type=int, default=1, metavar="R",
                    help="replication factor of a topic created without one (default: 1)")
+    g.add_argument("--kafka-tls-cert", type=Path, default=None, metavar="FILE",
+                   help="with keys (--keys-dir): the listener's TLS certificate, PEM (default: "
+                        "KEYS/kafka/NAME.crt, NAME the broker's key; kera keys kafka-cert)")
+    g.add_argument("--kafka-tls-key", type=Path, default=None, metavar="FILE",
+                   help="its private key, PEM (default: KEYS/kafka/NAME.key)")
 
 
 def kafka_options(args: argparse.Namespace) -> KafkaOptions | None:
@@ -491,17 +548,20 @@ def kafka_options(args: argparse.Namespace) -> KafkaOptions | None:
                         default_partitions=args.kafka_default_partitions,
                         default_replication=args.kafka_default_replication)
     return KafkaOptions(host=args.kafka_host or args.host, port=args.kafka_port,
-                        advertise=args.kafka_advertise, settings=settings)
+                        advertise=args.kafka_advertise, settings=settings,
+                        tls_cert=args.kafka_tls_cert, tls_key=args.kafka_tls_key)
 
 
 def _kafka_refused(args: argparse.Namespace) -> bool:
-    """A Kafka listener that would be open to anyone: refused with what to do instead."""
+    """A Kafka listener that would be open to anyone: refused with what to do instead. With
+    keys the listener is SASL_SSL (kera.broker.kafka.sasl), authenticated wherever it binds."""
     if args.kafka_port is None:
         return False
     if args.keys_dir or args.key_file:
-        log.error("--kafka-port with CURVE keys: the Kafka listener has no TLS or SASL yet, and "
-                  "a secure cluster never opens an unauthenticated port; run it without keys or "
-                  "without --kafka-port")
+        return False
+    if args.kafka_tls_cert or args.kafka_tls_key:
+        log.error("--kafka-tls-cert/--kafka-tls-key need keys (--keys-dir, --key-file): TLS "
+                  "comes with SASL logins, on a secure cluster's Kafka listener only")
         return True
     kafka_host = args.kafka_host or args.host
     if not is_loopback(kafka_host) and not args.insecure:
@@ -537,6 +597,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         identity = Identity.load(args.dir)
+        identity.expect_cluster(args.cluster_id)
         daemon = BrokerDaemon(args.coordinator, host=args.host, port=args.port, node=args.node,
                               broker_id=args.id, cfg=cfg, advertise=args.advertise,
                               identity=identity,
@@ -545,7 +606,7 @@ def run(args: argparse.Namespace) -> int:
     except KeraError as exc:                 # a key file refused
         log.error("cannot start: %s", exc.message)
         return 2
-    except ValueError as exc:                # a damaged identity file
+    except ValueError as exc:                # a damaged identity file, another cluster's data
         log.error("cannot start: %s", exc)
         return 1
     except (OSError, zmq.ZMQError) as exc:   # port in use, bad interface

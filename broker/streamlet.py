@@ -130,8 +130,8 @@ class Streamlet:
             if group.number_base is not None and group.durable:
                 end = group.number_base + group.durable
                 break
-        if first is None:
-            first = self.next_numbers[0]
+        if first is None:   # every group deleted: the slot's next number (its last group's end)
+            first = self.next_number(0)
         return first, first if end is None else end
 
     def lock_table(self) -> LockTable:

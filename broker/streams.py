@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from kera import config
 
-from kera.codec import schema
+from kera.codec import cleanup, schema
 from kera.errors import BadRequest
 
 # Bounds a broker accepts in a descriptor; the coordinator enforces tighter ones on creation.
@@ -43,6 +43,14 @@ class StreamInfo:
     # {streamlet: (first group, next record number per slot)}: where a streamlet that retention
     # emptied goes on after a failover (kera.codec.schema.number_floor).
     floors: dict = field(default_factory=dict)
+    # Kafka's cleanup.policy and the compaction settings (kera.codec.cleanup).
+    cleanup_policy: str = cleanup.DEFAULT_POLICY
+    min_cleanable_dirty_ratio: float = cleanup.DEFAULT_MIN_CLEANABLE_DIRTY_RATIO
+    delete_retention_ms: int = cleanup.DEFAULT_DELETE_RETENTION_MS
+    min_compaction_lag_ms: int = cleanup.DEFAULT_MIN_COMPACTION_LAG_MS
+    max_compaction_lag_ms: int = cleanup.DEFAULT_MAX_COMPACTION_LAG_MS
+    # True under `compact` and `compact,delete`: records must have keys (kera.broker.core).
+    compacted: bool = False
 
     @classmethod
     def from_descriptor(cls, d) -> "StreamInfo":
@@ -63,7 +71,9 @@ class StreamInfo:
             retention_ms=_int(d, "retention_ms", 0, U64_MAX, default=0),
             retention_bytes=_int(d, "retention_bytes", 0, U64_MAX, default=0),
             retain_until_consumed=d.get("retain_until_consumed", False) is True,
+            **cleanup.from_descriptor(d),
         )
+        info.compacted = cleanup.compacts(info.cleanup_policy)
         if info.durability not in DURABILITIES:
             raise BadRequest(f"stream {info.name!r}: unknown durability {info.durability!r}")
         p = info.placement

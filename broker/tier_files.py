@@ -581,9 +581,11 @@ def _index(record: SegmentRecord, mv: memoryview) -> LoadedSegment:
         positions.append(at)
         sizes.append(size)
         bases.append(expect)
-        counts.append(h.record_count)
-        producers[h.producer_id] = (h.sequence, len(positions) - 1)
-        expect += h.record_count
+        covered = chunk.offsets_covered(h)   # a compacted chunk covers gaps too
+        counts.append(covered)
+        if not h.flags & chunk.FLAG_SPARSE:   # its sequence is no producer's
+            producers[h.producer_id] = (h.sequence, len(positions) - 1)
+        expect += covered
         at += size
     if len(positions) != record.chunks or expect != record.end_offset or crc != record.chunks_crc:
         raise CorruptSegment(f"{name}: {len(positions)} chunks up to offset {expect} do not match "

@@ -114,19 +114,38 @@ class GroupTimeIndex:
 
 def chunk_timestamps_us(seg, index: int) -> np.ndarray:
     """The timestamp column of stored chunk `index` of `seg` (verified when appended)."""
+    return stored_chunk(seg, index).timestamps
+
+
+def stored_chunk(seg, index: int) -> Chunk:
+    """Stored chunk `index` of `seg` (verified when appended)."""
     view = seg.view(index)
     if view is None:
         err = seg.read_error(index)
         raise err if err is not None else NotReady(
             "a chunk of this streamlet is no longer in memory (its stream is being deleted)")
-    return Chunk(view, check=False).timestamps
+    return Chunk(view, check=False)
 
 
-def record_timestamp_us(group, offset: int) -> int:
-    """The timestamp of durable record `offset` of `group`."""
-    si, ci = group.locate(offset)
-    seg = group.segments[si]
-    return int(chunk_timestamps_us(seg, ci)[offset - seg.bases[ci]])
+def record_at_or_after(group, offset: int) -> tuple[int, int] | None:
+    """(offset, timestamp µs) of the first durable record of `group` at or after `offset`: the
+    record itself, or past the gaps of a compacted range (docs/COMPACTION.md); None when the
+    group holds none there."""
+    loc = group.locate(offset)
+    if loc is None:
+        return None
+    si, ci = loc
+    for seg in group.segments[si:]:
+        for i in range(ci, len(seg)):
+            if seg.bases[i] >= group.durable:
+                return None
+            c = stored_chunk(seg, i)
+            offsets = seg.bases[i] + c.record_offsets()
+            k = int(np.searchsorted(offsets, offset))
+            if k < len(c):
+                return int(offsets[k]), int(c.timestamps[k])
+        ci = 0
+    return None
 
 
 def group_offset_at(group, timestamp_us: int, budget: IndexBudget) -> int:
@@ -140,8 +159,10 @@ def group_offset_at(group, timestamp_us: int, budget: IndexBudget) -> int:
     if found is None:
         return group.durable
     seg = group.segments[found[0]]
-    ts = chunk_timestamps_us(seg, found[1])
-    return seg.bases[found[1]] + int(np.argmax(ts >= timestamp_us))
+    c = stored_chunk(seg, found[1])
+    i = int(np.argmax(c.timestamps >= timestamp_us))
+    deltas = c.offset_deltas   # a compacted chunk's record i is not offset i
+    return seg.bases[found[1]] + (i if deltas is None else int(deltas[i]))
 
 
 def streamlet_cursor_at(streamlet, timestamp_us: int,

@@ -6,12 +6,14 @@ from typing import Iterator
 
 import numpy as np
 
-from kera.codec.chunk import Chunk
+from kera.codec.chunk import FLAG_SPARSE, Chunk
 from kera.codec.position import Record
 
 
 class Batch:
-    """Records `offset` .. `offset + len - 1` of one group of one streamlet, in order.
+    """The records of one chunk of one group of one streamlet from index `skip` on, in order:
+    the first at offset `offset`, the others at the next offsets (`offset + i`), or past gaps
+    for a compacted chunk (docs/COMPACTION.md: its offset deltas say where).
 
     `to_arrow()` is a pyarrow RecordBatch (key, value, timestamp) over the chunk's buffer;
     `values` the pyarrow binary array of values; `value_offsets` / `values_blob` /
@@ -41,7 +43,20 @@ class Batch:
 
     @property
     def next_offset(self) -> int:
-        return self.offset + len(self)
+        """The offset after the chunk: where reading resumes once the batch is consumed."""
+        if not self.chunk.header.flags & FLAG_SPARSE:
+            return self.offset + len(self)
+        deltas = self.chunk.offset_deltas
+        return self.offset + int(deltas[-1]) - self._first_delta(deltas)
+
+    def _first_delta(self, deltas: np.ndarray) -> int:
+        """The offset delta of the batch's first record in its compacted chunk."""
+        return int(deltas[self.skip]) if self.skip < len(self.chunk) else int(deltas[-1])
+
+    def _sparse_steps(self) -> np.ndarray:
+        """A compacted chunk's records' offsets from the batch's first (int64)."""
+        deltas = self.chunk.offset_deltas
+        return deltas[self.skip:-1].astype(np.int64) - self._first_delta(deltas)
 
     def to_arrow(self):
         batch = self.chunk.to_arrow()
@@ -73,19 +88,29 @@ class Batch:
 
     @property
     def offsets(self) -> np.ndarray:
-        return np.arange(self.offset, self.offset + len(self), dtype=np.int64)
+        if not self.chunk.header.flags & FLAG_SPARSE:
+            return np.arange(self.offset, self.offset + len(self), dtype=np.int64)
+        return self.offset + self._sparse_steps()
 
     @property
     def first_number(self) -> int | None:
-        """The record number of this batch's first record (the rest follow densely); None for
-        data written before record numbers."""
+        """The record number of this batch's first record (the rest follow as its offsets
+        do); None for data written before record numbers."""
         first = self.chunk.first_number
-        return None if first is None else first + self.skip
+        if first is None:
+            return None
+        if not self.chunk.header.flags & FLAG_SPARSE:
+            return first + self.skip
+        return first + self._first_delta(self.chunk.offset_deltas)
 
     @property
     def numbers(self) -> np.ndarray | None:
         first = self.first_number
-        return None if first is None else np.arange(first, first + len(self), dtype=np.int64)
+        if first is None:
+            return None
+        if not self.chunk.header.flags & FLAG_SPARSE:
+            return np.arange(first, first + len(self), dtype=np.int64)
+        return first + self._sparse_steps()
 
     def value_list(self) -> list[bytes | None]:
         return self.chunk.values()[self.skip:]
@@ -99,6 +124,8 @@ class Batch:
     def records(self) -> Iterator[Record]:
         s, sl, g, base = self.stream, self.streamlet, self.group, self.offset
         first = self.first_number
-        rows = zip(self.keys(), self.value_list(), self.timestamps.tolist(), self.headers())
-        for i, (k, v, t, h) in enumerate(rows):
+        sparse = self.chunk.header.flags & FLAG_SPARSE
+        steps = self._sparse_steps().tolist() if sparse else range(len(self))
+        rows = zip(steps, self.keys(), self.value_list(), self.timestamps.tolist(), self.headers())
+        for i, k, v, t, h in rows:
             yield Record(k, v, t, s, sl, g, base + i, tuple(h), None if first is None else first + i)

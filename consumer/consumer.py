@@ -25,6 +25,7 @@ import collections
 import logging
 import threading
 import time
+from typing import Mapping
 
 from kera import config
 
@@ -33,6 +34,7 @@ from kera.net import rpc
 from kera.codec import schema
 from kera.consumer import lag as lagmath
 from kera.consumer.batch import Batch
+from kera.codec.name_pattern import NamePattern
 from kera.consumer.cursor import (ChunkItem, ConsumedCursor, ErrorItem, FetchCursor, LowItem,
                                   ResetItem, cursors_with_epochs, parse_groups)
 from kera.consumer.fetching import FetchState
@@ -41,6 +43,7 @@ from kera.consumer.tasks import TaskRunner
 from kera.errors import BadRequest, ClientClosed, KeraError, Timeout
 from kera.client.metadata import Metadata
 from kera.client.env import ClientEnv
+from kera.client.kafka_config import CONSUMER_PROPERTIES, kera_arguments
 from kera.codec.position import Position, Record
 from kera.codec.timestamps import ms_to_us
 
@@ -84,8 +87,10 @@ class Consumer:
     position (else from `start`); `commit()` / auto-commit every `auto_commit_interval_ms`
     (None: off) save what was handed out. `group_instance_id`: static membership, a restart
     within `session_timeout_ms` gets the same streamlets back without a rebalance.
-    `pattern` (with `group`): also every stream matching this glob ("clicks-*"), later
-    ones included (Kafka's subscribe(pattern)); `stream` may be [].
+    `pattern` (with `group`): also every stream whose whole name matches this regular
+    expression ("clicks-.*"), later ones included (Kafka's subscribe(pattern)); `stream` may
+    be []. `bootstrap` may be a confluent-kafka configuration dict instead
+    (kera.client.kafka_config): Consumer({"bootstrap.servers": ..., "group.id": ...}, "clicks").
 
     Streamlets added to a stream later (`kera stream alter --streamlets`) are read from
     their beginning once this consumer's descriptor is refreshed (at least every
@@ -105,6 +110,11 @@ class Consumer:
                  session_timeout_ms: int = 10_000, auto_commit_interval_ms: int | None = 5_000,
                  env: ClientEnv | None = None,
                  metadata_max_age_ms: int = config.DEFAULT_METADATA_MAX_AGE_MS):
+        if isinstance(bootstrap, Mapping):   # a confluent-kafka configuration dict
+            given = {k: v for k, v in locals().items() if k not in ("self", "bootstrap", "stream")}
+            self.__init__(stream=stream, **kera_arguments(bootstrap, CONSUMER_PROPERTIES,
+                                                          Consumer.__init__, given))
+            return
         _check_options(group is not None and (streamlets is not None or member is not None),
                        cache_chunks_max, fetch_max_bytes, on_lost_position, fetch_max_wait_ms)
         self.streams = [stream] if isinstance(stream, str) else list(dict.fromkeys(stream))
@@ -121,6 +131,8 @@ class Consumer:
         self._follow = None if group is not None or streamlets is not None else (member, members)
         self._open_metadata(bootstrap, env, metadata_max_age_ms)
         try:
+            if pattern is not None:
+                _note_pattern(NamePattern(pattern), self._meta)
             self._infos = {name: self._meta.stream(name) for name in self.streams}
             parts = [] if group is not None else [
                 (name, sl) for name, info in self._infos.items()
@@ -171,7 +183,8 @@ class Consumer:
         self._stopping = False
         self._closed = False
         self._error: KeraError | None = None
-        # The item being walked record by record: (ChunkItem, keys, values, timestamps) + index.
+        # The item being walked record by record: the ChunkItem, its columns as lists (keys,
+        # values, timestamps, headers, offsets, numbers: `_walk`) and the next record's index.
         self._cur: ChunkItem | None = None
         self._cur_lists = None
         self._cur_idx = 0
@@ -291,28 +304,42 @@ class Consumer:
                 cur = self._cur
                 if cur is not None:
                     i = self._cur_idx
-                    keys, values, stamps, headers = self._cur_lists
+                    keys, values, stamps, headers, offsets, numbers = self._cur_lists
                     if i < len(values):
                         self._cur_idx = i + 1
                         self.records_consumed += 1
-                        first = cur.chunk.first_number
+                        if offsets is None:   # an ordinary chunk: dense, `numbers` the first
+                            off, num = cur.first + i, None if numbers is None else numbers + i
+                        else:                 # a compacted one: at its offset deltas
+                            off, num = offsets[i], None if numbers is None else numbers[i]
                         return Record(keys[i], values[i], stamps[i], cur.stream, cur.streamlet,
-                                      cur.group, cur.first + i,
-                                      tuple(headers[i]) if headers is not None else (),
-                                      None if first is None else first + cur.skip + i)
+                                      cur.group, off,
+                                      tuple(headers[i]) if headers is not None else (), num)
                     self._finish_current()
                 item = self._next_item(deadline)
                 if item is None:
                     return None
                 if type(item) is ChunkItem:
-                    chunk, skip = item.chunk, item.skip
-                    self._cur = item
-                    self._cur_idx = 0
-                    self._cur_lists = (chunk.keys()[skip:], chunk.values()[skip:],
-                                       chunk.timestamps[skip:].tolist(),
-                                       chunk.headers()[skip:] if chunk.has_headers else None)
+                    self._walk(item)
                 else:
                     self._apply(item)
+
+    def _walk(self, item: ChunkItem) -> None:
+        """Make `item` the chunk `poll` hands out record by record: its columns as lists, and
+        its offsets and numbers as lists for a compacted chunk only (an ordinary one's are
+        `first + i`: indexing a range per record cost more than the addition)."""
+        chunk, skip = item.chunk, item.skip
+        if item.sparse:
+            offsets, numbers = item.offsets(), item.numbers()
+        else:
+            first = chunk.first_number
+            offsets, numbers = None, None if first is None else first + skip
+        self._cur = item
+        self._cur_idx = 0
+        self._cur_lists = (chunk.keys()[skip:], chunk.values()[skip:],
+                           chunk.timestamps[skip:].tolist(),
+                           chunk.headers()[skip:] if chunk.has_headers else None,
+                           offsets, numbers)
 
     def poll_batch(self, timeout_s: float | None = 0.0, max_chunks: int | None = None) -> list[Batch]:
         """Whole chunks as columnar Batches (at least one unless `timeout_s` passes first)."""
@@ -324,7 +351,7 @@ class Consumer:
             if cur is not None:
                 i = self._cur_idx
                 if i < len(self._cur_lists[1]):
-                    out.append(Batch(cur.stream, cur.streamlet, cur.group, cur.first + i,
+                    out.append(Batch(cur.stream, cur.streamlet, cur.group, cur.offset_at(i),
                                      cur.chunk, cur.skip + i))
                     self.records_consumed += len(self._cur_lists[1]) - i
                 self._finish_current()
@@ -333,8 +360,9 @@ class Consumer:
                 if item is None:
                     break
                 if type(item) is ChunkItem:
-                    out.append(Batch(item.stream, item.streamlet, item.group, item.first,
-                                     item.chunk, item.skip))
+                    if item.count:   # a compacted chunk may hold no record left to deliver
+                        out.append(Batch(item.stream, item.streamlet, item.group, item.first,
+                                         item.chunk, item.skip))
                     self._consumed[item.part].consumed(item.group, item.end, item.epoch)
                     self.records_consumed += item.count
                 else:
@@ -369,7 +397,7 @@ class Consumer:
         for part in parts:
             partial = None
             if cur is not None and cur.part == part:
-                partial = (cur.group, cur.first + self._cur_idx)
+                partial = (cur.group, cur.offset_at(self._cur_idx))
                 if cur.epoch is not None:
                     self._consumed[part].epoch = cur.epoch   # its history, as consumed() does
             out += self._consumed[part].positions(part[0], partial)
@@ -571,7 +599,7 @@ class Consumer:
         offsets = dict(cc.offsets)
         cur = self._cur
         if cur is not None and cur.part == part and cur.group >= cc.low:
-            offsets[cur.group] = cur.first + self._cur_idx
+            offsets[cur.group] = cur.offset_at(self._cur_idx)
         return cc.low, offsets
 
     # ------------------------------------------------------------------ assignment (issue 11)
@@ -625,7 +653,8 @@ class Consumer:
         self._membership = Membership(
             self, self._meta.coordinators, group, list(self.streams), time.monotonic(),
             instance_id=instance_id, pattern=pattern, session_timeout_ms=session_timeout_ms,
-            auto_commit_interval_ms=auto_commit_interval_ms)
+            auto_commit_interval_ms=auto_commit_interval_ms,
+            on_fatal=lambda err: self._push([ErrorItem(err)]))
         self.add_task(self._membership)
 
     def commit(self, positions=None, timeout_s: float | None = None) -> None:
@@ -880,3 +909,16 @@ def _assigned(total: int, streamlets, member, members) -> list[int]:
             raise BadRequest(f"member must be in [0, members): member={member}, members={members}")
         return [sl for sl in range(total) if sl % members == member]
     return list(range(total))
+
+
+def _note_pattern(pattern: NamePattern, meta) -> None:
+    """Log when `pattern` matches no stream now: a typo would otherwise read nothing, silently."""
+    header = meta.call("list_streams", {})[0]
+    if header.get("next") is not None:
+        return   # more than one page of streams: a hint is not worth listing them all
+    names = [s["name"] for s in header.get("streams", [])]
+    if not pattern.select(names):
+        log.warning("pattern %r matches none of the %d streams now (patterns are regular "
+                    "expressions matching the whole name, as Kafka's: 'logs-.*', not 'logs-*'); "
+                    "streams created later that match are read when they appear",
+                    pattern.text, len(names))

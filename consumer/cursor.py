@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kera.codec.chunk import Chunk, ChunkHeader
+from kera.codec.chunk import FLAG_SPARSE, Chunk, ChunkHeader, offsets_covered
 from kera.errors import BadRequest, KeraError
 from kera.codec.position import Position
 
@@ -65,18 +65,26 @@ class FetchCursor:
             out["epoch"] = self.epoch
         return out
 
-    def on_chunk(self, header: ChunkHeader) -> int | None:
+    def on_chunk(self, header: ChunkHeader, chunk: Chunk | None = None) -> int | None:
         """A fetched chunk: returns how many of its leading records lie before the cursor (to
-        skip), or None when none of it is new (a stale or repeated chunk)."""
+        skip), or None when none of it is new (a stale or repeated chunk). A compacted chunk
+        (docs/COMPACTION.md) ends at its span, past records it no longer holds, and which of
+        its records lie before the cursor only the `chunk` itself tells."""
         g = header.group
         if g < self.low:
             return None
         cur = self.offsets.get(g, 0)
-        end = header.base_offset + header.record_count
+        base = header.base_offset
+        end = base + offsets_covered(header)
         if end <= cur:
             return None
         self.offsets[g] = end
-        return max(0, cur - header.base_offset)
+        if cur <= base:
+            return 0
+        if header.flags & FLAG_SPARSE:
+            assert chunk is not None, "a compacted chunk's records are numbered by its deltas"
+            return chunk.records_below(cur - base)
+        return cur - base
 
     def on_groups(self, groups: list[GroupInfo]) -> int | None:
         """Apply the broker's group table; returns the new `low` when finished groups let it
@@ -111,9 +119,12 @@ class FetchCursor:
 
 
 class ChunkItem:
-    """A fetched chunk of `part` = (stream name, streamlet) in the consumer's cache: records
-    [skip, count) are to be delivered."""
-    __slots__ = ("part", "stream", "streamlet", "group", "first", "skip", "chunk", "end", "epoch")
+    """A fetched chunk of `part` = (stream name, streamlet) in the consumer's cache: its records
+    from index `skip` on are to be delivered; `first` is the offset of the first of them (`end`
+    when none is left) and `end` the offset after the chunk. A compacted chunk's records lie at
+    its offset deltas (`offset_at`): ordinary ones, at `first + i`, need no lookup."""
+    __slots__ = ("part", "stream", "streamlet", "group", "first", "skip", "chunk", "end", "epoch",
+                 "count", "sparse")
 
     def __init__(self, part: tuple, chunk: Chunk, skip: int, epoch: int | None = None):
         h = chunk.header
@@ -121,14 +132,35 @@ class ChunkItem:
         self.stream, self.streamlet = part
         self.epoch = epoch
         self.group = h.group
-        self.first = h.base_offset + skip
         self.skip = skip
         self.chunk = chunk
-        self.end = h.base_offset + h.record_count
+        self.count = h.record_count - skip   # records to deliver
+        self.sparse = bool(h.flags & FLAG_SPARSE)
+        self.end = h.base_offset + offsets_covered(h)
+        self.first = self.offset_at(0) if self.sparse else h.base_offset + skip
 
-    @property
-    def count(self) -> int:
-        return self.end - self.first
+    def offset_at(self, i: int) -> int:
+        """The offset of the i-th record to deliver (0 <= i <= count; `end` past the last)."""
+        if i >= self.count:
+            return self.end
+        if not self.sparse:
+            return self.first + i
+        return self.chunk.header.base_offset + int(self.chunk.offset_deltas[self.skip + i])
+
+    def offsets(self):
+        """The offsets of the records to deliver: a range, or a list for a compacted chunk."""
+        if not self.sparse:
+            return range(self.first, self.end)
+        return (self.chunk.header.base_offset + self.chunk.record_offsets()[self.skip:]).tolist()
+
+    def numbers(self):
+        """Their record numbers, as `offsets()`; None for data written before numbers."""
+        first = self.chunk.first_number
+        if first is None:
+            return None
+        if not self.sparse:
+            return range(first + self.skip, first + self.skip + self.count)
+        return (first + self.chunk.record_offsets()[self.skip:]).tolist()
 
 
 class LowItem(NamedTuple):

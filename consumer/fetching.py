@@ -261,7 +261,7 @@ class FetchState:
         # Only once the whole read checked out does the cursor move (a corrupt read is refetched).
         count = 0
         for chunk in new:
-            skip = cursor.on_chunk(chunk.header)
+            skip = cursor.on_chunk(chunk.header, chunk)
             if skip is not None:
                 items.append(ChunkItem(part, chunk, skip, cursor.epoch))
                 count += 1

@@ -24,11 +24,13 @@ partition.
 from __future__ import annotations
 
 import logging
+import math
 from concurrent.futures import Future
-from typing import NamedTuple, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 from kera.net.coordinators import CoordinatorList
-from kera.errors import KeraError, StaleMemberEpoch, Timeout, UnknownMember
+from kera.errors import (BadRequest, KeraError, NotAuthorized, StaleMemberEpoch, Timeout,
+                         UnknownMember)
 from kera.codec.position import Position
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,9 @@ SELF_FENCE_FRACTION = 0.8
 # lands before the revocation is acknowledged); the fraction leaves the session time to be
 # renewed afterwards, before the self-fence.
 COMMIT_RETRY_FRACTION = 0.4
+# Heartbeat refusals that retrying cannot cure: the principal lacks the group's ACL, or the
+# request itself is refused (a pattern the coordinator cannot match).
+FATAL_HEARTBEAT_ERRORS = (NotAuthorized, BadRequest)
 
 
 class PendingCommit(NamedTuple):
@@ -81,8 +86,14 @@ class Membership:
                  streams, now: float,
                  *, instance_id: str | None = None, pattern: str | None = None,
                  session_timeout_ms: int = 10_000,
-                 auto_commit_interval_ms: int | None = 5_000):
+                 auto_commit_interval_ms: int | None = 5_000,
+                 on_fatal: Callable[[KeraError], None] | None = None):
         self.consumer, self.group = consumer, group
+        # Called once with an error retrying cannot cure (no ACL for the group, a pattern the
+        # coordinator refuses): the consumer raises it from poll, as confluent-kafka surfaces
+        # GROUP_AUTHORIZATION_FAILED, instead of retrying forever.
+        self.on_fatal = on_fatal
+        self.failed: KeraError | None = None
         # The leader of these (kera.net.coordinators): a standby's `not_leader` moves on to the next.
         self.coordinators = CoordinatorList(coordinator) if isinstance(coordinator, str) else coordinator
         self.asked = ""   # the coordinator the request in flight went to
@@ -127,7 +138,7 @@ class Membership:
             self.inflight = ("commit", pending)
             self.asked = self.coordinators.current
             return self.asked, ("group_commit", self.ids() | {"positions": pending.wire})
-        if now >= self.next_beat_s:
+        if now >= self.next_beat_s and self.failed is None:
             self.inflight = ("heartbeat", None)
             self.beat_sent_s = now
             self.asked = self.coordinators.current
@@ -161,9 +172,20 @@ class Membership:
             elif isinstance(err, StaleMemberEpoch):
                 self.next_beat_s = now   # catch up with the assignment, then commit again
             return
-        if not isinstance(err, UnknownMember):
+        if isinstance(err, FATAL_HEARTBEAT_ERRORS) and not err.retriable:
+            self._fail(err)
+        elif not isinstance(err, UnknownMember):
             log.warning("group '%s': heartbeat failed (%s); retrying", self.group, err)
             self.next_beat_s = now + RETRY_BACKOFF_S
+
+    def _fail(self, err: KeraError) -> None:
+        """Stop heartbeating for good: `err` will not pass by retrying."""
+        log.error("group '%s': %s; the consumer stops joining the group", self.group, err)
+        self.failed, self.next_beat_s = err, math.inf
+        if not self.joined.done():
+            self.joined.set_exception(err)
+        if self.on_fatal is not None:
+            self.on_fatal(err)
 
     def _retry_commit(self, pending: PendingCommit, err: KeraError, now: float) -> bool:
         """Queue `pending` again, first, when `err` may pass (COMMIT_RETRY_FRACTION)."""
@@ -181,6 +203,8 @@ class Membership:
         return True
 
     def next_wake(self, now: float) -> float | None:
+        if self.failed is not None:
+            return None
         wakes = [self.next_beat_s]
         if self.member_id and self.commits:   # first the commit; heartbeats wait for it
             wakes = [max(now, self.commit_retry_at_s)]

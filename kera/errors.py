@@ -37,6 +37,13 @@ class CorruptChunk(BadRequest):
     code = "corrupt_chunk"
 
 
+class KeylessRecord(BadRequest):
+    """A record without a key was sent to a compacted stream (cleanup policy `compact`), which
+    keeps the last record of each key and so cannot hold one without: give every record a key,
+    or write to a stream with cleanup policy `delete`."""
+    code = "keyless_record"
+
+
 class RecordTooLarge(KeraError):
     """A record or chunk exceeds the configured limit."""
     code = "record_too_large"
@@ -117,7 +124,7 @@ class PeerUnreachable(Timeout):
 _BY_CODE = {cls.code: cls for cls in (
     KeraError, BadRequest, CorruptChunk, RecordTooLarge, UnknownStream, StreamExists, NotOwner,
     SequenceGap, NotReady, Throttled, OffsetOutOfRange, Timeout, ClientClosed,
-    ReplicationFailed, StorageError, PeerUnreachable)}
+    ReplicationFailed, StorageError, PeerUnreachable, KeylessRecord)}
 
 
 def from_reply(code: str, message: str, retriable: bool) -> KeraError:

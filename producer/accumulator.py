@@ -76,7 +76,8 @@ class StreamState:
 class Accumulator:
     def __init__(self, pipeline: Pipeline, producer_id: int, *, chunk_size_bytes: int,
                  max_record_bytes: int, linger_s: float, clock: Callable[[], float] = time.monotonic,
-                 wall_clock_us: Callable[[], int] = _wall_clock_us, compression: str | None = None):
+                 wall_clock_us: Callable[[], int] = _wall_clock_us, compression: str | None = None,
+                 key_hash: Callable[[bytes], int] = crc32c):
         if chunk_size_bytes <= chunkcodec.HEADER_SIZE + 64:
             raise ValueError(f"chunk_size_bytes={chunk_size_bytes} is too small")
         self.pipeline = pipeline
@@ -91,6 +92,7 @@ class Accumulator:
         self.clock = clock
         self.now_us = wall_clock_us
         self.compression = compression
+        self.key_hash = key_hash   # places keyed records (kera.codec.partitioner)
         self.open_bytes = 0
         self.records = 0
         # Open chunks in the order they were opened: the linger check scans only the front.
@@ -127,7 +129,7 @@ class Accumulator:
         elif key is None:
             sl = st.sticky
         else:
-            sl = crc32c(key) % st.streamlets
+            sl = self.key_hash(key) % st.streamlets
         oc = st.open[sl]
         event = 0
         if oc is None or oc.nbytes + size > self.capacity:

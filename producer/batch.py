@@ -12,9 +12,11 @@ import operator
 from typing import Iterator, NamedTuple
 
 import numpy as np
+from crc32c import crc32c
 
 from kera.errors import RecordTooLarge
-from kera.codec.partitioner import streamlets_for_keys
+from kera.codec.partitioner import KeyHash, streamlets_for_keys
+from kera.codec.timestamps import check_us
 from kera.producer.accumulator import KEYED_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES, header_bytes
 
 def _is_arrow(values) -> bool:
@@ -118,11 +120,16 @@ def key_lengths(keys: list) -> np.ndarray:
 
 def timestamps_column(timestamps, n: int):
     """None (stamped at encode), one int for all, or an int64 array of n."""
-    if timestamps is None or isinstance(timestamps, (int, np.integer)):
-        return None if timestamps is None else int(timestamps)
+    if timestamps is None:
+        return None
+    if isinstance(timestamps, (int, np.integer)):
+        check_us(int(timestamps))
+        return int(timestamps)
     ts = np.asarray(timestamps, dtype=np.int64)
     if ts.shape != (n,):
         raise ValueError(f"{ts.size} timestamps for {n} values")
+    if n:
+        check_us(int(ts.max()), int(ts.min()))
     return ts
 
 
@@ -183,13 +190,14 @@ class Piece(NamedTuple):
 
 
 def plan(values, keys, timestamps, *, streamlets: int, capacity: int, max_record_bytes: int,
-         keyless_streamlet: int, headers=None) -> tuple[int, Iterator[Piece]]:
+         keyless_streamlet: int, headers=None, key_hash: KeyHash = crc32c
+         ) -> tuple[int, Iterator[Piece]]:
     """(record count, pieces) of a batch: keyless batches in input order, keyed batches
     grouped by streamlet (input order kept within each). Everything that can be refused is
     checked before the first piece is made, so a batch is refused whole or queued whole;
     `keyless_streamlet` takes the None keys of a keyed batch. `headers`: None, or one list
     of (str, bytes) pairs (or None) per record (a Python step per record: headers are
-    Python objects)."""
+    Python objects). `key_hash` places keys (kera.codec.partitioner)."""
     if keys is None and headers is None and _is_rows(values):
         return _plan_rows(values, timestamps, capacity, max_record_bytes)
     values = as_list(values)
@@ -207,7 +215,8 @@ def plan(values, keys, timestamps, *, streamlets: int, capacity: int, max_record
         if biggest > max_record_bytes:
             raise RecordTooLarge(f"a record of {biggest} bytes exceeds max_record_bytes={max_record_bytes}")
     sizes = record_sizes(lengths, klengths) + hsizes
-    return n, _pieces(values, klist, ts, sizes, streamlets, capacity, keyless_streamlet, hlist)
+    return n, _pieces(values, klist, ts, sizes, streamlets, capacity, keyless_streamlet, hlist,
+                      key_hash)
 
 
 def _is_rows(values) -> bool:
@@ -251,12 +260,12 @@ def headers_column(headers, n: int) -> tuple[list | None, np.ndarray | int]:
 
 
 def _pieces(values, klist, ts, sizes, streamlets, capacity, keyless_streamlet,
-            hlist=None) -> Iterator[Piece]:
+            hlist=None, key_hash: KeyHash = crc32c) -> Iterator[Piece]:
     fixed_ts = ts is None or isinstance(ts, int)
     if klist is None:
         yield from _keyless_pieces(values, ts, split_by_size(sizes, capacity), hlist)
         return
-    sls = streamlets_for_keys(klist, streamlets)
+    sls = streamlets_for_keys(klist, streamlets, key_hash)
     sls[sls < 0] = keyless_streamlet
     for sl, idx in group_by_streamlet(sls):
         sub_values = take(values, idx)

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from typing import Mapping
 
 from kera.codec import chunk as chunkcodec
 from kera import config
@@ -27,7 +28,9 @@ from kera.producer.accumulator import Accumulator, StreamState
 from kera.producer.delivery import DeliveryFuture, on_delivery_callback
 from kera.producer.pipeline import Failure, Pipeline
 from kera.client.env import ClientEnv
-from kera.codec.timestamps import ms_to_us
+from kera.client.kafka_config import PRODUCER_PROPERTIES, kera_arguments
+from kera.codec.partitioner import DEFAULT_PARTITIONER, key_hash
+from kera.codec.timestamps import check_us, ms_column_to_us, ms_to_us
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,9 @@ class Producer:
     in a new Producer on the same stream makes its first chunks look like duplicates.
     Each stream's descriptor is asked for again at least every `metadata_max_age_ms`, so a
     raised streamlet count is used within that time (keys then map over the new count).
+    `bootstrap` may be a confluent-kafka configuration dict instead (kera.client.kafka_config).
+    `partitioner` places keyed records: "crc32c" (kera's default) or "murmur2" (Kafka's
+    clients' default: a key then lands where a Kafka producer puts it, kera.codec.partitioner).
     """
 
     def __init__(self, bootstrap: str, *,
@@ -85,7 +91,13 @@ class Producer:
                  retries_max: int = DEFAULT_RETRIES_MAX,
                  compression: str | None = None,
                  key_file: str | None = None, env: ClientEnv | None = None,
-                 metadata_max_age_ms: int = config.DEFAULT_METADATA_MAX_AGE_MS):
+                 metadata_max_age_ms: int = config.DEFAULT_METADATA_MAX_AGE_MS,
+                 partitioner: str = DEFAULT_PARTITIONER):
+        if isinstance(bootstrap, Mapping):   # a confluent-kafka configuration dict
+            given = {k: v for k, v in locals().items() if k not in ("self", "bootstrap")}
+            self.__init__(**kera_arguments(bootstrap, PRODUCER_PROPERTIES, Producer.__init__,
+                                           given))
+            return
         if max_record_bytes + chunkcodec.HEADER_SIZE > chunkcodec.MAX_CHUNK_BYTES:
             raise ValueError(f"max_record_bytes={max_record_bytes} exceeds the chunk limit: a "
                              f"chunk holds at most {chunkcodec.MAX_CHUNK_BYTES} bytes "
@@ -93,6 +105,7 @@ class Producer:
                              f"{chunkcodec.HEADER_SIZE}-byte header")
         if in_flight_per_broker < 1 or buffer_bytes < chunk_size_bytes:
             raise ValueError("in_flight_per_broker must be >= 1 and buffer_bytes >= chunk_size_bytes")
+        self._key_hash = key_hash(partitioner)   # refuses an unknown name before anything starts
         if compression not in chunkcodec.COMPRESSIONS:
             raise ValueError(f"compression={compression!r}: use None, 'lz4' or 'zstd'")
         self.compression = compression
@@ -113,7 +126,8 @@ class Producer:
                               retries_max=retries_max, request_timeout_s=request_timeout_s)
         self._acc = Accumulator(self._pipe, self.producer_id, chunk_size_bytes=chunk_size_bytes,
                                 max_record_bytes=max_record_bytes, linger_s=linger_ms / 1000,
-                                compression=compression, clock=self._env.clock)
+                                compression=compression, clock=self._env.clock,
+                                key_hash=self._key_hash)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # completions: flush and full-buffer waits
         self._streams: dict[str, StreamState] = {}
@@ -146,6 +160,10 @@ class Producer:
         keep it short, it delays the next request."""
         if timestamp_ms is not None:
             timestamp = ms_to_us(timestamp_ms)
+        elif timestamp is not None:
+            if timestamp.__class__ is not int:
+                timestamp = int(timestamp)
+            check_us(timestamp)
         st = self._streams.get(stream)
         if st is None:
             st = self._stream_state(stream)
@@ -157,8 +175,6 @@ class Producer:
             raise BadRequest(f"stream '{stream}' has streamlets 0..{st.streamlets - 1}, not {streamlet}")
         if key is not None and key.__class__ is not bytes:
             key = batching.as_bytes(key, "key")
-        if timestamp is not None and timestamp.__class__ is not int:
-            timestamp = int(timestamp)
         future = DeliveryFuture()
         if on_delivery is not None:
             future.add_done_callback(on_delivery_callback(on_delivery))
@@ -172,21 +188,25 @@ class Producer:
         return future
 
     def send_batch(self, stream: str, values, keys=None, timestamps=None,
-                   headers=None) -> list[DeliveryFuture]:
+                   headers=None, *, timestamps_ms=None) -> list[DeliveryFuture]:
         """Queue many records with O(1) Python calls per chunk; returns one DeliveryFuture per
         chunk, resolving to RecordMetadata(count=its records, offset=its first record's).
         (`len()` of the list is no longer the record count: sum the futures' counts.)
 
         `values`: a list of bytes, a numpy 'S' array, a 2-D uint8 array (one row per value) or
         a pyarrow binary array. `keys`: None, or one bytes/None per value (numpy 'S' and
-        pyarrow arrays too). `timestamps`: None (now), one int, or one int64 per value (µs).
+        pyarrow arrays too). `timestamps`: None (now), one int, or one int64 per value (µs);
+        `timestamps_ms` the same in milliseconds (Kafka's unit) instead.
         `headers`: None, or one list of (str, bytes) pairs (or None) per value.
         """
+        if timestamps_ms is not None:
+            timestamps = ms_column_to_us(timestamps_ms)
         st = self._streams.get(stream) or self._stream_state(stream)
         n, pieces = batching.plan(values, keys, timestamps, streamlets=st.streamlets,
                                   capacity=self._acc.capacity,
                                   max_record_bytes=self._acc.max_record_bytes,
-                                  keyless_streamlet=st.sticky, headers=headers)
+                                  keyless_streamlet=st.sticky, headers=headers,
+                                  key_hash=self._key_hash)
         return [self._queue_piece(st, piece) for piece in pieces]
 
     def _queue_piece(self, st: StreamState, piece: batching.Piece) -> DeliveryFuture:

@@ -14,7 +14,9 @@ from typing import Callable
 
 from kio.schema.errors import ErrorCode
 
-from kera.broker.kafka import fetch, groups, metadata, offsets, produce, producer_ids, topics
+from kera.broker.kafka import (fetch, groups, metadata, offsets, produce, producer_ids, records,
+                               topics)
+from kera.broker.kafka import sasl
 from kera.broker.kafka.context import Call, Context
 
 API_VERSIONS = 18
@@ -22,7 +24,7 @@ API_VERSIONS = 18
 APIS: dict[int, tuple[int, int, int, Callable[[Context, Call], None]]] = {
     0: (0, 9, 3, produce.handle_produce),
     1: (4, 12, 4, fetch.handle_fetch),
-    2: (1, 6, 1, offsets.handle_list_offsets),
+    2: (1, 7, 1, offsets.handle_list_offsets),
     3: (0, 12, 0, metadata.handle_metadata),
     8: (2, 8, 2, groups.handle_offset_commit),
     9: (1, 8, 1, groups.handle_offset_fetch),
@@ -33,12 +35,16 @@ APIS: dict[int, tuple[int, int, int, Callable[[Context, Call], None]]] = {
     14: (0, 5, 0, groups.handle_sync_group),
     15: (0, 5, 0, groups.handle_describe_groups),
     16: (0, 4, 0, groups.handle_list_groups),
+    17: (1, 1, 1, sasl.handle_sasl_handshake),   # v0 (unframed SASL tokens) is pre-Kafka 1.0
     19: (2, 7, 2, topics.handle_create_topics),
     20: (1, 6, 1, topics.handle_delete_topics),
+    21: (0, 2, 0, records.handle_delete_records),
     22: (0, 4, 0, producer_ids.handle_init_producer_id),
     32: (1, 4, 1, topics.handle_describe_configs),
+    36: (0, 2, 0, sasl.handle_sasl_authenticate),
     37: (0, 3, 0, topics.handle_create_partitions),
     42: (0, 2, 0, groups.handle_delete_groups),
+    47: (0, 0, 0, groups.handle_offset_delete),
     60: (0, 1, 0, metadata.handle_describe_cluster),
 }
 API_VERSIONS_RANGE = (0, 3)

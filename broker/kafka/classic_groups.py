@@ -22,6 +22,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
+from kera.broker.kafka.consumer_protocol import subscribed_topics
 from kera.broker.kafka.group_state import (
     COMPLETING, DEAD, EMPTY, PREPARING, STABLE, Deadlines, Group, Joining, Member, Parked,
     ParkedRequests)
@@ -347,6 +348,19 @@ class ClassicGroups:
                    for m in group.members.values()]
         return GroupDescription(group_id, group.state, group.protocol_type, protocol or "",
                                 members)
+
+    def subscribed(self, group_id: str) -> set[str] | None:
+        """Topics the group's members subscribe to (every protocol each lists: any of them may
+        be chosen), empty for a group with no members; None when the group has members of
+        another protocol type than "consumer", whose bytes say nothing of topics (Kafka's
+        OffsetDelete then refuses: NON_EMPTY_GROUP)."""
+        group = self.groups.get(group_id)
+        if group is None or not group.members:
+            return set()
+        if group.protocol_type != "consumer":
+            return None
+        return {t for m in group.members.values() for _, meta in m.protocols
+                for t in subscribed_topics(meta)}
 
     def list(self) -> list[tuple[str, str, str]]:
         """(group id, protocol type, state) of every group held."""

@@ -7,6 +7,11 @@ the head of the queue only. Memory is bounded from both sides: a request's size 
 from its length prefix before its bytes are kept, and a connection stops being read while it
 has `REQUESTS_IN_FLIGHT_MAX` requests unanswered or `REPLY_BYTES_QUEUED_MAX` bytes of replies
 its client has not taken (a slow reader slows itself, not the broker).
+
+With a TLS context (a secure cluster's SASL_SSL listener) the socket is wrapped, and its
+handshake runs on the loop like any other read or write: it asks for whichever readiness
+OpenSSL wants next and never blocks; the listener closes a connection whose handshake and
+SASL login are not done within its bound (kera.broker.kafka.listener).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import collections
 import errno
 import logging
 import socket
+import ssl
 import struct
 
 import zmq
@@ -35,6 +41,12 @@ REPLY_BYTES_QUEUED_MAX = 64 << 20
 # Bytes taken from the socket per readiness event: one large produce in a few reads, and no
 # connection holds the loop long.
 READ_BYTES = 1 << 20
+# Bytes handed to one TLS write: OpenSSL retries a write that would block with the same bytes,
+# so each attempt takes a bounded slice of the head of the queue (16 TLS records).
+TLS_SEND_BYTES = 256 << 10
+# What a non-blocking socket raises when it cannot go on now; TLS adds OpenSSL's two, which
+# also come from a read that needs a write (a key update) and the reverse.
+_WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _SIZE = struct.Struct(">i")
 PENDING = None   # a reply slot whose answer is not ready yet
 SILENT = b""     # a request answered with nothing (a Produce with acks=0)
@@ -74,8 +86,14 @@ class Slot:
 class Connection:
     """The shell of one accepted socket, served on the broker's loop (kera.net.server.Server.watch)."""
 
-    def __init__(self, sock: socket.socket, peer: str, server, on_frame, on_close):
+    def __init__(self, sock: socket.socket, peer: str, server, on_frame, on_close,
+                 tls: ssl.SSLContext | None = None):
+        sock.setblocking(False)
+        if tls is not None:
+            sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         self.sock = sock
+        self.tls = tls is not None
+        self.handshaking = self.tls     # the TLS handshake is not done yet
         self.peer = peer                # "host:port" of the client
         self.server = server
         self.on_frame = on_frame        # (connection, frame bytes) -> None
@@ -84,9 +102,9 @@ class Connection:
         self.slots: collections.deque[Slot] = collections.deque()
         self.out = bytearray()
         self.closed = False
+        self.finishing: str | None = None   # why it closes once its replies are sent
         self.state: dict = {}           # what the protocol keeps per connection (SASL, producer ids)
         self._events = zmq.POLLIN
-        sock.setblocking(False)
         server.watch(sock.fileno(), self.on_event, self._events)
 
     def reserve(self) -> Slot:
@@ -100,21 +118,72 @@ class Connection:
         if not self.closed:
             self._flush()
 
+    def close_after_replies(self, why: str) -> None:
+        """Read no more; close once every reply queued so far is sent (a refused login: the
+        client reads why before the connection goes)."""
+        self.finishing = why
+        self._flush()
+
     def on_event(self, mask: int) -> None:
         if self.closed:
             return
+        if self.handshaking:
+            self._handshake()
+            return
         if mask & zmq.POLLOUT:
             self._send_out()
-        if mask & zmq.POLLIN and not self.closed:
+            self._finish_if_sent()
+        if mask & zmq.POLLIN and not self.closed and self.finishing is None:
             self._read()
         self._update_events()
 
+    def _handshake(self) -> None:
+        """One step of the TLS handshake: on, or waiting for what OpenSSL asks for."""
+        try:
+            self.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._watch(zmq.POLLIN)
+            return
+        except ssl.SSLWantWriteError:
+            self._watch(zmq.POLLOUT)
+            return
+        except (ssl.SSLError, OSError) as exc:
+            self.close(f"TLS handshake failed: {exc}")
+            return
+        self.handshaking = False
+        self._read()    # the first request may have come with the handshake's last message
+        self._update_events()
+
+    def _recv(self) -> bytes:
+        """Up to READ_BYTES (b"": closed by the client); raises one of _WOULD_BLOCK when
+        nothing is there yet. TLS gives one record (16 KiB) a call: read on while records are,
+        and always to the end of the last one, whose rest OpenSSL would hold where no poll
+        sees it."""
+        data = self.sock.recv(READ_BYTES)
+        if not self.tls or not data:
+            return data
+        parts = [data]
+        size = len(data)
+        while True:
+            want = READ_BYTES - size if size < READ_BYTES else self.sock.pending()
+            if want <= 0:
+                break
+            try:
+                more = self.sock.recv(want)
+            except _WOULD_BLOCK:
+                break
+            if not more:
+                break
+            parts.append(more)
+            size += len(more)
+        return b"".join(parts)
+
     def _read(self) -> None:
         try:
-            data = self.sock.recv(READ_BYTES)
-        except BlockingIOError:
+            data = self._recv()
+        except _WOULD_BLOCK:
             return
-        except OSError as exc:
+        except OSError as exc:   # ssl.SSLError included: a broken or forged record
             self.close(f"read failed: {exc}")
             return
         if not data:
@@ -126,7 +195,7 @@ class Connection:
             self.close(str(exc))
             return
         for frame in frames:
-            if self.closed:
+            if self.closed or self.finishing is not None:
                 return
             self.on_frame(self, frame)
 
@@ -134,13 +203,22 @@ class Connection:
         while self.slots and self.slots[0].reply is not PENDING:
             self.out += self.slots.popleft().reply
         self._send_out()
+        self._finish_if_sent()
         self._update_events()
+
+    def _finish_if_sent(self) -> None:
+        if self.finishing is not None and not self.slots and not self.out:
+            self.close(self.finishing)
 
     def _send_out(self) -> None:
         while self.out:
             try:
-                sent = self.sock.send(self.out)
-            except BlockingIOError:
+                if self.tls:
+                    with memoryview(self.out) as view, view[:TLS_SEND_BYTES] as head:
+                        sent = self.sock.send(head)
+                else:
+                    sent = self.sock.send(self.out)
+            except _WOULD_BLOCK:
                 return
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
@@ -149,11 +227,15 @@ class Connection:
             del self.out[:sent]
 
     def _update_events(self) -> None:
-        if self.closed:
+        if self.closed or self.handshaking:
             return
         events = zmq.POLLOUT if self.out else 0
-        if len(self.slots) < REQUESTS_IN_FLIGHT_MAX and len(self.out) < REPLY_BYTES_QUEUED_MAX:
+        if len(self.slots) < REQUESTS_IN_FLIGHT_MAX and len(self.out) < REPLY_BYTES_QUEUED_MAX \
+                and self.finishing is None:
             events |= zmq.POLLIN
+        self._watch(events)
+
+    def _watch(self, events: int) -> None:
         if events != self._events:
             self._events = events
             self.server.watch(self.sock.fileno(), self.on_event, events)

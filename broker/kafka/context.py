@@ -40,6 +40,9 @@ class Settings:
     auto_create_topics: bool = False      # Kafka's auto.create.topics.enable
     default_partitions: int = DEFAULT_PARTITIONS
     default_replication: int = 1
+    # A secure cluster's SASL_SSL listener: TLS, SASL users, the broker's ACLs and quotas
+    # (kera.broker.kafka.sasl.KafkaSecurity); None for a plaintext one.
+    security: object | None = None
 
 
 @dataclass
@@ -78,10 +81,13 @@ class Deferred(abc.ABC):
 
 class Call:
     """One Kafka request being answered, now or later, in its connection's order."""
-    __slots__ = ("conn", "req", "slot")
+    __slots__ = ("conn", "req", "slot", "amend")
 
     def __init__(self, conn: Connection, req: KafkaRequest, slot: Slot):
         self.conn, self.req, self.slot = conn, req, slot
+        # What authorization adds to the handler's answer: the entries it refused, the
+        # throttle time (kera.broker.kafka.authorize); None: the answer as the handler gave it.
+        self.amend: Callable[[dict], dict] | None = None
 
     @property
     def body(self):
@@ -97,6 +103,8 @@ class Call:
         if data is None:
             self.conn.fill(self.slot, SILENT)
             return
+        if self.amend is not None:
+            data = self.amend(data)
         entity = response(self.req.api_key, self.req.api_version, data)
         self.conn.fill(self.slot, encode_response(self.req.correlation_id, entity))
 

@@ -33,6 +33,7 @@ BY_KERA_CODE = {
     "unknown_member": ErrorCode.unknown_member_id,
     "group_not_empty": ErrorCode.non_empty_group,
     "lock_conflict": ErrorCode.invalid_record,
+    "keyless_record": ErrorCode.invalid_record,   # Kafka's "compacted topic ... without key"
 }
 
 

@@ -17,7 +17,7 @@ from kera import config
 from kera.broker.kafka.context import Call, Context, Deferred
 from kera.broker.kafka.errors import kafka_code
 from kera.codec import kafka_batch
-from kera.codec.chunk import FLAG_KAFKA, Chunk, frame_chunks, kafka_rows, read_header
+from kera.codec.chunk import FLAG_KAFKA, FLAG_SPARSE, Chunk, frame_chunks, kafka_rows, read_header
 from kera.errors import KeraError
 
 # A held Fetch waits at most this long, whatever its max_wait_ms (the broker's bound on held
@@ -115,8 +115,16 @@ class FetchRequest(Deferred):
 
 
 def as_batch(view) -> bytes:
-    """A stored chunk as one Kafka record batch whose base offset is its record number."""
+    """A stored chunk as one Kafka record batch whose base offset is its record number. A
+    compacted chunk's records keep their offset deltas and its last offset delta is its span's
+    (docs/COMPACTION.md), even with no record left: Kafka's consumers go on at the batch's
+    last offset + 1, so a reader in a compacted range never fetches it again."""
     h = read_header(view)
     if h.flags & FLAG_KAFKA:
         return kafka_batch.with_offset(view[h.header_size:h.size], h.number)
-    return kafka_batch.build(kafka_rows(Chunk(view, check=False)), base_offset=h.number)
+    c = Chunk(view, check=False)
+    if h.flags & FLAG_SPARSE:
+        return kafka_batch.build(kafka_rows(c), base_offset=h.number,
+                                 offset_deltas=c.record_offsets().tolist(),
+                                 last_offset_delta=c.span - 1)
+    return kafka_batch.build(kafka_rows(c), base_offset=h.number)

@@ -1,5 +1,5 @@
 """The classic consumer-group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat,
-LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups.
+LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete.
 
 Membership runs on one broker per group (kera.broker.kafka.classic_groups): the live Kafka
 broker the group id hashes to, which FindCoordinator names; a request for a group that hashes
@@ -262,3 +262,42 @@ def handle_delete_groups(ctx: Context, call: Call) -> None:
             continue
         ctx.catalog.calls.call("kafka_offset_delete", {"group": group},
                                lambda h, e, i=i: done(i, 0 if e is None else _group_code(e)))
+
+
+def handle_offset_delete(ctx: Context, call: Call) -> None:
+    """OffsetDelete: forget some partitions' committed offsets of a group. As Kafka: refused
+    for a topic the group's live members subscribe to (GROUP_SUBSCRIBED_TO_TOPIC), and whole
+    (NON_EMPTY_GROUP) while members of another protocol than "consumer" are in it."""
+    b = call.body
+    parts = [(t.name, p.partition_index) for t in b.topics for p in t.partitions]
+    code = _not_here(ctx, b.group_id)
+    subscribed = ctx.groups.subscribed(b.group_id) if code is None else set()
+    if subscribed is None:
+        code = ErrorCode.non_empty_group
+
+    def answer(top: ErrorCode, per_part) -> None:
+        by_topic: dict[str, list] = {}
+        for topic, index in parts:
+            by_topic.setdefault(topic, []).append({"partition_index": index,
+                                                   "error_code": per_part(topic)})
+        call.answer({"error_code": top, "topics": [{"name": t, "partitions": ps}
+                                                   for t, ps in by_topic.items()]})
+
+    if code:
+        answer(code, lambda topic: ErrorCode.none)
+        return
+    deleted = [[t, p] for t, p in parts if t not in subscribed]
+
+    def part_code(topic: str) -> ErrorCode:
+        return ErrorCode.group_subscribed_to_topic if topic in subscribed else ErrorCode.none
+
+    def stored(header, error) -> None:
+        if error is not None:
+            answer(_group_code(error), lambda topic: ErrorCode.none)
+        elif header.get("found") is False and not ctx.groups.describe(b.group_id).members:
+            answer(ErrorCode.group_id_not_found, lambda topic: ErrorCode.none)
+        else:
+            answer(ErrorCode.none, part_code)
+
+    ctx.catalog.calls.call("kafka_offset_delete", {"group": b.group_id, "partitions": deleted},
+                           stored)

@@ -6,6 +6,10 @@ that do not decode) closes its connection, as a Kafka broker does; an ApiVersion
 a version not supported is answered with UNSUPPORTED_VERSION and the versions that are, so
 the client can retry with one of them. Connections are bounded in number, in all and per
 client address, and each bounds its own memory (kera.broker.kafka.connection).
+
+A secure cluster's listener is SASL_SSL only: every connection is TLS, logs in with SASL
+(kera.broker.kafka.sasl) within LOGIN_TIMEOUT_S or is closed, and each request is then
+authorized against kera's ACLs and quotas (kera.broker.kafka.authorize).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import zmq
 
 from kio.schema.errors import ErrorCode
 
-from kera.broker.kafka import apis
+from kera.broker.kafka import apis, authorize, sasl
 from kera.broker.kafka.connection import Connection
 from kera.broker.kafka.context import Call, Context
 from kera.broker.kafka.messages import (UnsupportedVersion, decode_request, encode_response,
@@ -34,6 +38,8 @@ CONNECTIONS_PER_SOURCE_MAX = 1024
 ACCEPT_BACKLOG = 128
 # Connections taken per readiness event of the listening socket.
 ACCEPTS_PER_EVENT = 64
+# How often connections still logging in are checked against sasl.LOGIN_TIMEOUT_S.
+LOGIN_CHECK_INTERVAL_S = 1.0
 
 
 class KafkaListener:
@@ -49,6 +55,9 @@ class KafkaListener:
         self.connections: set[Connection] = set()
         self.per_source: dict[str, int] = {}
         server.watch(self.sock.fileno(), self._accept, zmq.POLLIN)
+        self.security = ctx.settings.security
+        if self.security is not None:
+            server.every(LOGIN_CHECK_INTERVAL_S, self._close_stalled)
 
     @property
     def address(self) -> str:
@@ -73,10 +82,26 @@ class KafkaListener:
             sock.close()
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = Connection(sock, peer, self.server, self._on_frame, self._on_close)
+        tls = None if self.security is None else self.security.tls
+        try:
+            conn = Connection(sock, peer, self.server, self._on_frame, self._on_close, tls)
+        except OSError as exc:   # gone before TLS could wrap it
+            log.info("kafka listener: dropped a connection from %s: %s", peer, exc)
+            sock.close()
+            return
         conn.state["source"] = source
+        conn.state["opened_s"] = self.ctx.clock.monotonic()
         self.connections.add(conn)
         self.per_source[source] = self.per_source.get(source, 0) + 1
+
+    def _close_stalled(self) -> None:
+        """Close connections that have not logged in within sasl.LOGIN_TIMEOUT_S (a TLS
+        handshake or a SASL exchange that stalls)."""
+        now = self.ctx.clock.monotonic()
+        for conn in [c for c in self.connections if sasl.expired(c, now)]:
+            log.info("kafka listener: closing %s: no login within %.0f s", conn.peer,
+                     sasl.LOGIN_TIMEOUT_S)
+            conn.close("no login in time")
 
     def _on_close(self, conn: Connection) -> None:
         self.connections.discard(conn)
@@ -97,7 +122,11 @@ class KafkaListener:
             log.info("kafka listener: closing %s: %s", conn.peer, exc.message)
             conn.close(exc.message)
             return
-        apis.dispatch(self.ctx, Call(conn, req, conn.reserve()))
+        if not sasl.admit(self.ctx, conn, req.api_key):
+            return
+        call = Call(conn, req, conn.reserve())
+        if authorize.admit(self.ctx, call):
+            apis.dispatch(self.ctx, call)
 
     def _unsupported(self, conn: Connection, frame: bytes, exc: UnsupportedVersion) -> None:
         key, version, correlation_id = peek_key_version(frame)

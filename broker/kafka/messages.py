@@ -61,8 +61,8 @@ def decode_request(frame: bytes, supported) -> KafkaRequest:
     except (SerialError, ValueError, UnicodeDecodeError, OverflowError, KeyError, IndexError,
             TypeError, struct.error) as exc:   # kio's ways of saying the bytes are not a request
         raise BadRequest(f"api key {key} v{version}: malformed request: {exc}") from None
-    if at + used != len(frame):
-        raise BadRequest(f"api key {key} v{version}: {len(frame) - at - used} bytes after the body")
+    # Bytes after the body are ignored, as Kafka's own request parsing ignores them: librdkafka
+    # sends three more on its all-topics Metadata v12 (confluent-kafka's list_topics()).
     return KafkaRequest(key, version, correlation_id, header.client_id, body)
 
 

@@ -16,6 +16,7 @@ import uuid
 
 from kio.schema.errors import ErrorCode
 
+from kera.broker.kafka import authorize
 from kera.broker.kafka.context import Call, Context
 from kera.broker.kafka.topics import create_topic, valid_topic_name
 
@@ -56,7 +57,8 @@ def _auto_create(ctx: Context, call: Call, names: list[str]) -> set[str]:
     allowed = getattr(call.body, "allow_auto_topic_creation", True)
     if not (ctx.settings.auto_create_topics and allowed):
         return set()
-    missing = {n for n in names if n not in ctx.catalog.topics and valid_topic_name(n) is None}
+    missing = {n for n in names if n not in ctx.catalog.topics and valid_topic_name(n) is None
+               and authorize.may_create(ctx, call, n)}
     for name in missing:
         create_topic(ctx, name, ctx.settings.default_partitions,
                      ctx.settings.default_replication, lambda code, message: None)

@@ -1,8 +1,12 @@
-"""ListOffsets: a partition's earliest and latest offsets, and the first offset at a time.
+"""ListOffsets: a partition's earliest and latest offsets, the first offset at a time, and
+the record with the largest timestamp.
 
 Offsets are record numbers: the earliest is the first retained record's, the latest the
 durable end (the high watermark). By timestamp, the first durable record whose timestamp is
 at or after the time asked (kera.broker.time_index), or -1 when none is, as Kafka answers.
+By max timestamp (-3, v7, KIP-734): the first record carrying the largest timestamp, found
+by a binary search over that same query (the time index keeps each group's running maximum,
+so each probe is a few index lookups; a search is at most TIMESTAMP_PROBES_MAX of them).
 """
 
 from __future__ import annotations
@@ -15,7 +19,12 @@ from kera.errors import KeraError
 
 EARLIEST = -2
 LATEST = -1
+MAX_TIMESTAMP = -3
 US_PER_MS = 1000
+# Timestamps searched for the largest: 0 to 2**63 - 1 µs, so 63 halvings find it (records
+# stamped before 1970 are not searched: Kafka's producers stamp with the wall clock).
+TIMESTAMP_US_SEARCHED_MAX = 2**63 - 1
+TIMESTAMP_PROBES_MAX = 64
 
 
 def handle_list_offsets(ctx: Context, call: Call) -> None:
@@ -46,9 +55,33 @@ def _offset(ctx: Context, sid: int, sl: int, timestamp: int) -> tuple[int, int]:
     start, end = ctx.core.number_span(sid, sl)
     if timestamp == EARLIEST:
         return start, -1
-    if timestamp < 0:                      # LATEST, and the max-timestamp query (-3)
+    if timestamp == MAX_TIMESTAMP:
+        found = latest_stamped(lambda us: ctx.core.number_at_time(sid, sl, us))
+        return (-1, -1) if found is None else (found[0], found[1] // US_PER_MS)
+    if timestamp < 0:                      # LATEST, and queries of later versions (-4, -5)
         return end, -1
     found = ctx.core.number_at_time(sid, sl, timestamp * US_PER_MS)
     if found is None:
         return -1, -1
     return found[0], found[1] // US_PER_MS
+
+
+def latest_stamped(first_at) -> tuple[int, int] | None:
+    """(number, timestamp µs) of the first record carrying the largest timestamp, None when
+    there is none; `first_at(us)` is the first record at or after `us`, or None. Sans-IO: the
+    largest `us` that still finds a record is the largest timestamp, and its first record is
+    the first record that carries it."""
+    found = first_at(0)
+    if found is None:
+        return None
+    lo, hi = found[1], TIMESTAMP_US_SEARCHED_MAX   # first_at(lo) finds a record
+    for _ in range(TIMESTAMP_PROBES_MAX):
+        if lo >= hi:
+            break
+        mid = (lo + hi + 1) // 2
+        probe = first_at(mid)
+        if probe is None:
+            hi = mid - 1
+        else:
+            lo, found = probe[1], probe
+    return found

@@ -18,7 +18,11 @@ from kera.broker.kafka.errors import kafka_code
 from kera.broker.kafka.producer_ids import PRODUCER_ID_BITS
 from kera.codec import kafka_batch
 from kera.codec.chunk import wrap
-from kera.errors import KeraError
+from kera.errors import KeraError, KeylessRecord
+
+# Kafka answers a keyless record on a compacted topic INVALID_RECORD from Produce v8 on (KIP-467
+# added the code); older clients know the same refusal as CORRUPT_MESSAGE.
+INVALID_RECORD_SINCE_VERSION = 8
 
 # Bits of a kera producer id below a Kafka producer id: its epoch, modulo 256 (an epoch grows
 # only when a producer is bumped after an error; 256 bumps would meet the first epoch's entry).
@@ -113,12 +117,12 @@ class ProduceReply(Deferred):
             return
         by_topic: dict[str, list] = {}
         for e in self.entries:
-            by_topic.setdefault(e.topic, []).append(_partition(e, results))
+            by_topic.setdefault(e.topic, []).append(_partition(e, results, self.call.version))
         self.call.answer({"responses": [{"name": t, "partition_responses": p}
                                         for t, p in by_topic.items()]})
 
 
-def _partition(e: Entry, results: list) -> dict:
+def _partition(e: Entry, results: list, version: int) -> dict:
     out = {"index": e.partition, "error_code": e.error, "base_offset": -1,
            "log_start_offset": -1, "error_message": e.message}
     if e.frame is None or e.frame >= len(results):
@@ -128,6 +132,8 @@ def _partition(e: Entry, results: list) -> dict:
         out["error_code"] = ErrorCode.duplicate_sequence_number
     elif isinstance(r[0], str):                 # [code, message, retriable]
         out["error_code"], out["error_message"] = kafka_code(r[0]), r[1]
+        if r[0] == KeylessRecord.code and version < INVALID_RECORD_SINCE_VERSION:
+            out["error_code"] = ErrorCode.corrupt_message
     elif len(r) == 4:
         out["base_offset"] = r[3]
     return out

@@ -14,6 +14,7 @@ from kio.schema.errors import ErrorCode
 
 from kera.broker.kafka.context import Call, Context, Gather
 from kera.broker.kafka.errors import kafka_code
+from kera.codec import cleanup
 from kera.errors import BadRequest
 
 # Kafka's legal topic names (kera's stream names allow the same characters, up to 255).
@@ -27,6 +28,8 @@ TOPIC_CONFIGS = {
     "retention.bytes": ("retention_bytes", 0, -1),
     "segment.bytes": ("segment_size_bytes", None, None),
 }
+# Kafka's cleanup configs, kept by kera.codec.cleanup (a policy string, a ratio: not integers).
+CLEANUP_CONFIGS = ("cleanup.policy", *cleanup.BY_KAFKA_NAME)
 
 
 def valid_topic_name(name: str) -> str | None:
@@ -55,7 +58,9 @@ def handle_create_topics(ctx: Context, call: Call) -> None:
     def finish(i: int, code: ErrorCode, message: str | None, topic) -> None:
         gather.put(i, {"name": topic.name, "error_code": code, "error_message": message,
                        "num_partitions": topic.num_partitions if code == 0 else -1,
-                       "replication_factor": topic.replication_factor if code == 0 else -1})
+                       "replication_factor": topic.replication_factor if code == 0 else -1,
+                       # v5+: Java's admin client reads the list on success (null: an NPE)
+                       "configs": []})
 
     repeated = _repeated([t.name for t in topics])
     for i, t in enumerate(topics):
@@ -86,9 +91,15 @@ def _create_one(ctx: Context, call: Call, t, done) -> None:
 def _settings(configs) -> tuple[dict, str | None]:
     out = {}
     for c in configs:
+        if c.name == "cleanup.policy" or c.name in cleanup.BY_KAFKA_NAME:
+            try:
+                out.update(_cleanup_setting(c.name, c.value))
+            except BadRequest as err:
+                return {}, err.message
+            continue
         if c.name not in TOPIC_CONFIGS:
             return {}, (f"config {c.name!r} is not supported by kera; supported: "
-                        f"{', '.join(sorted(TOPIC_CONFIGS))}")
+                        f"{', '.join(sorted([*TOPIC_CONFIGS, *CLEANUP_CONFIGS]))}")
         field, none, kafka_none = TOPIC_CONFIGS[c.name]
         try:
             value = int(c.value)
@@ -96,6 +107,14 @@ def _settings(configs) -> tuple[dict, str | None]:
             return {}, f"config {c.name!r} must be an integer, not {c.value!r}"
         out[field] = none if kafka_none is not None and value == kafka_none else value
     return out, None
+
+
+def _cleanup_setting(name: str, value) -> dict:
+    """The stream field of a Kafka cleanup config (cleanup.policy, the compaction settings)."""
+    if name == "cleanup.policy":
+        return {"cleanup_policy": cleanup.policy(value)}
+    field = cleanup.BY_KAFKA_NAME[name]
+    return {field: cleanup.from_kafka(field, value)}
 
 
 def handle_delete_topics(ctx: Context, call: Call) -> None:
@@ -185,13 +204,16 @@ def topic_configs(info, descriptor: dict) -> list[dict]:
     retention_ms = descriptor.get("retention_ms", 0) or -1
     retention_bytes = descriptor.get("retention_bytes", 0) or -1
     segment = descriptor.get("segment_size_bytes")
-    entries = {"cleanup.policy": "delete", "retention.ms": str(retention_ms),
+    settings = cleanup.from_descriptor(descriptor)
+    entries = {"cleanup.policy": settings["cleanup_policy"], "retention.ms": str(retention_ms),
                "retention.bytes": str(retention_bytes),
                "min.insync.replicas": str(info.replication)}
+    for field, (name, _) in cleanup.SETTINGS.items():
+        entries[name] = cleanup.kafka_value(field, settings[field])
     if segment:
         entries["segment.bytes"] = str(segment)
         entries["max.message.bytes"] = str(segment)
-    return [{"name": k, "value": v, "read_only": k in ("cleanup.policy", "max.message.bytes",
+    return [{"name": k, "value": v, "read_only": k in ("max.message.bytes",
                                                        "min.insync.replicas"),
              "config_source": CONFIG_SOURCE_TOPIC, "is_sensitive": False, "synonyms": []}
             for k, v in entries.items()]

@@ -1,18 +1,26 @@
 """`kera group list|describe|reset-positions|delete`: consumer groups from the command line.
 
-reset-positions sets an empty group's positions to the start, the end, or a time
-(`--to-datetime`, the brokers' offsets_for_time: each streamlet's first record at or after it).
+reset-positions sets an empty group's positions to the start, the end, a record number
+(`--to-offset`) or a time (`--to-datetime`, the brokers' offsets_for_time: each streamlet's
+first record at or after it).
 
 The coordinator keeps groups (kera.coordinator.groups); describe adds each committed part's
 lag, the durable records and chunk bytes past its committed position, asked of the part's broker.
+Groups of Kafka clients (the brokers' Kafka listeners) are described and reset alike, by
+kera.cli.kafka_groups: a group holding Kafka offsets is one, or any group with `--protocol
+kafka`.
 """
 
 from __future__ import annotations
-from kera.cli.output import print_json, table
+
+import sys
+
+from kera.cli.output import CliError, coordinator_call, print_json, table
 from kera.errors import NotAuthorized
 
 
 RESET_TARGETS = ("earliest", "latest")
+PROTOCOLS = ("kera", "kafka")
 
 
 def add_parser(sub, admin_options) -> None:
@@ -25,38 +33,46 @@ def add_parser(sub, admin_options) -> None:
     d = gsub.add_parser("describe", parents=opts,
                         help="members, their streamlets, committed positions and lag")
     d.add_argument("group", help="group name")
+    d.add_argument("--protocol", choices=PROTOCOLS, default=None,
+                   help="kafka: a group of Kafka clients (default: kafka when the group holds "
+                        "Kafka offsets, else kera)")
     d.set_defaults(func=cmd_describe)
     r = gsub.add_parser("reset-positions", parents=opts,
-                        help="set an empty group's positions on streams to their start or end",
+                        help="set an empty group's positions on streams: start, end, a number or a time",
                         description="Set the committed positions of every streamlet of the "
-                                    "given streams (refused while the group has members).")
+                                    "given streams (refused while the group has members). "
+                                    "Without --execute, only prints what it would set (as "
+                                    "kafka-consumer-groups --reset-offsets --dry-run).")
     r.add_argument("group", help="group name")
-    r.add_argument("--stream", action="append", required=True, dest="streams",
-                   help="stream whose positions to reset (repeat for several)")
+    streams = r.add_mutually_exclusive_group(required=True)
+    streams.add_argument("--stream", action="append", dest="streams",
+                         help="stream whose positions to reset (repeat for several)")
+    streams.add_argument("--all-streams", action="store_true",
+                         help="every stream the group has committed positions on")
+    r.add_argument("--execute", action="store_true",
+                   help="apply the reset (default: a dry run that prints the new positions)")
+    r.add_argument("--dry-run", action="store_true",
+                   help="print the new positions and change nothing (the default)")
     to = r.add_mutually_exclusive_group(required=True)
     to.add_argument("--to", choices=RESET_TARGETS,
                     help="earliest: re-read everything retained; latest: skip to the end")
     to.add_argument("--to-datetime", metavar="TIME",
                     help="each streamlet's first record at or after TIME: milliseconds since "
                          "the epoch or ISO 8601 (no zone: UTC)")
+    to.add_argument("--to-offset", metavar="N", type=int,
+                    help="record number N of every streamlet (Kafka's offset): the first "
+                         "retained record when N was deleted, the end when N is not written")
+    r.add_argument("--protocol", choices=PROTOCOLS, default=None,
+                   help="kafka: a group of Kafka clients, refused while it has members "
+                        "(default: kafka when the group holds Kafka offsets, else kera)")
     r.set_defaults(func=cmd_reset)
     rm = gsub.add_parser("delete", parents=opts, help="delete an empty group and its positions")
     rm.add_argument("group", help="group name")
     rm.set_defaults(func=cmd_delete)
 
 
-def _call(args, op: str, **fields) -> dict:
-    from kera.client.coordinator_client import CoordinatorClient
-    client = CoordinatorClient(args.bootstrap, timeout_s=args.timeout_s,
-                               key_file=getattr(args, "key_file", None))
-    try:
-        return client.call(op, fields)[0]
-    finally:
-        client.close()
-
-
 def cmd_list(args) -> int:
-    groups = [{**g, "protocol": "kera"} for g in _call(args, "group_list")["groups"]]
+    groups = [{**g, "protocol": "kera"} for g in coordinator_call(args, "group_list")["groups"]]
     groups += [{"group": name, "protocol": "kafka", "state": "-", "members": "-", "epoch": "-",
                 "parts_committed": len(_kafka_offsets(args, name))}
                for name in _kafka_groups(args)]
@@ -73,31 +89,26 @@ def _kafka_groups(args) -> list[str]:
     """Groups of Kafka clients (kera.coordinator.kafka_offsets); none for a key that may not
     list them (they are listed to brokers and admins)."""
     try:
-        return _call(args, "kafka_group_list")["groups"]
+        return coordinator_call(args, "kafka_group_list")["groups"]
     except NotAuthorized:
         return []
 
 
 def _kafka_offsets(args, name: str) -> list:
-    return _call(args, "kafka_offset_fetch", group=name)["offsets"]
+    return coordinator_call(args, "kafka_offset_fetch", group=name)["offsets"]
 
 
-def _describe_kafka(args) -> int:
-    """A Kafka client group: its committed offsets (its members live on the broker that
-    coordinates it: Kafka's own tools describe them)."""
-    offsets = _kafka_offsets(args, args.group)
-    if args.json:
-        print_json({"group": args.group, "protocol": "kafka", "offsets": offsets})
-        return 0
-    print(f"group '{args.group}': Kafka protocol, {len(offsets)} partitions committed")
-    print(table(["TOPIC", "PARTITION", "COMMITTED OFFSET", "METADATA"], offsets))
-    return 0
+def _is_kafka(args) -> bool:
+    if args.protocol is not None:
+        return args.protocol == "kafka"
+    return args.group in _kafka_groups(args)
 
 
 def cmd_describe(args) -> int:
-    if args.group in _kafka_groups(args):
-        return _describe_kafka(args)
-    group = _call(args, "group_describe", group=args.group)
+    if _is_kafka(args):
+        from kera.cli import kafka_groups
+        return kafka_groups.describe(args, _kafka_offsets(args, args.group))
+    group = coordinator_call(args, "group_describe", group=args.group)
     lags = sorted(_lag(args, group["positions"]).items())
     group["lag"] = [[s, sl, lag.records] for (s, sl), lag in lags]
     group["lag_bytes"] = [[s, sl, lag.bytes] for (s, sl), lag in lags]
@@ -145,27 +156,59 @@ def _lag(args, wire_positions) -> dict:
 def cmd_reset(args) -> int:
     from kera import Admin, Consumer
     from kera.codec.timestamps import parse_time_ms
+    if args.execute and args.dry_run:
+        raise CliError("give --execute or --dry-run, not both")
+    at_ms = None if args.to_datetime is None else parse_time_ms(args.to_datetime)
+    kafka = _is_kafka(args)
+    if args.all_streams:
+        args.streams = _committed_streams(args, kafka)
+    if kafka:
+        from kera.cli import kafka_groups
+        return kafka_groups.reset(args, at_ms)
     with Admin(args.bootstrap) as admin:
         parts = [(s, sl) for s in args.streams
                  for sl in range(admin.describe_stream(s)["streamlets"])]
-    at_ms = None if args.to_datetime is None else parse_time_ms(args.to_datetime)
     with Consumer(args.bootstrap, args.streams, streamlets=[], start=args.to or "earliest",
                   request_timeout_s=args.timeout_s) as c:
         if at_ms is not None:
             positions = c.offsets_for_times({part: at_ms for part in parts})
+        elif args.to_offset is not None:
+            positions = [p for s, sl in parts for p in c.offsets_for_number(s, sl, args.to_offset)]
         else:
             c.assign(parts)
             positions = c.positions(parts)
+    if not args.execute:
+        print(table(["STREAM", "STREAMLET", "GROUP", "NEW-OFFSET"],
+                    [[p.stream, p.streamlet, p.group, p.offset] for p in positions]))
+        print(DRY_RUN_NOTE, file=sys.stderr)
+        return 0
     from kera.consumer.membership import positions_to_wire
-    _call(args, "group_reset", group=args.group, streams=args.streams,
-          positions=positions_to_wire(positions))
-    target = args.to if at_ms is None else f"the first records at or after {args.to_datetime}"
+    coordinator_call(args, "group_reset", group=args.group, streams=args.streams,
+                     positions=positions_to_wire(positions))
+    target = args.to or (f"record number {args.to_offset}" if at_ms is None
+                         else f"the first records at or after {args.to_datetime}")
     print(f"group '{args.group}': {len(parts)} streamlets of {', '.join(args.streams)} reset "
           f"to {target}")
     return 0
 
 
+DRY_RUN_NOTE = "dry run: nothing was changed; add --execute to apply these positions"
+
+
+def _committed_streams(args, kafka: bool) -> list[str]:
+    """The streams a group has committed positions on (--all-streams)."""
+    if kafka:
+        names = {t for t, _p, _off, _meta in _kafka_offsets(args, args.group)}
+    else:
+        names = {s for s, _sl, _pos in coordinator_call(args, "group_offsets",
+                                                        group=args.group)["positions"]}
+    if not names:
+        raise CliError(f"group '{args.group}' has no committed positions: name the streams "
+                       f"with --stream")
+    return sorted(names)
+
+
 def cmd_delete(args) -> int:
-    _call(args, "group_delete", group=args.group)
+    coordinator_call(args, "group_delete", group=args.group)
     print(f"deleted group '{args.group}'")
     return 0

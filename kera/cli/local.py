@@ -24,7 +24,11 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
+from kera.net import certs, kafka_users
 from kera.net import keys as keyfiles
+from kera.net.scram import new_password
+from kera.cli.security import format_properties, kafka_client_properties
+from kera.cli.supervisor import Supervisor
 from kera.net.security import is_loopback
 from kera.client.coordinator_client import CoordinatorClient
 from kera.net.rpc import call as rpc_call
@@ -37,6 +41,9 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 POLL_S = 0.02
 LOG_TAIL_BYTES = 4000
+# The Kafka user of a secure local cluster: the same principal as the `client` key, so one
+# `kera acl add --principal client` grant serves kera's and Kafka's clients.
+KAFKA_USER = "client"
 
 
 # Set in a daemon's environment to the pid of the LocalCluster that started it.
@@ -152,7 +159,7 @@ class Daemon:
             logf.write(f"==== start {self.starts}: {' '.join(self.args)}\n".encode())
             logf.flush()
             self.proc = subprocess.Popen(
-                [*self.prefix, sys.executable, "-m", "kera", *self.args], stdin=subprocess.DEVNULL,
+                [*self.prefix, sys.executable, "-P", "-m", "kera", *self.args], stdin=subprocess.DEVNULL,
                 stdout=logf, stderr=subprocess.STDOUT, env=env,
                 # Own session: a Ctrl-C meant for `kera local` reaches the daemons only through
                 # its orderly stop().
@@ -214,6 +221,16 @@ class LocalKeys:
     def client(self) -> Path:
         return self.secret("client")
 
+    def kafka(self, broker_hosts: list[str]) -> str:
+        """What a SASL_SSL Kafka listener needs: broker i's certificate for loopback and
+        `broker_hosts[i]`, and the Kafka user KAFKA_USER with a new password (returned)."""
+        for i, host in enumerate(broker_hosts):
+            if not certs.cert_paths(self.dir, f"broker-{i}")[0].exists():
+                certs.create_cert(self.dir, f"broker-{i}", [*certs.DEFAULT_HOSTS, host])
+        password = new_password()
+        kafka_users.set_user(self.dir, KAFKA_USER, password, "client")
+        return password
+
 
 class LocalCluster:
     """Daemons: `.coordinator`, `.brokers[i]`, `.backups[i]` (each a Daemon with `.address`,
@@ -233,9 +250,6 @@ class LocalCluster:
         (kera.coordinator.leadership); `bootstrap` lists them all. `kafka_port`: every broker
         runs a Kafka listener, broker i on `kafka_port + i` (0: free ports), topics created
         on first use as in a Kafka test cluster; `kafka_bootstrap` lists them."""
-        if secure and kafka_port is not None:
-            raise ClusterError("a secure cluster opens no unauthenticated port, and the Kafka "
-                               "listener has no TLS or SASL yet: drop --kafka-port or --secure")
         self.data_dir = Path(data_dir).absolute()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.keys = LocalKeys(self.data_dir / "keys", brokers, backups) if secure else None
@@ -285,8 +299,18 @@ class LocalCluster:
                                        self.log_dir / f"broker-{i}.log", w.host, w.prefix))
         self.backups = [self._backup(i, pick(), where(f"backup-{i}"), level, extra_backup_args)
                         for i in range(backups)]
+        # A secure cluster's Kafka clients: SASL_SSL, as user KAFKA_USER (kafka_config()).
+        self.kafka_properties = self._secure_kafka_properties() if secure and kafka_port \
+            is not None else {}
         if start:
             self.start()
+
+    def _secure_kafka_properties(self) -> dict:
+        """Certificates for the brokers' Kafka listeners, the user KAFKA_USER with a new
+        password, and the properties a Kafka client needs to log in as it."""
+        password = self.keys.kafka([d.host for d in self.brokers])
+        return kafka_client_properties(self.kafka_bootstrap, KAFKA_USER, password,
+                                       certs.ca_path(self.keys.dir))
 
     def _backup(self, i: int, p: int, w: Where, level: list, extra) -> Daemon:
         args = ["backup", "--coordinator", self.bootstrap, "--host", w.host, "--port", str(p),
@@ -304,6 +328,18 @@ class LocalCluster:
     def kafka_bootstrap(self) -> str:
         """Kafka clients' `bootstrap.servers` (empty without `kafka_port`)."""
         return ",".join(self.kafka_addresses)
+
+    def kafka_config(self, **more) -> dict:
+        """A Kafka client's settings (librdkafka's names): bootstrap.servers, and on a secure
+        cluster SASL_SSL as user KAFKA_USER; `more` on top."""
+        return {"bootstrap.servers": self.kafka_bootstrap, **self.kafka_properties, **more}
+
+    def kafka_summary(self) -> str:
+        """What `kera local` prints for Kafka clients."""
+        if not self.kafka_properties:
+            return f"Kafka clients: bootstrap.servers={self.kafka_bootstrap}"
+        return (f"Kafka clients (SASL_SSL; user {KAFKA_USER!r} needs grants: kera acl add "
+                f"--principal {KAFKA_USER} ...):\n" + format_properties(self.kafka_properties))
 
     def _key_args(self, name: str, host: str) -> list[str]:
         """A daemon's keys; without them, a test host's routable address is served only
@@ -323,6 +359,7 @@ class LocalCluster:
             for c in self.coordinators:
                 c.start(self.env)
             self.wait_coordinator()
+            self._bind_to_cluster()
             for d in self.brokers + self.backups:
                 d.start(self.env)
             self.wait_registered()
@@ -332,6 +369,18 @@ class LocalCluster:
         log.info("local cluster up at %s: %d brokers, %d backups", self.bootstrap,
                  len(self.brokers), len(self.backups))
         return self
+
+    def _bind_to_cluster(self) -> None:
+        """Start brokers and backups with --cluster-id: should an address of theirs reach
+        another cluster's coordinator (a port taken meanwhile), it refuses them."""
+        client = CoordinatorClient(self.bootstrap, key_file=self.key_file)   # follows the leader
+        try:
+            cluster_id = client.call("cluster")[0]["cluster_id"]
+        finally:
+            client.close()
+        for d in self.brokers + self.backups:
+            if "--cluster-id" not in d.args:
+                d.args += ["--cluster-id", cluster_id]
 
     def _check_ports_free(self) -> None:
         """Refuse to start on a port something already listens on: a daemon would fail to
@@ -388,6 +437,29 @@ class LocalCluster:
         if wait:
             self.wait_coordinator()
             self.wait_registered()
+
+    def supervisor(self) -> Supervisor:
+        """A Supervisor (kera.cli.supervisor) that knows every daemon as started now."""
+        supervisor = Supervisor()
+        now = time.monotonic()
+        for d in self.daemons:
+            supervisor.started(d.name, now)
+        return supervisor
+
+    def supervise(self, supervisor: Supervisor, now: float) -> None:
+        """One look: note daemons that exited (logged with their log file), restart those
+        whose back-off has passed."""
+        for d in self.daemons:
+            if d.proc is not None and d.proc.poll() is not None and not d.killed \
+                    and not supervisor.waiting(d.name):
+                what = supervisor.exited(d.name, d.proc.returncode, now)
+                log.warning("%s exited with code %s (see %s): %s", d.name, d.proc.returncode,
+                            d.log_path, what)
+        by_name = {d.name: d for d in self.daemons}
+        for name in supervisor.due(now):
+            log.info("restarting %s", name)
+            by_name[name].start(self.env)
+            supervisor.started(name, now)
 
     def _kill(self, d: Daemon) -> None:
         d.killed = True

@@ -21,6 +21,7 @@ import time
 
 import kera
 from kera import config
+from kera.codec import cleanup
 from kera.cli import groups as cli_groups
 from kera.cli import security as cli_security
 from kera.daemon import file_limit
@@ -29,7 +30,7 @@ from kera.daemon import malloc_policy
 from kera.cli import outbox as cli_outbox
 from kera.cli import deliver as cli_deliver
 from kera.client.admin import DEFAULT_REBALANCE_TIMEOUT_S
-from kera.daemon.flags import LOG_LEVELS
+from kera.daemon.flags import LOG_LEVELS, duration_ms
 from kera.net.keys import KEY_FILE_ENV
 from kera.errors import KeraError
 
@@ -165,7 +166,8 @@ def _add_local(sub) -> None:
     p.add_argument("--kafka-port", type=int, default=None, metavar="PORT",
                    help="every broker also speaks Kafka's wire protocol, broker i on PORT+i "
                         "(0: free ports), creating topics on first use; prints the "
-                        "bootstrap.servers line for Kafka clients (default: off)")
+                        "bootstrap.servers line for Kafka clients, and with --secure the "
+                        "SASL_SSL client properties (default: off)")
     p.set_defaults(func=cmd_local)
 
 
@@ -178,6 +180,9 @@ def _add_stream(sub) -> None:
     c = ssub.add_parser("create", parents=opts, help="create a stream",
                         description="Create a stream and wait until its brokers serve it.")
     c.add_argument("name", help="stream name: 1-255 characters of [A-Za-z0-9._-]")
+    c.add_argument("--if-not-exists", action="store_true",
+                   help="succeed without changing anything when the stream exists already "
+                        "(kafka-topics --if-not-exists)")
     c.add_argument("--streamlets", type=int, default=config.DEFAULT_STREAMLETS,
                    help="partitions M (1-4096, default: %(default)s)")
     c.add_argument("--active-groups", type=int, default=config.DEFAULT_ACTIVE_GROUPS,
@@ -193,13 +198,15 @@ def _add_stream(sub) -> None:
     c.add_argument("--replication-capacity", type=int, default=0,
                    help="virtual logs the stream may use, 0 = all (default: %(default)s)")
     _retention_arguments(c, default=0)
+    _cleanup_arguments(c)
     c.add_argument("--no-wait", action="store_true",
                    help="return once created, without waiting for the brokers")
     c.set_defaults(func=cmd_stream_create)
 
     a = ssub.add_parser("alter", parents=opts,
-                        help="change a stream's retention or raise its streamlet count",
-                        description="Change a stream's retention or raise its streamlet count, "
+                        help="change a stream's retention, cleanup policy or streamlet count",
+                        description="Change a stream's retention or cleanup policy, or raise "
+                                    "its streamlet count, "
                                     "and wait until its brokers apply it. New streamlets go to "
                                     "the least loaded live brokers. As with Kafka partitions, "
                                     "the count only grows, and keyed records map over the new "
@@ -208,6 +215,7 @@ def _add_stream(sub) -> None:
                                     "each side of the change.")
     a.add_argument("name", help="stream name")
     _retention_arguments(a, default=None)
+    _cleanup_arguments(a)
     a.add_argument("--streamlets", type=int, default=None, metavar="N",
                    help="raise the streamlet count to N (clients use the new streamlets "
                         "within their metadata max age, 30 s by default)")
@@ -291,6 +299,9 @@ def _add_produce(sub) -> None:
                         "(a line without SEP has no key)")
     p.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
                    help="producer option, e.g. -o linger_ms=20 (repeatable)")
+    p.add_argument("--partitioner", default="crc32c", choices=["crc32c", "murmur2"],
+                   help="how keys map to streamlets: crc32c (kera's default) or murmur2 (as "
+                        "Kafka's clients do, so a key lands where a Kafka producer puts it)")
     p.add_argument("--quiet", action="store_true", help="do not print the record count")
     p.add_argument("-H", "--header", action="append", default=[], metavar="KEY=VALUE",
                    help="a header on every record (repeatable; kcat's -H)")
@@ -312,6 +323,11 @@ def _add_consume(sub) -> None:
                             "milliseconds since the epoch or ISO 8601 (no zone: UTC)")
     p.add_argument("--max-records", type=int, default=None,
                    help="exit after this many records")
+    p.add_argument("--group", default=None, metavar="GROUP",
+                   help="read as a member of this consumer group (kafka-console-consumer "
+                        "--group): share the streamlets with its other members, resume from "
+                        "its committed positions (--from for a new group), and commit what "
+                        "was printed on exit")
     p.add_argument("--timeout-s", type=float, default=None,
                    help="exit when no record arrives for this long (default: never)")
     p.add_argument("--print-key", action="store_true",
@@ -331,9 +347,10 @@ def _add_consume(sub) -> None:
 # ---------------------------------------------------------------------- commands
 
 def _retention_arguments(p, default) -> None:
-    p.add_argument("--retention-ms", type=int, default=default,
-                   help="delete whole groups whose last record is older than this, 0 = keep "
-                        "forever" + (" (default: %(default)s)" if default is not None else ""))
+    p.add_argument("--retention-ms", type=duration_ms, default=default, metavar="DURATION",
+                   help="delete whole groups whose last record is older than this (7d, 12h, "
+                        "500ms, or milliseconds), 0 = keep forever"
+                        + (" (default: %(default)s)" if default is not None else ""))
     p.add_argument("--retention-bytes", type=_size, default=default,
                    help="per streamlet, delete the oldest groups beyond this size (e.g. 1GiB), "
                         "0 = no limit" + (" (default: %(default)s)" if default is not None else ""))
@@ -344,7 +361,42 @@ def _retention_arguments(p, default) -> None:
                         "bounds the size")
 
 
+def _cleanup_arguments(p) -> None:
+    """Kafka's cleanup.policy and compaction settings (kera.codec.cleanup); unset: the
+    coordinator's default on create, unchanged on alter."""
+    p.add_argument("--cleanup-policy", default=None, metavar="POLICY",
+                   help="delete (retention deletes old groups; the default), compact (keep the "
+                        "last record of each key: every record needs a key) or compact,delete")
+    p.add_argument("--min-cleanable-dirty-ratio", type=float, default=None, metavar="RATIO",
+                   help="compact a streamlet once this share of its closed bytes is superseded "
+                        f"(0-1, default {cleanup.DEFAULT_MIN_CLEANABLE_DIRTY_RATIO})")
+    p.add_argument("--delete-retention-ms", type=duration_ms, default=None, metavar="DURATION",
+                   help="keep a tombstone (null value) this long after compaction first kept "
+                        "it (7d, 12h, 500ms, or milliseconds; default 1d)")
+    p.add_argument("--min-compaction-lag-ms", type=duration_ms, default=None, metavar="DURATION",
+                   help="never compact records younger than this (default 0)")
+    p.add_argument("--max-compaction-lag-ms", type=duration_ms, default=None, metavar="DURATION",
+                   help="compact records older than this whatever the dirty ratio, 0 = no "
+                        "maximum (default 0)")
+
+
+def _cleanup_options(args) -> dict:
+    return {"cleanup_policy": args.cleanup_policy,
+            **{name: getattr(args, name) for name in cleanup.SETTINGS}}
+
+
 def cmd_stream_create(args) -> int:
+    from kera.errors import StreamExists
+    try:
+        return _create_stream(args)
+    except StreamExists:
+        if not args.if_not_exists:
+            raise
+    print(f"stream '{args.name}' exists already; left as it is", file=sys.stderr)
+    return 0
+
+
+def _create_stream(args) -> int:
     with _admin(args) as admin:
         stream = admin.create_stream(
             args.name, streamlets=args.streamlets, active_groups=args.active_groups,
@@ -352,7 +404,7 @@ def cmd_stream_create(args) -> int:
             segment_size_bytes=args.segment_size_bytes, durability=args.durability,
             replication_capacity=args.replication_capacity, retention_ms=args.retention_ms,
             retention_bytes=args.retention_bytes, wait_ready=not args.no_wait,
-            retain_until_consumed=args.retain_until_consumed)
+            retain_until_consumed=args.retain_until_consumed, **_cleanup_options(args))
     if args.json:
         _print_json(stream)
     else:
@@ -398,6 +450,15 @@ def _streamlet_table(args, stream: dict) -> str:
     return _table(["STREAMLET", "OWNER", "ADDRESS", "STATE", "DURABLE END (records)"], rows)
 
 
+def _readiness(stream: dict) -> str:
+    """READY: "yes" only when every streamlet is served; else what keeps it from being so."""
+    states = stream.get("states", [])
+    down = [state for state in ("offline", "recovering") if state in states]
+    if down:
+        return f"no ({states.count(down[0])} {down[0]})"
+    return "yes" if stream["ready"] else "no"
+
+
 def cmd_stream_list(args) -> int:
     with _admin(args) as admin:
         streams = admin.list_streams()
@@ -405,8 +466,8 @@ def cmd_stream_list(args) -> int:
         _print_json(streams)
         return 0
     rows = [[s["name"], s["id"], s["streamlets"], s["active_groups"], s["replication"],
-             s["durability"], "yes" if s["ready"] else "no",
-             ",".join(sorted(s["brokers"], key=int))] for s in streams]
+             s["durability"], _readiness(s), ",".join(sorted(s["brokers"], key=int))]
+            for s in streams]
     print(_table(["NAME", "ID", "STREAMLETS", "GROUPS", "R", "DURABILITY", "READY", "BROKERS"],
                  rows))
     return 0
@@ -418,13 +479,14 @@ def cmd_stream_alter(args) -> int:
                                     retention_bytes=args.retention_bytes,
                                     wait_ready=not args.no_wait,
                                     retain_until_consumed=args.retain_until_consumed,
-                                    streamlets=args.streamlets)
+                                    streamlets=args.streamlets, **_cleanup_options(args))
     if args.json:
         _print_json(stream)
     else:
         print(f"altered stream '{stream['name']}': {stream['streamlets']} streamlets, "
               f"retention_ms {stream.get('retention_ms', 0)}, "
               f"retention_bytes {stream.get('retention_bytes', 0)}, "
+              f"cleanup_policy {stream.get('cleanup_policy', cleanup.DEFAULT_POLICY)}, "
               f"{'ready' if stream['ready'] else 'not ready yet'}")
     return 0
 
@@ -449,7 +511,8 @@ def cmd_cluster(args) -> int:
     rows = [[kind[:-1], m["id"], m["address"], m["node"], "yes" if m["alive"] else "NO"]
             for kind in ("brokers", "backups") for m in cluster[kind]]
     print(_table(["KIND", "ID", "ADDRESS", "NODE", "ALIVE"], rows))
-    print(f"metadata version {cluster['metadata_version']}")
+    print(f"metadata version {cluster['metadata_version']}, cluster id "
+          f"{cluster.get('cluster_id', '-')}")
     if args.replicas:
         rows = [[b, vlog, vseg, ",".join(map(str, backups)) or "-"]
                 for b, vlog, vseg, backups in cluster["replicas"]]
@@ -582,7 +645,8 @@ def cmd_produce(args) -> int:
     sep = args.key_sep.encode() if args.key_sep else None
     count = 0
     headers = [_header(h) for h in args.header]
-    producer = Producer(args.bootstrap, compression=args.compression, **_options(args.option))
+    producer = Producer(args.bootstrap, compression=args.compression,
+                        **{"partitioner": args.partitioner, **_options(args.option)})
     try:
         for line in sys.stdin.buffer:
             if line.endswith(b"\n"):
@@ -663,21 +727,43 @@ def cmd_consume(args) -> int:
     if args.max_records == 0:
         return 0
     from_ms = None if args.from_time is None else parse_time_ms(args.from_time)
-    consumer = Consumer(args.bootstrap, args.stream, start=args.start, **_options(args.option))
+    if args.group is not None and from_ms is not None:
+        raise CliError("--from-time and --group: a group resumes from its committed positions "
+                       "(move them with kera group reset-positions --to-datetime)")
+    consumer = Consumer(args.bootstrap, args.stream, start=args.start, group=args.group,
+                        **_options(args.option))
+    records = _records if args.group is None else _records_one_by_one
     try:
         if from_ms is not None:
             consumer.seek_to_time(from_ms)
-        for record in _records(consumer, args.timeout_s):
-            out.write(line(record))
-            count += 1
-            if args.max_records is not None and count >= args.max_records:
-                break
-            if args.timeout_s is not None:
-                out.flush()  # a reader waiting on an idle stream sees what arrived
+        try:
+            for record in records(consumer, args.timeout_s):
+                out.write(line(record))
+                count += 1
+                if args.max_records is not None and count >= args.max_records:
+                    break
+                if args.timeout_s is not None:
+                    out.flush()  # a reader waiting on an idle stream sees what arrived
+        except KeyboardInterrupt:
+            pass   # Ctrl-C ends a group read normally: what was printed is committed below
         out.flush()
+        if args.group is not None:
+            consumer.commit()
+            print(f"committed {count} records' positions in group '{args.group}'",
+                  file=sys.stderr)
     finally:
         consumer.close()
     return 0
+
+
+def _records_one_by_one(consumer, idle_timeout_s: float | None):
+    """Records one poll at a time, so a group's positions cover exactly what was printed
+    (a batch is handed out whole), ending after `idle_timeout_s` without one."""
+    while True:
+        record = consumer.poll(timeout_s=idle_timeout_s)
+        if record is None:
+            return
+        yield record
 
 
 def _records(consumer, idle_timeout_s: float | None):
@@ -689,6 +775,10 @@ def _records(consumer, idle_timeout_s: float | None):
             return
         for batch in batches:
             yield from batch.records()
+
+
+# How often `kera local` looks for daemons that exited (and restarts those that are due).
+SUPERVISE_INTERVAL_S = 0.2
 
 
 def cmd_local(args) -> int:
@@ -710,20 +800,16 @@ def cmd_local(args) -> int:
         print(cluster.bootstrap, flush=True)
         print(cluster.summary(), flush=True)
         if cluster.kafka_bootstrap:
-            print(f"Kafka clients: bootstrap.servers={cluster.kafka_bootstrap}", flush=True)
+            print(cluster.kafka_summary(), flush=True)
         if cluster.keys is not None:
             print(f"secure (CURVE): keys in {cluster.keys.dir}\n  admin key:  {cluster.keys.admin}"
                   f"\n  client key: {cluster.keys.client} (needs grants: kera acl add)\n"
                   f"  e.g. export {KEY_FILE_ENV}={cluster.keys.admin}", flush=True)
         print("Ctrl-C to stop", file=sys.stderr, flush=True)
-        reported: set[int] = set()
+        supervisor = cluster.supervisor()
         while not stop:
-            time.sleep(0.2)
-            for d in cluster.daemons:
-                if d.proc is not None and d.proc.poll() is not None and d.proc.pid not in reported:
-                    reported.add(d.proc.pid)
-                    log.warning("%s exited with code %s; see %s", d.name, d.proc.returncode,
-                                d.log_path)
+            time.sleep(SUPERVISE_INTERVAL_S)
+            cluster.supervise(supervisor, time.monotonic())
     finally:
         log.info("stopping the local cluster")
         cluster.stop()

@@ -21,6 +21,18 @@ def admin(args):
     return Admin(args.bootstrap, timeout_s=args.timeout_s)
 
 
+def coordinator_call(args, op: str, **fields) -> dict:
+    """One request of the leading coordinator of --bootstrap, with the command's timeout and
+    key; its reply header."""
+    from kera.client.coordinator_client import CoordinatorClient
+    client = CoordinatorClient(args.bootstrap, timeout_s=args.timeout_s,
+                               key_file=getattr(args, "key_file", None))
+    try:
+        return client.call(op, fields)[0]
+    finally:
+        client.close()
+
+
 def print_json(obj) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, default=str))
 

@@ -1,4 +1,5 @@
-"""`kera keys create|list`, `kera acl add|remove|list`, `kera quota set|list`: the secure path.
+"""`kera keys create|list|kafka-user|kafka-cert`, `kera acl add|remove|list`, `kera quota
+set|list`: the secure path.
 
 Keys are files (kera.net.keys); ACLs live in the coordinator (kera.net.acl, kera.coordinator.acl_ops)
 and need an admin key (`--key-file` or $KERA_KEY_FILE).
@@ -7,9 +8,13 @@ and need an admin key (`--key-file` or $KERA_KEY_FILE).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
+from kera.net import certs
+from kera.net import kafka_users
 from kera.net import keys as keyfiles
+from kera.net.scram import SCRAM_SHA_256, new_password
 from kera.net.acl import ANY_PRINCIPAL, CLUSTER_NAME, OPERATIONS, Acl
 from kera.cli.output import CliError, admin, print_json, size, table
 
@@ -42,6 +47,40 @@ def _add_keys(sub) -> None:
     ls = ksub.add_parser("list", help="list the principals of a keys directory")
     _dir_argument(ls)
     ls.set_defaults(func=cmd_keys_list)
+    _add_kafka_keys(ksub)
+
+
+def _add_kafka_keys(ksub) -> None:
+    u = ksub.add_parser("kafka-user", help="add, change or remove a Kafka client's SASL user",
+                        description="A SASL user for Kafka clients of a secure cluster's "
+                                    "Kafka listeners (SASL_SSL; PLAIN or SCRAM-SHA-256): it is "
+                                    "the kera principal NAME, which `kera acl` and `kera quota` "
+                                    "name. Prints the client properties, the password among "
+                                    "them (only its salted hash is stored). Brokers see the "
+                                    "change within a second.")
+    u.add_argument("name", help="user name (letters, digits, - _ . @)")
+    u.add_argument("--role", choices=kafka_users.ROLES, default="client",
+                   help="client: needs ACL grants (default); admin: may do anything")
+    u.add_argument("--password-stdin", action="store_true",
+                   help="read the password from standard input (default: generate one)")
+    u.add_argument("--remove", action="store_true",
+                   help="remove the user: its connections are refused at their next request")
+    u.add_argument("--kafka-bootstrap", default="HOST:PORT", metavar="HOST:PORT,...",
+                   help="the brokers' Kafka addresses, for the printed bootstrap.servers")
+    _dir_argument(u)
+    u.set_defaults(func=cmd_keys_kafka_user)
+    c = ksub.add_parser("kafka-cert", help="create a broker's TLS certificate for its Kafka "
+                                           "listener",
+                        description="Write DIR/kafka/NAME.crt and NAME.key (0600), signed by "
+                                    "the cluster's CA DIR/kafka/ca.crt (created on first use: "
+                                    "give it to Kafka clients as ssl.ca.location). A broker "
+                                    "whose key is NAME uses them (--kafka-port with --keys-dir).")
+    c.add_argument("name", help="the broker's key name (e.g. broker-0)")
+    c.add_argument("--host", action="append", default=None, metavar="HOST",
+                   help="a host name or IP address clients dial for this broker (repeatable; "
+                        f"default: {', '.join(certs.DEFAULT_HOSTS)})")
+    _dir_argument(c)
+    c.set_defaults(func=cmd_keys_kafka_cert)
 
 
 def _dir_argument(p) -> None:
@@ -61,9 +100,52 @@ def cmd_keys_create(args) -> int:
     return 0
 
 
+def kafka_client_properties(bootstrap: str, user: str, password: str, ca: Path) -> dict:
+    """What a Kafka client (librdkafka's names; Java's in KAFKA.md) needs for SASL_SSL."""
+    return {"bootstrap.servers": bootstrap, "security.protocol": "SASL_SSL",
+            "sasl.mechanism": SCRAM_SHA_256, "sasl.username": user, "sasl.password": password,
+            "ssl.ca.location": str(ca)}
+
+
+def format_properties(props: dict) -> str:
+    return "\n".join(f"{k}={v}" for k, v in props.items())
+
+
+def cmd_keys_kafka_user(args) -> int:
+    if args.remove:
+        kafka_users.set_user(args.dir, args.name, None)
+        print(f"removed Kafka user {args.name!r}")
+        return 0
+    password = sys.stdin.readline().rstrip("\n") if args.password_stdin else new_password()
+    if not password:
+        raise CliError("an empty password: give one on standard input, or leave out "
+                       "--password-stdin to have one generated")
+    kafka_users.set_user(args.dir, args.name, password, args.role)
+    ca = certs.ca_path(args.dir)
+    print(f"Kafka user {args.name!r} ({args.role}); client properties:")
+    print(format_properties(kafka_client_properties(args.kafka_bootstrap, args.name, password, ca)))
+    if not ca.exists():
+        print(f"(no CA yet: create each broker's certificate with `kera keys kafka-cert NAME "
+              f"--dir {args.dir} --host HOST`)")
+    if args.role == "client":
+        print(f"grant it access with: kera acl add --principal {args.name} --operation write "
+              f"--operation read --stream TOPIC; and --operation read --group GROUP")
+    return 0
+
+
+def cmd_keys_kafka_cert(args) -> int:
+    crt, key = certs.create_cert(args.dir, args.name, args.host or certs.DEFAULT_HOSTS)
+    print(f"certificate of {args.name} for {', '.join(args.host or certs.DEFAULT_HOSTS)}:\n"
+          f"  {crt}\n  {key} (private)\nKafka clients trust: ssl.ca.location="
+          f"{certs.ca_path(args.dir)}")
+    return 0
+
+
 def cmd_keys_list(args) -> int:
     principals = keyfiles.load_principals(args.dir)
     rows = sorted([p.name, p.role, key.decode()] for key, p in principals.items())
+    rows += sorted([u.name, u.role, "(Kafka SASL user)"]
+                   for u in kafka_users.load(args.dir).values())
     print(table(["PRINCIPAL", "ROLE", "PUBLIC KEY"], rows))
     return 0
 

@@ -32,6 +32,8 @@ GROUPS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
          ("memory_", "tier", "segments_", "retention_")),
         ("recovery", "recovery of dead brokers' streamlets run by this broker",
          ("recovery_",)),
+        ("compaction", "passes over compacted streams swapped in, record bytes before and after",
+         ("compaction_",)),
         ("metadata", "streams this broker serves and the metadata version it applied",
          ("streams", "metadata_")),
     ],

@@ -14,6 +14,7 @@ import time
 
 from kera import config
 
+from kera.codec import cleanup
 from kera.net import rpc
 
 from kera.daemon import stream_traffic
@@ -64,12 +65,15 @@ class Admin:
                       durability: str = config.DEFAULT_DURABILITY,
                       replication_capacity: int = 0, wait_ready: bool = True,
                       retention_ms: int = 0, retention_bytes: int = 0,
-                      retain_until_consumed: bool = False) -> dict:
+                      retain_until_consumed: bool = False, cleanup_policy: str | None = None,
+                      **compaction) -> dict:
         """Create a stream and return its descriptor; with `wait_ready`, once every owning
         broker has picked it up (raises Timeout after `timeout_s`). `retention_ms` /
         `retention_bytes` (per streamlet): whole groups beyond them are deleted (0: keep).
         `retain_until_consumed`: by age only once every consumer group committed past them
-        (kera.broker.retention)."""
+        (kera.broker.retention). `cleanup_policy` "delete", "compact" or "compact,delete" and
+        the `compaction` settings min_cleanable_dirty_ratio, delete_retention_ms,
+        min_compaction_lag_ms, max_compaction_lag_ms (kera.codec.cleanup; None: default)."""
         deadline = time.monotonic() + self.timeout_s
         fields = {
             "name": name, "streamlets": streamlets, "active_groups": active_groups,
@@ -82,6 +86,7 @@ class Admin:
             fields["retention_bytes"] = retention_bytes
         if retain_until_consumed:
             fields["retain_until_consumed"] = True
+        fields.update(_cleanup_fields(cleanup_policy, compaction))
         stream = self._call("create_stream", fields)["stream"]
         if wait_ready:
             stream = self.wait_ready(name, deadline - time.monotonic(), stream)
@@ -90,10 +95,12 @@ class Admin:
     def alter_stream(self, name: str, retention_ms: int | None = None,
                      retention_bytes: int | None = None, wait_ready: bool = True,
                      retain_until_consumed: bool | None = None,
-                     streamlets: int | None = None) -> dict:
-        """Change a stream's retention (None: leave as is, 0: no limit) or raise its streamlet
-        count (never lowered; keys map over the new count from then on); returns the
-        descriptor, with `wait_ready` once every owning broker applies it."""
+                     streamlets: int | None = None, cleanup_policy: str | None = None,
+                     **compaction) -> dict:
+        """Change a stream's retention (None: leave as is, 0: no limit), cleanup policy and
+        compaction settings (as for create_stream) or raise its streamlet count (never
+        lowered; keys map over the new count from then on); returns the descriptor, with
+        `wait_ready` once every owning broker applies it."""
         deadline = time.monotonic() + self.timeout_s
         fields: dict = {"name": name}
         if retention_ms is not None:
@@ -104,6 +111,7 @@ class Admin:
             fields["retain_until_consumed"] = retain_until_consumed
         if streamlets is not None:
             fields["streamlets"] = streamlets
+        fields.update(_cleanup_fields(cleanup_policy, compaction))
         stream = self._call("alter_stream", fields)["stream"]
         if wait_ready:
             stream = self.wait_ready(name, deadline - time.monotonic(), stream)
@@ -153,10 +161,11 @@ class Admin:
 
     # ------------------------------------------------------------------ cluster
     def cluster(self) -> dict:
-        """{"brokers": [...], "backups": [...], "metadata_version": int}; each daemon as
-        {"id", "address", "node", "alive"}."""
+        """{"brokers": [...], "backups": [...], "metadata_version": int, "cluster_id": str};
+        each daemon as {"id", "address", "node", "alive"}."""
         header = self._call("cluster")
-        return {k: header[k] for k in ("brokers", "backups", "metadata_version")}
+        return {k: header[k] for k in ("brokers", "backups", "metadata_version", "cluster_id")
+                if k in header}
 
     def replicas(self, broker_id: int | None = None, backup_id: int | None = None) -> list[list]:
         """Which backups hold which virtual segments, as the brokers reported them:
@@ -275,3 +284,16 @@ class Admin:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _cleanup_fields(policy: str | None, compaction: dict) -> dict:
+    """The cleanup fields of a create or alter request (None values left out); TypeError for a
+    setting kera does not know, as for any unknown keyword argument."""
+    unknown = set(compaction) - set(cleanup.SETTINGS)
+    if unknown:
+        raise TypeError(f"unknown compaction settings {sorted(unknown)}; known: "
+                        f"{', '.join(cleanup.SETTINGS)}")
+    out = {k: v for k, v in compaction.items() if v is not None}
+    if policy is not None:
+        out["cleanup_policy"] = policy
+    return out

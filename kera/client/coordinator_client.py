@@ -14,7 +14,7 @@ import time
 
 from kera.net import rpc
 from kera.net.coordinators import CoordinatorList
-from kera.errors import KeraError, Timeout
+from kera.errors import KeraError, PeerUnreachable, Timeout
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +50,11 @@ class CoordinatorClient:
 
     def call(self, op: str, fields: dict | None = None, frames=(),
              timeout_s: float | None = None) -> tuple[dict, list]:
-        """Request `op` of the leader; raises the last error once the deadline passes."""
+        """Request `op` of the leader; raises the last error once the deadline passes, or at
+        once when a first contact finds nothing listening at any address of the list."""
         budget = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + budget
+        unreachable: dict[str, KeraError] = {}
         asked = 0
         while True:
             address = self.coordinators.current
@@ -66,8 +68,12 @@ class CoordinatorClient:
             except KeraError as err:
                 if isinstance(err, Timeout):
                     self._drop(address)   # late replies must not answer the next call
-                    if len(self.coordinators) == 1:
-                        raise
+                if isinstance(err, PeerUnreachable):
+                    unreachable[address] = err
+                if len(unreachable) == len(self.coordinators):
+                    raise _none_reachable(unreachable) from None
+                if isinstance(err, Timeout) and len(self.coordinators) == 1:
+                    raise
                 if not self.coordinators.failed(address, err) or time.monotonic() >= deadline:
                     raise
                 log.debug("coordinator %s: %s; asking %s", address, err, self.coordinators.current)
@@ -78,8 +84,12 @@ class CoordinatorClient:
     def _conn(self, address: str) -> rpc.Connection:
         conn = self._conns.get(address)
         if conn is None:
-            conn = self._conns[address] = rpc.Connection(address, timeout_s=self.timeout_s,
-                                                         key_file=self.key_file)
+            # Until a coordinator of this list has answered in this process, a connection that
+            # is not up soon is probed, so a wrong address is named at once (as the CLI does).
+            first_contact = self._key not in _last_leader
+            conn = self._conns[address] = rpc.Connection(
+                address, timeout_s=self.timeout_s, key_file=self.key_file,
+                probe_after_s=rpc.FIRST_CONTACT_PROBE_AFTER_S if first_contact else None)
         return conn
 
     def _drop(self, address: str) -> None:
@@ -91,3 +101,11 @@ class CoordinatorClient:
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
+
+
+def _none_reachable(errors: dict[str, KeraError]) -> PeerUnreachable:
+    """One error naming every coordinator address and why each could not be reached."""
+    if len(errors) == 1:
+        return next(iter(errors.values()))
+    reasons = "; ".join(err.message for err in errors.values())
+    return PeerUnreachable(f"no coordinator of {len(errors)} could be reached: {reasons}")

@@ -56,10 +56,10 @@ class Metadata:
         dropped from the cache and raises UnknownStream."""
         try:
             header, _ = self._conn().call("describe_stream", {"name": name})
-        except UnknownStream:
+        except UnknownStream as err:
             with self.lock:
                 self.cache.forget(name)
-            raise UnknownStream(f"no stream named '{name}'") from None
+            raise UnknownStream(err.message) from None   # with the coordinator's "did you mean"
         with self.lock:
             return self.cache.on_describe(name, header, time.monotonic())
 

@@ -43,6 +43,11 @@ Version 3 flag bit 6 (FLAG_KAFKA, alone): the body is exactly one Kafka RecordBa
 kera.codec.kafka_batch) as a Kafka client produced it, compressed by its own codec if at all;
 the Kafka listener serves it as stored. Chunk reads it like any other chunk: on first use it
 decodes the batch into the plain body above and reads that.
+
+Version 3 flag bit 7 (FLAG_SPARSE): a compacted chunk, written by a broker's compactor only
+(docs/COMPACTION.md). It covers a range of record offsets of which it holds some: after the
+other columns, u32[n+1] offset deltas (record i is offset base_offset + delta[i]; the last
+entry is the span covered) and a 16-byte trailer (the delete horizon of its tombstones, ms).
 """
 
 from __future__ import annotations
@@ -78,7 +83,25 @@ FLAG_CONDITION = 0x20
 # Version 3: the body is one Kafka RecordBatch as produced (the module docstring); no other flag
 # may be set with it.
 FLAG_KAFKA = 0x40
-FLAGS_KNOWN_V3 = FLAGS_KNOWN | FLAG_CONDITION | FLAG_KAFKA
+# Version 3: a compacted chunk (docs/COMPACTION.md), written by a broker's compactor only: it
+# covers a range of record offsets of which it holds some. After the other columns, u32[n+1]
+# offset deltas (record i is offset base_offset + delta[i], number number + delta[i]; strictly
+# increasing; delta[n] is the span, the offsets covered), then SPARSE_TRAILER: the delete
+# horizon (ms: when its tombstones were first kept; UNSET_U64 for none) and a reserved u64.
+FLAG_SPARSE = 0x80
+SPARSE_TRAILER = struct.Struct("<QQ")
+# The producer id of compacted chunks: the producer table never records it.
+COMPACTED_PRODUCER_ID = 2**64 - 2
+# A compacted chunk's sequence field carries what a broker needs from its header alone (brokers
+# never look inside chunks; recovery places chunks by offset): the offsets it covers (its span,
+# bits 0-31), whether it is the last chunk of its rewrite (bit 32), its place in the rewrite
+# (bits 33-48: a 1 GiB segment cut into pieces of at least 16 KiB has fewer) and which rewrite
+# of its segment it belongs to (bits 49-63).
+SPAN_BITS, PIECE_BITS, GENERATION_BITS = 32, 16, 15
+SPAN_MAX = (1 << SPAN_BITS) - 1
+PIECE_MAX = (1 << PIECE_BITS) - 1
+GENERATION_MAX = (1 << GENERATION_BITS) - 1
+FLAGS_KNOWN_V3 = FLAGS_KNOWN | FLAG_CONDITION | FLAG_KAFKA | FLAG_SPARSE
 _FLAGS_OF_VERSION = {VERSION: FLAG_KEYS, VERSION_2: FLAGS_KNOWN, VERSION_3: FLAGS_KNOWN_V3}
 CONDITION_LOCKS_HEADER = "kera-locks"
 CONDITION_HWM_HEADER = "kera-high-water-mark"
@@ -275,6 +298,8 @@ def header_crc(buf) -> int:
 
 def _fixed_columns_size(count: int, flags: int) -> int:
     size = 8 * count + 4 * (count + 1)
+    if flags & FLAG_SPARSE:
+        size += _sparse_size(count)
     if flags & FLAG_KEYS:
         size += 4 * (count + 1) + count
     if flags & FLAG_VALUE_NULLS:
@@ -282,6 +307,43 @@ def _fixed_columns_size(count: int, flags: int) -> int:
     if flags & FLAG_HEADERS:
         size += 4 * (count + 1) + 8
     return size
+
+
+def _sparse_size(count: int) -> int:
+    """Bytes of a compacted chunk's offset deltas and trailer (FLAG_SPARSE)."""
+    return 4 * (count + 1) + SPARSE_TRAILER.size
+
+
+class Compacted(NamedTuple):
+    """A compacted chunk's place, from its header's sequence field."""
+    generation: int
+    piece: int
+    last: bool
+    span: int
+
+
+def compacted_sequence(generation: int, piece: int, last: bool, span: int) -> int:
+    """The sequence field of a compacted chunk (the layout is at SPAN_BITS)."""
+    if not (0 < generation <= GENERATION_MAX and 0 <= piece <= PIECE_MAX and 0 < span <= SPAN_MAX):
+        raise ValueError(f"compacted chunk generation {generation}, piece {piece}, span {span} "
+                         f"out of range")
+    return (generation << (SPAN_BITS + 1 + PIECE_BITS) | piece << (SPAN_BITS + 1)
+            | int(last) << SPAN_BITS | span)
+
+
+def compacted(h: ChunkHeader) -> Compacted | None:
+    """Where a compacted chunk lies in its rewrite; None for any other chunk."""
+    if not h.flags & FLAG_SPARSE:
+        return None
+    seq = h.sequence
+    return Compacted(seq >> (SPAN_BITS + 1 + PIECE_BITS), (seq >> (SPAN_BITS + 1)) & PIECE_MAX,
+                     bool(seq >> SPAN_BITS & 1), seq & SPAN_MAX)
+
+
+def offsets_covered(h: ChunkHeader) -> int:
+    """Record offsets (and numbers) a stored chunk covers, from its header: its record count,
+    but a compacted chunk's span, which covers its gaps too."""
+    return h.sequence & SPAN_MAX if h.flags & FLAG_SPARSE else h.record_count
 
 
 def compression_name(flags: int) -> str | None:
@@ -359,6 +421,8 @@ def check_columns(buf, h: ChunkHeader) -> None:
         size += n
     if h.flags & FLAG_HEADERS:
         size += _headers_size(buf, hsize + size, n, hsize + h.body_len)
+    if h.flags & FLAG_SPARSE:
+        size += _sparse_size(n)
     if first != 0 or size != h.body_len:
         raise CorruptChunk("chunk columns do not add up to its body length")
 
@@ -628,6 +692,31 @@ def _headers_columns(headers) -> list[bytes]:
             bytes(kblob), bytes(vblob)]
 
 
+def encode_sparse(stream_id: int, streamlet: int, place: tuple, keys: list, values: list,
+                  timestamps, headers, deltas, span: int, horizon_ms: int | None) -> bytes:
+    """A compacted chunk (FLAG_SPARSE, docs/COMPACTION.md) of the records at offset deltas
+    `deltas` (ascending, below `span`) from the base offset it will be stamped with; `values`
+    with None for tombstones, `horizon_ms` the delete horizon of its tombstones (None: none).
+    Its producer is COMPACTED_PRODUCER_ID; `place` = (generation, piece, last) names its
+    rewrite and its place in it (its sequence field, with the span: `compacted`)."""
+    n = len(values)
+    full = np.empty(n + 1, dtype="<u4")
+    full[:n] = np.asarray(deltas, dtype=np.int64) if n else []
+    full[n] = span
+    if len(keys) != n or (n and full[n - 1] >= span):
+        raise ValueError(f"{len(keys)} keys, {n} values and deltas {list(full[:n])[:4]}... "
+                         f"must match and lie below the span {span}")
+    _check_deltas(full)
+    values, value_nulls = _split_nulls(list(values))
+    blob, offsets = values_columns(values)
+    flags, parts = _plain_body(blob, offsets, keys, np.asarray(timestamps, dtype="<i8"),
+                               value_nulls, headers)
+    trailer = SPARSE_TRAILER.pack(UNSET_U64 if horizon_ms is None else horizon_ms, 0)
+    return seal_parts(flags | FLAG_SPARSE, [*parts, full.tobytes(), trailer],
+                      COMPACTED_PRODUCER_ID, compacted_sequence(*place, span), stream_id,
+                      streamlet, n)
+
+
 def seal(flags: int, body: bytes, producer_id: int, sequence: int, stream_id: int,
          streamlet: int, count: int) -> bytes:
     """A version 3 chunk of `body`, not yet appended (no group, segment, offsets, number)."""
@@ -682,7 +771,8 @@ def _timestamps_bytes(timestamps, n: int) -> bytes:
 # (0.75 against 0.36 us), about a tenth of a 1 KiB chunk's decode on a consumer.
 _U4, _I8, _U1 = np.dtype("<u4"), np.dtype("<i8"), np.dtype(np.uint8)
 # Flags that change where a chunk's columns lie (Chunk._plain_values handles none of them).
-_COLUMN_FLAGS = FLAG_KEYS | FLAG_VALUE_NULLS | FLAG_HEADERS | COMPRESSION_MASK | FLAG_KAFKA
+_COLUMN_FLAGS = (FLAG_KEYS | FLAG_VALUE_NULLS | FLAG_HEADERS | COMPRESSION_MASK | FLAG_KAFKA
+                 | FLAG_SPARSE)
 # The extremes of an i64 of microseconds, in milliseconds: a Kafka timestamp (ms, any i64) past
 # them is clamped to them rather than wrapped when it becomes kera's microseconds.
 _KAFKA_MS_MAX = (2 ** 63 - 1) // 1000
@@ -721,6 +811,9 @@ class Chunk:
         h = self.header
         n = h.record_count
         base = h.header_size
+        if flags & FLAG_SPARSE:   # the offset deltas and trailer close the body
+            end -= _sparse_size(n)
+            _check_deltas(np.frombuffer(self.buf, _U4, n + 1, end), h)
         # Made on first use: many readers never look at them, and the view was a fourteenth
         # of a consumer's busy samples at 1 KiB chunks (the streams preset).
         self._timestamps = None
@@ -766,6 +859,57 @@ class Chunk:
 
     def __len__(self) -> int:
         return self.header.record_count
+
+    # ------------------------------------------------------------------ gaps (FLAG_SPARSE)
+    @property
+    def offset_deltas(self) -> np.ndarray | None:
+        """u32[n+1] of a compacted chunk: record i is offset `base_offset + delta[i]` (number
+        `first_number + delta[i]`), the last entry is its span; None when its records' numbers
+        are dense (every chunk a producer writes)."""
+        if not self.header.flags & FLAG_SPARSE:
+            return None
+        n = len(self)
+        return np.frombuffer(self.buf, _U4, n + 1, self._sparse_at())
+
+    @property
+    def span(self) -> int:
+        """Record offsets (and numbers) the chunk covers: its record count but for a
+        compacted chunk, which covers gaps too."""
+        deltas = self.offset_deltas
+        return len(self) if deltas is None else int(deltas[-1])
+
+    def record_offsets(self) -> np.ndarray:
+        """Each record's offset from the chunk's base offset: 0, 1, ... but for a compacted
+        chunk (i8 either way, ready to add to a base)."""
+        deltas = self.offset_deltas
+        if deltas is None:
+            return np.arange(len(self), dtype=np.int64)
+        return deltas[:-1].astype(np.int64)
+
+    def records_below(self, delta: int) -> int:
+        """How many of its records lie below offset `base_offset + delta` (0 .. len): `delta`
+        itself but for a compacted chunk, where it is the index of the first record at or
+        after that offset, past any gap."""
+        if delta <= 0:
+            return 0
+        deltas = self.offset_deltas
+        if deltas is None:
+            return min(delta, len(self))
+        return int(np.searchsorted(deltas[:-1], delta))
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        """When a compacted chunk's tombstones were first kept by a compaction (None: it holds
+        none, or it is not compacted): they go delete_retention_ms after it."""
+        if not self.header.flags & FLAG_SPARSE:
+            return None
+        horizon, _ = SPARSE_TRAILER.unpack_from(self.buf, self._sparse_at() + 4 * (len(self) + 1))
+        return None if horizon == UNSET_U64 else horizon
+
+    def _sparse_at(self) -> int:
+        h = self.header
+        end = len(self.buf) if h.flags & COMPRESSION_MASK else h.header_size + h.body_len
+        return end - _sparse_size(h.record_count)
 
     @property
     def timestamps(self) -> np.ndarray:
@@ -925,6 +1069,18 @@ class _KafkaChunk(Chunk):
         buf = memoryview(b"".join([stored[:hsize], *parts]))
         self.buf = buf
         self._columns(flags, len(buf))
+
+
+def _check_deltas(deltas: np.ndarray, h: ChunkHeader | None = None) -> None:
+    """A compacted chunk's offset deltas ascend strictly to its span, which its header
+    names too (the pair is checked: recovery trusts the header's)."""
+    if deltas[-1] < 1 or (len(deltas) > 1 and not (deltas[1:] > deltas[:-1]).all()):
+        raise CorruptChunk("compacted chunk offset deltas do not strictly ascend to its span")
+    if h is not None and (h.producer_id != COMPACTED_PRODUCER_ID
+                          or int(deltas[-1]) != offsets_covered(h)):
+        raise CorruptChunk(f"compacted chunk of producer {h.producer_id} covers "
+                           f"{int(deltas[-1])} offsets by its deltas, {offsets_covered(h)} by "
+                           f"its header")
 
 
 def _kafka_times_us(times_ms: list) -> np.ndarray:

@@ -39,6 +39,7 @@ LENGTH_AFTER = 12    # batch_length counts the bytes after base_offset and itsel
 CRC_AT = 17
 CRC_FROM = 21        # the CRC covers attributes to the end
 MAGIC = 2
+NO_TIMESTAMP_MS = -1   # Kafka's RecordBatch.NO_TIMESTAMP: the times of a batch with no record
 _OFFSET = struct.Struct(">q")         # base_offset, bytes 0-7
 _EPOCH = struct.Struct(">i")          # leader_epoch, bytes 12-15
 EPOCH_AT = 12
@@ -374,27 +375,36 @@ _DECOMPRESS = {"gzip": _gunzip, "snappy": _snappy, "lz4": _lz4, "zstd": _zstd}
 # --------------------------------------------------------------------------- building
 
 def build(rows: Sequence, base_offset: int = 0, producer_id: int = -1, producer_epoch: int = -1,
-          base_sequence: int = -1, leader_epoch: int = -1) -> bytes:
+          base_sequence: int = -1, leader_epoch: int = -1, offset_deltas: Sequence | None = None,
+          last_offset_delta: int | None = None) -> bytes:
     """An uncompressed batch (create-time timestamps, CRC set) of `rows`, each (timestamp_ms,
-    key bytes or None, value bytes or None, headers: a sequence of (str, bytes or None))."""
-    if not rows:
+    key bytes or None, value bytes or None, headers: a sequence of (str, bytes or None)).
+    `offset_deltas` (ascending) and `last_offset_delta`: a compacted range's, whose records
+    are not every offset it covers (default: 0, 1, ... and the last row's); such a range may
+    have no record left, a batch Kafka's consumers step over to its last offset + 1."""
+    if not rows and last_offset_delta is None:
         raise ValueError("a Kafka batch holds at least one record")
-    base_ms = rows[0][0]
+    base_ms = rows[0][0] if rows else NO_TIMESTAMP_MS
     out = bytearray(HEADER_SIZE)
-    _append_records(out, rows, base_ms)
+    _append_records(out, rows, base_ms, offset_deltas)
+    last = len(rows) - 1 if last_offset_delta is None else last_offset_delta
+    max_ms = max(r[0] for r in rows) if rows else NO_TIMESTAMP_MS
     HEADER.pack_into(out, 0, base_offset, len(out) - LENGTH_AFTER, leader_epoch, MAGIC, 0, 0,
-                     len(rows) - 1, base_ms, max(r[0] for r in rows), producer_id,
+                     last, base_ms, max_ms, producer_id,
                      producer_epoch, base_sequence, len(rows))
     _CRC.pack_into(out, CRC_AT, _crc32c.crc32c(memoryview(out)[CRC_FROM:]))
     return bytes(out)
 
 
-def _append_records(out: bytearray, rows: Sequence, base_ms: int) -> None:
-    """Each row as a record, appended to `out`; varints below VARINT_TABLE_SIZE come from the
-    table (a record's fields are nearly all small), others from _encode_varint."""
+def _append_records(out: bytearray, rows: Sequence, base_ms: int,
+                    offset_deltas: Sequence | None = None) -> None:
+    """Each row as a record (at `offset_deltas`, default 0, 1, ...), appended to `out`; varints
+    below VARINT_TABLE_SIZE come from the table (a record's fields are nearly all small),
+    others from _encode_varint."""
     vt, top, enc = _VARINTS, VARINT_TABLE_SIZE - 1, _encode_varint
     null, no_headers = vt[0], vt[1]   # -1 (a null key or value), 0 (no headers)
-    for i, (ts, key, value, headers) in enumerate(rows):
+    deltas = range(len(rows)) if offset_deltas is None else offset_deltas
+    for i, (ts, key, value, headers) in zip(deltas, rows):
         d = ts - base_ms
         tsv = vt[d + 1] if -1 <= d < top else enc(d)
         offv = vt[i + 1] if i < top else enc(i)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import numpy as np
+
 from kera.errors import BadRequest
 
 # Millisecond timestamps (Kafka's unit) a record may carry: 2000-01-01 to 2200-01-01 UTC. A value
@@ -24,6 +26,29 @@ def ms_to_us(timestamp_ms) -> int:
                          f"2000 and 2200 ({TIMESTAMP_MS_MIN}..{TIMESTAMP_MS_MAX}); seconds or "
                          f"microseconds given? (timestamp= takes microseconds)")
     return ms * 1000
+
+
+def ms_column_to_us(timestamps_ms):
+    """ms_to_us of one int, or of every value of a sequence (an int64 numpy array back)."""
+    if isinstance(timestamps_ms, (int, np.integer)):
+        return ms_to_us(timestamps_ms)
+    ms = np.asarray(timestamps_ms, dtype=np.int64)
+    if ms.size:
+        ms_to_us(int(ms.min()))
+        ms_to_us(int(ms.max()))
+    return ms * 1000
+
+
+def check_us(timestamp_us: int, lowest_us: int | None = None) -> None:
+    """Refuse a microsecond timestamp that is a millisecond one of years 2000-2200 (Kafka's
+    unit, given where kera takes microseconds): stored as is it would read back as a day in
+    January to March 1970. `lowest_us`/`timestamp_us`: the range of a batch's column."""
+    low = timestamp_us if lowest_us is None else lowest_us
+    if TIMESTAMP_MS_MIN <= low <= TIMESTAMP_MS_MAX or \
+            TIMESTAMP_MS_MIN <= timestamp_us <= TIMESTAMP_MS_MAX:
+        raise BadRequest(f"timestamp {low} looks like milliseconds since the epoch, but "
+                         f"timestamp= is in microseconds (it would be stored as 1970): pass "
+                         f"timestamp_ms= (timestamps_ms= for a batch) or multiply by 1000")
 
 
 def parse_time_ms(text: str) -> int:

@@ -28,6 +28,7 @@ have seen when they register (`stream_id_mark`) and the next id moves above it.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import hmac
 import logging
@@ -38,7 +39,7 @@ from itertools import islice
 
 from kera import config
 
-from kera.codec import schema
+from kera.codec import cleanup, schema
 
 from kera.codec import wire
 from kera.coordinator import acl_ops, groups, kafka_offsets, validate
@@ -47,6 +48,7 @@ from kera.coordinator.recovery import Failover, parse_streamlets
 from kera.coordinator.validate import KINDS, StreamSpec
 from kera.errors import BadRequest, IdInUse, NotReady, StreamExists, UnknownStream, WrongCluster
 from kera.daemon.repeat_log import RepeatedWarnings
+from kera.net.fence import FENCE_KEY_BYTES, fence_key_from, fence_token
 from kera.codec.wire import Fields
 
 log = logging.getLogger(__name__)
@@ -178,6 +180,9 @@ class Coordinator:
         # server passes its kera.daemon.env.DaemonEnv's; tests a fixed one).
         self._token_source = token_source
         self.cluster_id = self._issue_token()   # replaced by the persisted one on load
+        # Signs the fences recovering brokers may ask of backups (kera.net.fence); persisted.
+        # From the token source, so that a simulation with a seeded one stays reproducible.
+        self.fence_key = fence_key_from(self._issue_token())
         self.tombstones: dict[int, int] = {}  # deleted stream id -> version of the deletion
         # Why this coordinator must stop (its state is brand new while daemons hold data of a
         # cluster): the server shell logs it and exits. None while all is well.
@@ -232,7 +237,7 @@ class Coordinator:
             "deregister": self._op_deregister,
             "rebalance": self._op_rebalance,
         }
-        ops.update(groups.ops(self.groups))
+        ops.update(groups.ops(self.groups, self._caller_may_read))
         ops.update(kafka_offsets.ops(self.kafka_offsets))
         ops.update(acl_ops.ops(self.access, self._bump))
         return ops
@@ -243,6 +248,14 @@ class Coordinator:
            "group_list", "group_describe", "group_reset", "group_delete",
            "acl_add", "acl_remove", "acl_list", "quota_set", "quota_list",
            "kafka_offset_commit", "kafka_offset_fetch", "kafka_offset_delete", "kafka_group_list")
+
+    def _caller_may_read(self):
+        """For the request being handled: whether its principal may read a stream (None in
+        plaintext, where every caller is trusted)."""
+        principal, acls = self.caller, self.access.acls
+        if principal is None:
+            return None
+        return lambda stream: acls.allowed(principal, "read", "stream", stream)
 
     def _streamlets_of(self, name: str) -> int | None:
         stream = self.streams.get(name)
@@ -271,6 +284,7 @@ class Coordinator:
         token = f.str("token", None, hi=TOKEN_CHARS_MAX)
         mark = f.int("stream_id_mark", 0, hi=STREAM_ID_MARK_MAX)
         self.check_cluster(kind, address, f.str("cluster_id", None, hi=TOKEN_CHARS_MAX))
+        self.check_expected(kind, address, f.str("expect_cluster_id", None, hi=TOKEN_CHARS_MAX))
         member = self.register(now, kind, address, node, member_id, token)
         member.kafka_address = kafka_address
         self.raise_stream_ids(mark, f"{kind} {member.id} at {address}")   # once admitted
@@ -315,6 +329,7 @@ class Coordinator:
             free = self.failover.backup_heartbeat(self, member_id, f)
             if free:
                 reply["free"] = free   # incarnations whose replicas are no longer needed
+            reply["fence_key"] = self.fence_key   # to verify recovering brokers' fences
         return reply
 
     def _consumed_for(self, broker_id: int, held: int | None) -> dict:
@@ -435,6 +450,15 @@ class Coordinator:
             f"{kind} at {address} holds data of cluster {cluster_id}, but this coordinator "
             f"runs cluster {self.cluster_id}: point it at its own cluster's coordinator, or "
             f"wipe its data directory to join this cluster")
+
+    def check_expected(self, kind: str, address: str, expected: str | None) -> None:
+        """A daemon started for one cluster (--cluster-id) is refused by any other's
+        coordinator, fresh or not: it reached the wrong address (a port taken by another
+        cluster's coordinator), and this cluster must not place anything on it."""
+        if expected is not None and expected != self.cluster_id:
+            raise WrongCluster(
+                f"{kind} at {address} was started for cluster {expected} (--cluster-id), but "
+                f"this coordinator runs cluster {self.cluster_id}: check its --coordinator")
 
     def raise_stream_ids(self, mark: int, who: str) -> None:
         """A daemon has seen stream ids up to `mark`: the next one goes above (ids are never
@@ -744,6 +768,7 @@ class Coordinator:
             "brokers": [m.summary() for _, m in sorted(self.members["broker"].items())],
             "backups": [m.summary() for _, m in sorted(self.members["backup"].items())],
             "metadata_version": self.version,
+            "cluster_id": self.cluster_id,   # an id, not a secret: daemons may be bound to it
         }
 
     # ------------------------------------------------------------------ streams
@@ -870,6 +895,10 @@ class Coordinator:
         epoch = self.failover.epochs.get(broker_id)
         if epoch is not None:
             reply["epoch"] = epoch   # the broker's incarnation (names its replicas)
+        tokens = [[b, e, fence_token(self.fence_key, b, e)]
+                  for b, e in self.failover.sources_of(self, broker_id)]
+        if tokens:
+            reply["fence_tokens"] = tokens   # what it may fence on backups to recover
         return reply
 
     def descriptor(self, stream: Stream) -> dict:
@@ -883,6 +912,7 @@ class Coordinator:
             "durability": spec.durability, "replication_capacity": spec.replication_capacity,
             "retention_ms": spec.retention_ms, "retention_bytes": spec.retention_bytes,
             "retain_until_consumed": spec.retain_until_consumed,
+            **cleanup.descriptor_fields(spec),
             "placement": list(stream.placement),
             "brokers": {str(b): brokers[b].address for b in owners},
             "version": stream.version,
@@ -910,7 +940,7 @@ class Coordinator:
     def _stream(self, name: str) -> Stream:
         stream = self.streams.get(name)
         if stream is None:
-            raise UnknownStream(f"no stream named '{name}'")
+            raise UnknownStream(f"no stream named '{name}'{_closest(name, self.streams)}")
         return stream
 
     def _issue_token(self) -> str:
@@ -935,6 +965,7 @@ class Coordinator:
             "format": STATE_FORMAT,
             "metadata_version": self.version,
             "cluster_id": self.cluster_id,
+            "fence_key": self.fence_key,
             "tombstones": [[sid, v] for sid, v in self.tombstones.items()],
             "next_stream_id": self.next_stream_id,
             "next_member_id": dict(self.next_member_id),
@@ -955,6 +986,7 @@ class Coordinator:
                          "retention_ms": s.spec.retention_ms,
                          "retention_bytes": s.spec.retention_bytes,
                          "retain_until_consumed": s.spec.retain_until_consumed,
+                         **cleanup.descriptor_fields(s.spec),
                          "floors": _floors_to_wire(s.floors)}
                         for _, s in sorted(self.streams.items())],
             "recovery": self.failover.to_state(),
@@ -974,6 +1006,8 @@ class Coordinator:
             # Absent in files written before cluster ids and tombstones existed.
             if "cluster_id" in state:
                 self.cluster_id = _token_hash(state["cluster_id"]) or self.cluster_id
+            if _is_fence_key(state.get("fence_key")):
+                self.fence_key = state["fence_key"]
             for sid, v in state.get("tombstones", []):
                 self.tombstones[_nonneg(sid)] = _nonneg(v)
             self.next_stream_id = _nonneg(state["next_stream_id"])
@@ -1067,3 +1101,23 @@ def _optional_str(value) -> str | None:
     if value is not None and not isinstance(value, str):
         raise ValueError(f"expected a string or null, not {value!r}")
     return value
+
+
+# Stream names compared for a "did you mean" hint: a typo is usually near; past this many
+# streams the hint is skipped rather than scanning a huge catalogue on the loop.
+SUGGEST_AMONG_MAX = 10_000
+
+
+def _is_fence_key(value) -> bool:
+    try:
+        return isinstance(value, str) and len(bytes.fromhex(value)) == FENCE_KEY_BYTES
+    except ValueError:
+        return False
+
+
+def _closest(name: str, names) -> str:
+    """"; did you mean 'x'?" for the most similar existing stream name, or ""."""
+    if len(names) > SUGGEST_AMONG_MAX:
+        return ""
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.75)
+    return f"; did you mean '{close[0]}'?" if close else ""

@@ -28,11 +28,13 @@ coordinator restart forgets: members get UnknownMember, rejoin, and resume from 
 from __future__ import annotations
 
 import os
-from fnmatch import fnmatchcase
 from dataclasses import dataclass, field
+from typing import Callable
 
+from kera.codec.name_pattern import PATTERN_CHARS_MAX, NamePattern
 from kera.coordinator.validate import NAME_CHARS_MAX
-from kera.errors import BadRequest, GroupNotEmpty, StaleMemberEpoch, UnknownMember
+from kera.errors import (BadRequest, GroupNotEmpty, NotAuthorized, StaleMemberEpoch,
+                         UnknownMember)
 
 JOIN_EPOCH = 0          # member_epoch of a join
 LEAVE_EPOCH = -1        # member_epoch of a leave
@@ -74,7 +76,10 @@ class GroupMember:
     owned: set = field(default_factory=set)     # parts it reported still holding
     target: set = field(default_factory=set)    # parts the assignment gives it
     left: bool = False                          # a static member away for a restart
-    pattern: str | None = None                  # also every stream whose name matches this glob
+    pattern: NamePattern | None = None          # also every stream whose whole name matches
+    # Whether the member's principal may read a stream: its subscription holds only those
+    # (a pattern must not reveal or hold back streams ACLs hide from it). None: plaintext.
+    may_read: Callable[[str], bool] | None = None
 
     def holds(self) -> set:
         return self.granted | self.owned
@@ -120,12 +125,16 @@ class Groups:
     # ------------------------------------------------------------------ membership
     def heartbeat(self, name: str, member_id: str, member_epoch: int, now: float, *,
                   streams=(), owned=(), instance_id: str | None = None, pattern: str | None = None,
-                  session_timeout_ms: int = SESSION_TIMEOUT_MS_DEFAULT) -> dict:
+                  session_timeout_ms: int = SESSION_TIMEOUT_MS_DEFAULT,
+                  may_read: Callable[[str], bool] | None = None) -> dict:
         group = self.groups.get(name)
+        if may_read is not None:
+            streams = [s for s in streams if may_read(s)]
         if member_epoch == JOIN_EPOCH and not member_id:
             group = self._group_for_writes(name)
             member = self._join(group, instance_id, tuple(streams), session_timeout_ms, now,
                                 pattern)
+            member.may_read = may_read
         else:
             member = self._member(group, name, member_id)
             if member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
@@ -159,7 +168,7 @@ class Groups:
             raise BadRequest(f"group '{group.name}' has {MEMBERS_PER_GROUP_MAX} members, the "
                              f"most one group may have: use another group or fewer consumers")
         member = GroupMember(self._id_source(), instance_id, streams, session_timeout_ms / 1000,
-                             now, pattern=pattern)
+                             now, pattern=None if pattern is None else NamePattern(pattern))
         if session_timeout_ms > self.session_max_ms:
             self.session_max_ms = session_timeout_ms   # persisted before the reply goes
             self.dirty = True
@@ -240,8 +249,10 @@ class Groups:
     def _subscription(member: GroupMember, names) -> tuple[str, ...]:
         if member.pattern is None:
             return member.streams
-        return tuple(sorted(set(member.streams) | {n for n in names
-                                                   if fnmatchcase(n, member.pattern)}))
+        matched = member.pattern.select(names)
+        if member.may_read is not None:
+            matched = [n for n in matched if member.may_read(n)]
+        return tuple(sorted(set(member.streams) | set(matched)))
 
     def _reconcile(self, group: Group, member: GroupMember, now: float) -> None:
         kept = member.granted & member.target
@@ -336,7 +347,7 @@ class Groups:
             raise BadRequest(f"no consumer group '{name}' (`kera group list` shows them)")
         members = [{"member_id": m.member_id, "instance_id": m.instance_id, "epoch": m.epoch,
                     "streams": list(m.streams),
-                    "pattern": m.pattern,
+                    "pattern": m.pattern.text if m.pattern else None,
                     "assignment": [list(p) for p in sorted(m.granted)],
                     "pending": [list(p) for p in sorted(m.target - m.granted)]}
                    for _, m in sorted(group.members.items())]
@@ -425,16 +436,14 @@ GROUP_NAME_CHARS_MAX = 255       # Kafka's group.id bound
 MEMBER_ID_CHARS_MAX = 64         # ours are 16 hex characters
 STREAMS_PER_MEMBER_MAX = 4096    # streams one consumer subscribes to
 PARTS_PER_REQUEST_MAX = 65536    # parts in one heartbeat's `owned` or one commit
-# A subscription pattern is a glob (fnmatch: * ? [..]), not a regular expression: a regex from
-# a client could backtrack for hours on the coordinator's one thread; a glob matches in time
-# linear in the name (Python's fnmatch avoids nested backtracking). Names are <= 255 characters.
-PATTERN_CHARS_MAX = 255
 GROUPS_PER_POSITION_MAX = 4096   # groups listed in one part's position (positions() lists
                                  # every group from the lowest unfinished one up)
 
 
-def ops(groups: Groups) -> dict:
-    """Request handlers of the group ops, for Coordinator.handle: (Fields, now) -> reply."""
+def ops(groups: Groups, caller_may_read: Callable[[], Callable[[str], bool] | None]) -> dict:
+    """Request handlers of the group ops, for Coordinator.handle: (Fields, now) -> reply.
+    `caller_may_read()`: for the request being handled, whether its principal may read a
+    stream (None in plaintext): subscriptions hold and commits name only such streams."""
     def name(f):
         return f.str("group", hi=GROUP_NAME_CHARS_MAX)
 
@@ -446,11 +455,14 @@ def ops(groups: Groups) -> dict:
             owned=[_part_field(p) for p in f.list("owned", [], PARTS_PER_REQUEST_MAX)],
             instance_id=f.str("instance_id", None, hi=GROUP_NAME_CHARS_MAX),
             pattern=f.str("pattern", None, hi=PATTERN_CHARS_MAX),
-            session_timeout_ms=f.int("session_timeout_ms", SESSION_TIMEOUT_MS_DEFAULT))
+            session_timeout_ms=f.int("session_timeout_ms", SESSION_TIMEOUT_MS_DEFAULT),
+            may_read=caller_may_read())
 
     def commit(f, now):
+        positions = _positions(f)
+        _check_readable(caller_may_read(), {s for s, _sl in positions}, name(f))
         groups.commit(name(f), f.str("member_id", "", hi=MEMBER_ID_CHARS_MAX),
-                      f.int("member_epoch", 0, lo=0, hi=2**62), _positions(f))
+                      f.int("member_epoch", 0, lo=0, hi=2**62), positions)
         return {}
 
     def offsets(f, now):
@@ -479,9 +491,19 @@ def _name(value, hi: int = NAME_CHARS_MAX) -> str:
     return value
 
 
+def _check_readable(may_read: Callable[[str], bool] | None, streams, group: str) -> None:
+    """A commit on a stream its principal cannot read would hold back that stream's
+    retain-until-consumed retention: refused."""
+    hidden = sorted(s for s in streams if may_read is not None and not may_read(s))
+    if hidden:
+        raise NotAuthorized(f"group '{group}': this principal may not read stream(s) {hidden} "
+                            f"and so may not commit positions on them")
+
+
 def _subscribed(member: GroupMember, stream: str) -> bool:
     return stream in member.streams or (
-        member.pattern is not None and fnmatchcase(stream, member.pattern))
+        member.pattern is not None and member.pattern.matches(stream)
+        and (member.may_read is None or member.may_read(stream)))
 
 
 def _part_field(value) -> Part:

@@ -85,9 +85,12 @@ def ops(offsets: KafkaOffsets) -> dict:
         return {}
 
     def delete(f: Fields, now: float) -> dict:
+        """`found`: whether the group held offsets (Kafka's OffsetDelete: GROUP_ID_NOT_FOUND)."""
         parts = f.list("partitions", None, max_len=PARTITIONS_PER_COMMIT_MAX)
-        offsets.delete(group(f), None if parts is None else [_part(p) for p in parts])
-        return {}
+        name = group(f)
+        found = name in offsets.groups
+        offsets.delete(name, None if parts is None else [_part(p) for p in parts])
+        return {"found": found}
 
     return {"kafka_offset_commit": commit,
             "kafka_offset_fetch": lambda f, now: {"offsets": offsets.fetch(group(f))},

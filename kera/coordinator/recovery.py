@@ -83,6 +83,22 @@ class Failover:
         over = epoch < current or self.failed.get(broker_id) == epoch
         return over and (broker_id, epoch) not in named
 
+    def sources_of(self, coord: "Coordinator", broker_id: int) -> list[tuple[int, int]]:
+        """The failed-over incarnations (broker, epoch) that `broker_id` recovers from: the
+        sources of the recovering streamlets placed on it."""
+        out: set = set()
+        if not self.recovering:
+            return []
+        by_id = {s.id: s for s in coord.streams.values()}
+        for stream_id, per in self.recovering.items():
+            stream = by_id.get(stream_id)
+            if stream is None:
+                continue
+            for sl, sources in per.items():
+                if sl < len(stream.placement) and stream.placement[sl] == broker_id:
+                    out.update((b, e) for b, e in sources)
+        return sorted(out)
+
     def descriptor_field(self, stream_id: int) -> list:
         """`recovering` of a stream descriptor: [[streamlet, [[broker, epoch], ...]], ...]."""
         per = self.recovering.get(stream_id)

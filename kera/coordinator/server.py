@@ -25,6 +25,7 @@ from kera import config
 from kera.net import security as daemon_security
 from kera.coordinator.core import Coordinator
 from kera.coordinator.metadata import DEFAULT_LEADER_LEASE_TTL_S, DEFAULT_PREFIX_NAME
+from kera.codec import wire
 from kera.errors import Fenced, KeraError, StorageError
 from kera.coordinator.group_lag import GroupLagExporter
 from kera.daemon.metrics import Counters, serve_metrics
@@ -35,6 +36,10 @@ from kera.net.server import DEFERRED, FAILURE_REPLY_LINGER_MS, Request
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 7000
+# The largest frame the coordinator takes: its requests are headers only (no chunk payloads),
+# so a peer sending more (a 64 MiB frame, or many) is cut off by zmq before it is buffered
+# whole, instead of raising the coordinator's memory by a broker's frame bound per frame.
+COORDINATOR_FRAME_BYTES_MAX = wire.MAX_HEADER_BYTES
 # How often a leader checks that its lease still holds (kera.coordinator.leadership): well
 # inside the margin the lease leaves (a fifth of 3 s).
 LEADERSHIP_CHECK_S = 0.1
@@ -78,7 +83,8 @@ class CoordinatorServer:
         self._outbox: list[tuple[Request, dict | KeraError]] = []
         self.exit_code = 0
         self._persist()
-        self.server = env.server("coordinator", host, port, security)
+        self.server = env.server("coordinator", host, port, security,
+                                 frame_bytes_max=COORDINATOR_FRAME_BYTES_MAX)
         if self.server.guard is not None:
             self.server.guard.acls = self.core.access.acls   # enforced where they are kept
         for op in Coordinator.OPS:
@@ -119,7 +125,10 @@ class CoordinatorServer:
         return DEFERRED
 
     def _visible_streams(self, req: Request, reply: dict) -> dict:
-        """A listing shows only the streams the caller may describe, as Kafka's does."""
+        """A listing shows only the streams the caller may describe, as Kafka's does; a
+        broker sees all (its Kafka listener filters per Kafka user: kera.broker.kafka.authorize)."""
+        if req.principal is not None and req.principal.role == "broker":
+            return reply
         acls = self.server.guard.acls
         reply["streams"] = [s for s in reply["streams"]
                             if acls.allowed(req.principal, "describe", "stream", s["name"])]
@@ -397,7 +406,8 @@ def _run_elected(args: argparse.Namespace, stop: _StopOnSignal) -> int:
         log.error("cannot start: %s", exc)
         return 2
     while not stop.requested:
-        standby = _bind_retrying(lambda: Server("coordinator", args.host, args.port, security))
+        standby = _bind_retrying(lambda: Server("coordinator", args.host, args.port, security,
+                                                frame_bytes_max=COORDINATOR_FRAME_BYTES_MAX))
         stop.server = standby
         serve_standby(standby, leadership, [*Coordinator.OPS, "stats"])
         stop.server = None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from kera import config
 
-from kera.codec import schema
+from kera.codec import cleanup, schema
 from kera.errors import BadRequest
 from kera.codec.wire import Fields
 
@@ -65,6 +65,12 @@ class StreamSpec:
     # Consumption-based retention (kera.broker.retention): a group is deleted by age only once
     # every consumer group of the stream has committed past it; the size bound still applies.
     retain_until_consumed: bool = False
+    # Kafka's cleanup.policy and compaction settings (kera.codec.cleanup, docs/COMPACTION.md).
+    cleanup_policy: str = cleanup.DEFAULT_POLICY
+    min_cleanable_dirty_ratio: float = cleanup.DEFAULT_MIN_CLEANABLE_DIRTY_RATIO
+    delete_retention_ms: int = cleanup.DEFAULT_DELETE_RETENTION_MS
+    min_compaction_lag_ms: int = cleanup.DEFAULT_MIN_COMPACTION_LAG_MS
+    max_compaction_lag_ms: int = cleanup.DEFAULT_MAX_COMPACTION_LAG_MS
 
     def __post_init__(self):
         stream_name(self.name)
@@ -82,6 +88,22 @@ class StreamSpec:
         if self.durability not in DURABILITIES:
             raise BadRequest(f"durability must be one of {', '.join(DURABILITIES)}, "
                              f"not {self.durability!r}")
+        self._check_cleanup()
+
+    def _check_cleanup(self) -> None:
+        # Frozen: the canonical spellings are set through object.__setattr__.
+        object.__setattr__(self, "cleanup_policy", cleanup.policy(self.cleanup_policy))
+        for name in cleanup.SETTINGS:
+            object.__setattr__(self, name, cleanup.setting(name, getattr(self, name)))
+        if cleanup.compacts(self.cleanup_policy) and self.active_groups != 1:
+            # "The last record of a key" needs one order: a slot is the ordered unit.
+            raise BadRequest(f"cleanup_policy {self.cleanup_policy} needs active_groups 1 (one "
+                             f"ordered unit per streamlet, as a Kafka partition), not "
+                             f"{self.active_groups}")
+        lag_min, lag_max = self.min_compaction_lag_ms, self.max_compaction_lag_ms
+        if lag_max and lag_max < lag_min:
+            raise BadRequest(f"max_compaction_lag_ms {lag_max} is below min_compaction_lag_ms "
+                             f"{lag_min}: raise it, or 0 for no maximum")
 
     @classmethod
     def from_fields(cls, f: Fields) -> "StreamSpec":
@@ -98,18 +120,35 @@ class StreamSpec:
             retention_ms=f.int("retention_ms", 0),
             retention_bytes=f.int("retention_bytes", 0),
             retain_until_consumed=f.bool("retain_until_consumed", False),
+            **cleanup_fields(f, defaults=True),
         )
 
 
+def cleanup_fields(f: Fields, defaults: bool) -> dict:
+    """The cleanup policy and compaction settings present in `f` (with `defaults`, every one:
+    the absent ones at their defaults); values are checked by StreamSpec."""
+    out = {}
+    policy = f.str("cleanup_policy", None, hi=cleanup.POLICY_CHARS_MAX)
+    if policy is not None or defaults:
+        out["cleanup_policy"] = cleanup.DEFAULT_POLICY if policy is None else policy
+    for name, (_, default) in cleanup.SETTINGS.items():
+        value = f.get(name, (int, float), None)
+        if value is not None or defaults:
+            out[name] = default if value is None else value
+    return out
+
+
 # What `alter_stream` may change after creation (`streamlets` only upwards).
-ALTERABLE = ("retention_ms", "retention_bytes", "retain_until_consumed", "streamlets")
+_ALTERABLE_INTS = ("retention_ms", "retention_bytes", "streamlets")
+ALTERABLE = (*_ALTERABLE_INTS, "retain_until_consumed", "cleanup_policy", *cleanup.SETTINGS)
 
 
 def alterations(f: Fields) -> dict:
     """The `alter_stream` fields present (types checked; ranges by StreamSpec)."""
-    out = {name: f.int(name, None) for name in ALTERABLE if name != "retain_until_consumed"}
+    out = {name: f.int(name, None) for name in _ALTERABLE_INTS}
     out["retain_until_consumed"] = f.bool("retain_until_consumed", None)
     out = {k: v for k, v in out.items() if v is not None}
+    out.update(cleanup_fields(f, defaults=False))
     if not out:
         raise BadRequest(f"alter_stream needs at least one of {', '.join(ALTERABLE)}")
     return out

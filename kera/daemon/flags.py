@@ -10,6 +10,7 @@ command (`536870912`, `64MiB`, `1GiB`: kera.broker.memory.parse_size): give such
 from __future__ import annotations
 
 import argparse
+import re
 import logging
 import sys
 
@@ -28,6 +29,21 @@ def size_bytes(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d|w)?\s*$")
+_DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
+                "w": 604_800_000}
+
+
+def duration_ms(text: str) -> int:
+    """An argparse `type`: milliseconds from a duration as operators write it (`604800000`,
+    `7d`, `12h`, `30m`, `45s`, `500ms`; a bare number is milliseconds, as Kafka's *.ms)."""
+    m = _DURATION.match(str(text))
+    if m is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (examples: 500ms, 45s, "
+                                         f"30m, 12h, 7d, or milliseconds: 604800000)")
+    return int(float(m.group(1)) * _DURATION_MS[m.group(2)])
 
 
 def port_number(text: str) -> int:
@@ -49,6 +65,10 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int =
         parser.add_argument("--coordinator", required=True, metavar="HOST:PORT[,...]",
                             help="the coordinator's address; with several coordinators on "
                                  "etcd, all of them (the daemon follows the leader)")
+        parser.add_argument("--cluster-id", default=None, metavar="ID",
+                            help="join only the cluster with this id (`kera cluster` "
+                                 "shows it): a coordinator of another cluster at the "
+                                 "--coordinator address refuses this daemon, which exits 1")
     parser.add_argument("--host", default=DEFAULT_HOST,
                         help="interface to bind (default: %(default)s)")
     parser.add_argument("--port", type=port_number, default=default_port,

@@ -32,6 +32,9 @@ class Identity:
     daemon_id: int | None = None
     token: str | None = None
     stream_id_mark: int = 0
+    # The cluster this daemon was started for (--cluster-id): sent at every register, so a
+    # coordinator of another cluster refuses it. Not persisted: the flag is given each start.
+    expected_cluster_id: str | None = None
 
     @classmethod
     def load(cls, directory: str | os.PathLike | None) -> "Identity":
@@ -62,6 +65,8 @@ class Identity:
         fields: dict = {}
         if self.cluster_id is not None:
             fields["cluster_id"] = self.cluster_id
+        if self.expected_cluster_id is not None:
+            fields["expect_cluster_id"] = self.expected_cluster_id
         if self.token is not None and daemon_id is not None and daemon_id == self.daemon_id:
             fields["token"] = self.token
         if self.stream_id_mark:
@@ -74,6 +79,16 @@ class Identity:
         self.token = _text(token)
         self.cluster_id = _text(cluster_id) or self.cluster_id
         self.save()
+
+    def expect_cluster(self, cluster_id: str | None) -> None:
+        """Bind this daemon to `cluster_id` (None: any); ValueError when its data is of
+        another cluster."""
+        if cluster_id is None:
+            return
+        if self.cluster_id is not None and self.cluster_id != cluster_id:
+            raise ValueError(f"--cluster-id {cluster_id}, but this daemon's data directory "
+                             f"holds data of cluster {self.cluster_id}")
+        self.expected_cluster_id = cluster_id
 
     def saw_stream(self, stream_id: int) -> None:
         if stream_id > self.stream_id_mark:

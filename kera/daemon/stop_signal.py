@@ -9,12 +9,20 @@ starts a thread that calls `stop`; that thread takes the lock once the main thre
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 
+log = logging.getLogger(__name__)
+
 
 def stop_on_sigterm(stop) -> None:
-    """Call `stop()` on SIGTERM, from a thread of its own (see the module doc)."""
+    """Call `stop()` on SIGTERM, from a thread of its own (see the module doc), saying so in
+    the log (from that thread too: logging takes a lock)."""
+    def stopping() -> None:
+        log.info("SIGTERM received: stopping (work in progress finishes or resumes on restart)")
+        stop()
+
     def handler(*_) -> None:
-        threading.Thread(target=stop, name="sigterm-stop", daemon=True).start()
+        threading.Thread(target=stopping, name="sigterm-stop", daemon=True).start()
     signal.signal(signal.SIGTERM, handler)

@@ -55,13 +55,15 @@ RULES: dict[str, Rule] = {
     "recovery_status": _acl("describe", "cluster", None),
     "deregister": _acl("alter", "cluster", None),      # an operator forgetting a dead daemon
     "rebalance": _acl("alter", "cluster", None),       # an operator moving streamlets
-    # coordinator: streams
-    "create_stream": _acl("create", "stream", "name"),
+    # coordinator: streams; brokers too, for their Kafka listeners' CreateTopics, DeleteTopics
+    # and CreatePartitions, which check the Kafka user's own grants first
+    # (kera.broker.kafka.authorize)
+    "create_stream": Rule(frozenset({"broker"}), "create", "stream", "name"),
     # ...and for the coordinator's own lag exporter (kera.coordinator.group_lag), which reads
     # descriptors and offsets of every stream a group committed on
     "describe_stream": Rule(frozenset({"coordinator"}), "describe", "stream", "name"),
-    "alter_stream": _acl("alter", "stream", "name"),
-    "delete_stream": _acl("delete", "stream", "name"),
+    "alter_stream": Rule(frozenset({"broker"}), "alter", "stream", "name"),
+    "delete_stream": Rule(frozenset({"broker"}), "delete", "stream", "name"),
     "list_streams": Rule(open=True),      # the reply is filtered by describe (coordinator)
     # coordinator: consumer groups (the streams' read grants are checked where data is read)
     "group_heartbeat": _acl("read", "group", "group"),
@@ -89,6 +91,10 @@ RULES: dict[str, Rule] = {
     "offsets": Rule(frozenset({"coordinator"}), "describe", "stream"),
     "offsets_for_time": _acl("describe", "stream"),   # Kafka's ListOffsets needs Describe too
     "offsets_for_number": _acl("describe", "stream"),
+    "numbers": _acl("describe", "stream"),
+    # broker: Kafka groups it coordinates, for `kera group` (kera.broker.kafka.group_admin)
+    "kafka_group_members": _acl("describe", "group", "group"),
+    "kafka_group_reset": _acl("alter", "group", "group"),
     # every daemon
     "stats": Rule(frozenset(MEMBERS), "describe", "cluster", None),
     # backup: replicas, for brokers only (and bound to their broker id: kera.backup)

@@ -76,6 +76,15 @@ class Quotas:
             raise Throttled(f"principal {name!r} is over its {kind} quota of {rate} bytes/s: "
                             f"retry in {wait_ms} ms")
 
+    def delay_ms(self, name: str, kind: str, now: float) -> int:
+        """How long `name` should wait before its next request of `kind`: 0 unless it owes
+        bytes (Kafka clients are told this as throttle_time_ms rather than refused)."""
+        rate = self.rate(name, kind)
+        if rate is None:
+            return 0
+        tokens = self._refill(name, kind, rate, now)
+        return 0 if tokens >= 0 else max(1, round(-tokens / rate * 1000))
+
     def charge(self, name: str, kind: str, nbytes: int, now: float) -> None:
         rate = self.rate(name, kind)
         if rate is not None:

@@ -16,11 +16,16 @@ import zmq
 from kera.net import keys as keyfiles
 from kera.codec import wire
 from kera.errors import ClientClosed, PeerUnreachable, Timeout
+from kera.net.probe import probe
 
 DEFAULT_TIMEOUT_S = 10.0
 # Whole messages queued per connection each way: a client keeps a window of a few requests in
 # flight (producers 4 per broker, consumers one fetch per broker), so this is far above need.
 CLIENT_HWM_MESSAGES = 10_000
+# A first contact whose connection is not up after this long is probed over plain TCP
+# (kera.net.probe), so a refused port or an unknown host is named in well under a second
+# rather than after the whole request timeout. zmq connects to a live daemon in milliseconds.
+FIRST_CONTACT_PROBE_AFTER_S = 0.3
 
 
 def context() -> zmq.Context:
@@ -32,8 +37,12 @@ class Connection:
     principal, trusting only the cluster key the file names (kera.net.keys)."""
 
     def __init__(self, address: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 ctx: zmq.Context | None = None, key_file: str | None = None):
+                 ctx: zmq.Context | None = None, key_file: str | None = None,
+                 probe_after_s: float | None = None):
         self.address = address
+        # Set for a first contact (a client's bootstrap): a connection not up after this long
+        # is probed once, and a refused or unresolvable address raised at once.
+        self.probe_after_s = probe_after_s
         self.timeout_s = timeout_s
         keys = keyfiles.client_keys(key_file)
         self.secure = keys is not None
@@ -63,11 +72,23 @@ class Connection:
             raise ClientClosed(f"connection to {self.address} is closed")
         req_id = next(self._ids)
         wait_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
-        if not self.sock.poll(wait_ms, zmq.POLLOUT):
+        if not self._writable(wait_ms):
             raise Timeout(f"{self.address} is not accepting requests ({op}) after {wait_ms} ms"
                           f"{self._hint()}")
         self._send_now(op, [wire.request(op, req_id, fields), *frames])
         return req_id
+
+    def _writable(self, wait_ms: int) -> bool:
+        """Whether a request can go within wait_ms; PeerUnreachable once a first contact's
+        probe finds nothing listening (a request is only queued once connected: IMMEDIATE)."""
+        if self.probe_after_s is None:
+            return bool(self.sock.poll(wait_ms, zmq.POLLOUT))
+        first_ms = min(wait_ms, int(1000 * self.probe_after_s))
+        if self.sock.poll(first_ms, zmq.POLLOUT):
+            return True
+        self.probe_after_s = None   # once: a live daemon that is slow is simply waited for
+        probe(self.address)
+        return bool(self.sock.poll(wait_ms - first_ms, zmq.POLLOUT))
 
     def _send_now(self, op: str, msg: list) -> None:
         """Send without waiting. The daemon can go away between POLLOUT and the send (killed,

@@ -15,6 +15,7 @@ import argparse
 import ipaddress
 import logging
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ import zmq.auth
 from zmq.utils import z85
 
 from kera.net import keys as keyfiles
+from kera.daemon.repeat_log import RepeatedWarnings
 from kera.net.keys import KeyPair, Principal
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,21 @@ class Keyring:
         self.principals = keyfiles.load_principals(self.keys_dir)
         self._stamp = stamp
         log.info("keys directory %s: %d principals", self.keys_dir, len(self.principals))
+        for folder in self._writable_by_others():
+            log.warning("SECURITY: %s is writable by other users: whoever can write there can "
+                        "add a key and be trusted with its role; chmod go-w it", folder)
+
+    def _writable_by_others(self) -> list[Path]:
+        """The keys directory and public-key folders that group or others may write."""
+        root = self.keys_dir / keyfiles.PUBLIC_DIR
+        out = []
+        for folder in (self.keys_dir, root, *(root / role for role in keyfiles.ROLES)):
+            try:
+                if folder.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                    out.append(folder)
+            except OSError:
+                continue   # a role folder that does not exist holds no key
+        return out
 
     def _dir_stamp(self) -> tuple:
         root = self.keys_dir / keyfiles.PUBLIC_DIR
@@ -95,13 +112,19 @@ class ZapHandler(zmq.auth.Authenticator):
         self.keyring = keyring
         self.configure_curve_callback(ZAP_DOMAIN, credentials_provider=self)
         self.refused = 0
+        # One line a minute however fast unknown keys knock (each new key would otherwise
+        # write a line: gigabytes a day from one client looping on a wrong key).
+        self._refusals = RepeatedWarnings()
 
     def callback(self, domain: str, z85_key: bytes) -> bool:
         known = self.keyring.lookup(z85_key) is not None
         if not known:
             self.refused += 1
-            log.warning("refused a connection: public key %s is not in %s", z85_key.decode(),
-                        self.keyring.keys_dir)
+            dropped = self._refusals.admit("unknown key", time.monotonic())
+            if dropped is not None:
+                more = f" ({dropped} more refusals since the last line)" if dropped else ""
+                log.warning("refused a connection: public key %s is not in %s%s",
+                            z85_key.decode(), self.keyring.keys_dir, more)
         return known
 
     def curve_user_id(self, client_public_key: bytes) -> str:

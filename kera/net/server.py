@@ -253,7 +253,10 @@ def _dealer(ctx: zmq.Context, address: str, security: Security | None) -> zmq.So
 
 class Server:
     def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0,
-                 security: Security | None = None):
+                 security: Security | None = None,
+                 frame_bytes_max: int = wire.MAX_FRAME_BYTES):
+        """`frame_bytes_max`: the largest frame a peer may send before zmq drops it; a daemon
+        that takes no chunks (the coordinator) sets it far below a broker's."""
         self.name = name
         self.security = security
         # A secure daemon has a context of its own: ZeroMQ allows one ZAP handler per context.
@@ -267,7 +270,7 @@ class Server:
         else:
             warn_if_open(name, host)
         self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        self.router.setsockopt(zmq.MAXMSGSIZE, frame_bytes_max)
         self.router.setsockopt(zmq.RCVHWM, ROUTER_HWM_MESSAGES)
         self.router.setsockopt(zmq.SNDHWM, ROUTER_HWM_MESSAGES)
         self.router.copy_threshold = ZERO_COPY_MIN_BYTES

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from kera.spark.columns import record_sizes
+from kera.codec.partitioner import DEFAULT_PARTITIONER
 from kera.spark.hashing import streamlets_of_keys
 
 KEYLESS = -1
@@ -40,12 +41,14 @@ class _Lane:
 
 
 class ChunkPlanner:
-    def __init__(self, streamlets: int, chunk_size_bytes: int, keyless_seed: int = 0):
+    def __init__(self, streamlets: int, chunk_size_bytes: int, keyless_seed: int = 0,
+                 partitioner: str = DEFAULT_PARTITIONER):
         if streamlets < 1 or chunk_size_bytes < 1:
             raise ValueError("streamlets and chunk_size_bytes must be positive")
         self.streamlets = streamlets
         self.chunk_size_bytes = chunk_size_bytes
         self.keyless_seed = keyless_seed
+        self.partitioner = partitioner
         self.keyless_chunks = 0
         self.rows_seen = 0
         self.lanes: dict[int, _Lane] = {}
@@ -60,7 +63,7 @@ class ChunkPlanner:
         if keys is not None and keys.null_count == n:
             keys = None
         lanes = (np.full(n, KEYLESS, dtype=np.int64) if keys is None
-                 else streamlets_of_keys(keys, self.streamlets))
+                 else streamlets_of_keys(keys, self.streamlets, self.partitioner))
         done: list = []  # (row that completed the chunk, lane, chunk)
         first = self.rows_seen
         self.rows_seen += n

@@ -29,7 +29,7 @@ ARROW_SCHEMA = pa.schema([
 def chunk_rows(c: kchunk.Chunk, lo: int, hi: int, stream: str, streamlet: int, group: int,
                base_offset: int) -> pa.RecordBatch:
     """Records [lo, hi) of chunk `c` (indexes inside the chunk) as source rows; record i has
-    offset base_offset + i."""
+    offset base_offset + i, or base_offset + its offset delta in a compacted chunk."""
     kvt = c.to_arrow()
     headers = c.headers_arrow()
     if lo or hi != len(c):
@@ -41,16 +41,25 @@ def chunk_rows(c: kchunk.Chunk, lo: int, hi: int, stream: str, streamlet: int, g
         keys, values, pa.repeat(stream, n),
         pa.array(np.full(n, streamlet, dtype=np.int32)),
         pa.array(np.full(n, group, dtype=np.int32)),
-        pa.array(np.arange(base_offset + lo, base_offset + hi, dtype=np.int64)),
+        pa.array(_steps(c, base_offset, lo, hi)),
         ts.view(TIMESTAMP_TYPE), headers, _numbers(c, lo, hi)], schema=ARROW_SCHEMA)
 
 
 def _numbers(c: kchunk.Chunk, lo: int, hi: int) -> pa.Array:
-    """Record numbers [lo, hi) of chunk `c`; nulls for a chunk written before numbers."""
+    """Record numbers of records [lo, hi) of chunk `c`; nulls for a chunk written before
+    numbers."""
     first = c.first_number
     if first is None:
         return pa.nulls(hi - lo, pa.int64())
-    return pa.array(np.arange(first + lo, first + hi, dtype=np.int64))
+    return pa.array(_steps(c, first, lo, hi))
+
+
+def _steps(c: kchunk.Chunk, first: int, lo: int, hi: int) -> np.ndarray:
+    """`first` + the offset of each of records [lo, hi) in chunk `c` (int64): i, or its
+    offset delta in a compacted chunk."""
+    if not c.header.flags & kchunk.FLAG_SPARSE:
+        return np.arange(first + lo, first + hi, dtype=np.int64)
+    return first + c.record_offsets()[lo:hi]
 
 
 def concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:

@@ -23,7 +23,7 @@ from pyspark.sql.datasource import InputPartition
 from kera.codec import schema
 
 from kera.codec import wire
-from kera.codec.chunk import Chunk, frame_chunks
+from kera.codec.chunk import Chunk, frame_chunks, offsets_covered
 from kera.errors import KeraError, OffsetOutOfRange, Timeout
 from kera.spark.columns import chunk_rows, concat
 from kera.client.metadata import Metadata
@@ -98,7 +98,7 @@ class GroupReader:
             h = c.header
             if h.stream_id != p.stream_id or h.streamlet != p.streamlet or h.group != p.group:
                 continue  # another group the broker served alongside ours
-            base, n = h.base_offset, h.record_count
+            base, n = h.base_offset, offsets_covered(h)   # a compacted chunk covers gaps too
             if base + n <= self.position:
                 continue
             if base > self.position:
@@ -111,8 +111,9 @@ class GroupReader:
                 if self.done:
                     break
             hi = min(p.end, base + n)
-            batches.append(chunk_rows(c, self.position - base, hi - base, p.stream, p.streamlet,
-                                      p.group, base))
+            lo_i, hi_i = c.records_below(self.position - base), c.records_below(hi - base)
+            if hi_i > lo_i:   # a compacted chunk may hold no record in the range
+                batches.append(chunk_rows(c, lo_i, hi_i, p.stream, p.streamlet, p.group, base))
             self.position = hi
             if self.done:
                 break

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from kera.codec.chunk import crc32c
+from kera.codec.partitioner import DEFAULT_PARTITIONER, key_hash, streamlets_for_keys
 
 VECTOR_KEY_BYTES_MAX = 256
 _POLY = 0x82F63B78  # CRC-32C (Castagnoli), reflected
@@ -55,11 +56,15 @@ def crc32c_column(keys: pa.Array) -> np.ndarray:
     return out
 
 
-def streamlets_of_keys(keys: pa.Array, streamlets: int) -> np.ndarray:
-    """int64 streamlet of every key (null keys get -1: the caller places keyless records)."""
+def streamlets_of_keys(keys: pa.Array, streamlets: int,
+                       partitioner: str = DEFAULT_PARTITIONER) -> np.ndarray:
+    """int64 streamlet of every key (null keys get -1: the caller places keyless records).
+    crc32c is vectorised; other partitioners hash key by key (kera.codec.partitioner)."""
     if keys.null_count:
         valid = np.asarray(keys.is_valid().to_numpy(zero_copy_only=False))
         out = np.full(len(keys), -1, dtype=np.int64)
-        out[valid] = streamlets_of_keys(keys.filter(pa.array(valid)), streamlets)
+        out[valid] = streamlets_of_keys(keys.filter(pa.array(valid)), streamlets, partitioner)
         return out
+    if partitioner != DEFAULT_PARTITIONER:
+        return streamlets_for_keys(keys.to_pylist(), streamlets, key_hash(partitioner))
     return (crc32c_column(keys) % np.uint32(streamlets)).astype(np.int64)

@@ -8,9 +8,10 @@ from typing import Mapping
 
 import json
 import logging
-import re
 
 from kera import config
+from kera.codec.name_pattern import NamePattern
+from kera.codec.partitioner import DEFAULT_PARTITIONER, key_hash
 from kera.errors import BadRequest
 from kera.codec.timestamps import ms_to_us
 from kera.coordinator.groups import GROUP_NAME_CHARS_MAX
@@ -26,7 +27,7 @@ OPTION_NAMES = (
     "failOnDataLoss", "minPartitions", "fetchMaxBytes", "timeoutMs", "chunkSizeBytes",
     "requestSizeBytes", "inFlightPerBroker", "bufferBytes", "writeId", "subscribePattern",
     "keyFile", "group", "startingTimestamp", "startingOffsetsByTimestamp", "endingTimestamp",
-    "endingOffsetsByTimestamp")
+    "endingOffsetsByTimestamp", "partitioner")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Options:
     pattern: str | None = None            # source: read every stream whose whole name matches
     key_file: str | None = None           # CURVE key (kera.net.keys) on driver and executors
     group: str | None = None              # streaming source: commit progress to this group
+    partitioner: str = DEFAULT_PARTITIONER   # sink: key placement (kera.codec.partitioner)
     # Source: start at the first record at or after a time (µs; given in ms like Kafka's), for
     # every streamlet, or per stream and streamlet ({stream: {sl: µs}}); over startingOffsets.
     starting_timestamp_us: int | None = None
@@ -88,6 +90,7 @@ class Options:
             pattern=_pattern(opts, streams),
             key_file=opts.get("keyfile"),
             group=_group(opts),
+            partitioner=_partitioner(opts),
             **_times(opts, "starting"),
             **_times(opts, "ending"),
         ))
@@ -106,6 +109,15 @@ def _check_sink_sizes(opts: Options) -> Options:
     return opts
 
 
+def _partitioner(opts: Mapping[str, str]) -> str:
+    name = opts.get("partitioner", DEFAULT_PARTITIONER)
+    try:
+        key_hash(name)
+    except BadRequest as bad:
+        raise ValueError(f"option 'partitioner': {bad}") from None
+    return name
+
+
 def _pattern(opts: Mapping[str, str], streams: tuple[str, ...]) -> str | None:
     raw = opts.get("subscribepattern")
     if raw is None:
@@ -113,9 +125,9 @@ def _pattern(opts: Mapping[str, str], streams: tuple[str, ...]) -> str | None:
     if streams:
         raise ValueError("give option 'stream' or 'subscribePattern', not both")
     try:
-        re.compile(raw)
-    except re.error as bad:
-        raise ValueError(f"option 'subscribePattern' is not a regular expression: {bad}") from None
+        NamePattern(raw)
+    except BadRequest as bad:
+        raise ValueError(f"option 'subscribePattern': {bad}") from None
     return raw
 
 

@@ -1,7 +1,8 @@
 """The kera sink: `df.write.format("kera")` and `df.writeStream.format("kera")`.
 
 Input columns: `value` (binary or string, required), `key` (binary or string, optional: rows
-with the same key go to the same streamlet, crc32c(key) mod streamlets), `stream` (string,
+with the same key go to the same streamlet: crc32c(key) mod streamlets, or Kafka's murmur2
+with option `partitioner` = murmur2), `stream` (string,
 optional; the `stream` option overrides it), `timestamp` (optional; otherwise every row gets
 the time the write was planned) and `headers` (optional, array<struct<key string, value binary
 or string>>, kept in order; Kafka's sink column). Other columns are ignored, so rows read from
@@ -260,7 +261,8 @@ class _TaskWriter:
         if planner is None:
             info = self.producer.stream_info(stream)
             planner = self.planners[stream] = ChunkPlanner(info.streamlets, self.opts.chunk_size_bytes,
-                                                           keyless_seed=self.partition_id)
+                                                           keyless_seed=self.partition_id,
+                                                           partitioner=self.opts.partitioner)
         self._send(stream, planner.add(values, keys, ts, headers))
 
     def _send(self, stream: str, planned) -> None:

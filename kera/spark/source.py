@@ -16,10 +16,10 @@ split further by `minPartitions`.
 from __future__ import annotations
 
 import logging
-import re
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 
+from kera.codec.name_pattern import NamePattern
 from kera.errors import UnknownStream
 from kera.spark import offsets as ko
 from kera.spark.columns import SCHEMA_DDL
@@ -123,7 +123,7 @@ def resolve_streams(opts: Options) -> tuple[str, ...]:
         names = sorted(s["name"] for s in admin.list_streams())
     finally:
         admin.close()
-    matched = tuple(n for n in names if re.fullmatch(opts.pattern, n))
+    matched = tuple(NamePattern(opts.pattern).select(names))
     if not matched:
         raise UnknownStream(f"no stream on {opts.bootstrap} matches subscribePattern "
                             f"{opts.pattern!r} (streams: {', '.join(names) or 'none'})")

@@ -91,7 +91,8 @@ COORDINATOR_OPS = {
 }
 BROKER_OPS = {"produce": ["acks"], "fetch": ["reads"], "offsets": ["sid", "sl", "at"], "stats": [],
               "offsets_for_time": ["sid", "sl", "timestamp_us"],
-              "offsets_for_number": ["sid", "sl", "number"]}
+              "offsets_for_number": ["sid", "sl", "number"],
+              "numbers": ["sid", "sl", "timestamp_us"]}
 BACKUP_OPS = {
     "replicate": ["broker_id", "vlog", "vseg", "offset", "durability", "close", "reset"],
     "list_replicas": ["broker_id", "fence"],
@@ -177,7 +178,7 @@ class HostileMessages:
             "group": f"fuzz-group-{rng.randrange(100)}", "member_id": "",
             "member_epoch": rng.choice([0, 0, 1, -1, -2]),
             "streams": [rng.choice(list(live.protected_streams) + ["fuzz-unknown"])],
-            "pattern": rng.choice(["fuzz-*", "*", "[a-", "**" * 50]),
+            "pattern": rng.choice(["fuzz-.*", ".*", "[a-", "(a+)+$", "(a)\\1", "**" * 50]),
             "owned": [[rng.choice(list(live.protected_streams)), rng.randrange(4)]],
             "instance_id": f"fuzz-{rng.randrange(10)}", "session_timeout_ms": 1000,
             "positions": [[rng.choice(list(live.protected_streams)), rng.randrange(2),

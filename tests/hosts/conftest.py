@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-# The fault tests' helpers (faultkit) are shared with tests/faults.
-FAULTS_DIR = str(Path(__file__).resolve().parents[1] / "faults")
-if FAULTS_DIR not in sys.path:
-    sys.path.insert(0, FAULTS_DIR)
+# The fault tests' helpers (faultkit) are shared with tests/faults, the Kafka clients' helpers
+# (kafkit) with tests/kafka_listener.
+for _shared in ("faults", "kafka_listener"):
+    _dir = str(Path(__file__).resolve().parents[1] / _shared)
+    if _dir not in sys.path:
+        sys.path.insert(0, _dir)
 
 
 @pytest.fixture

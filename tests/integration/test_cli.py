@@ -121,6 +121,19 @@ def test_stream_commands(coordinator, fake_daemons):
         4, 2, 2, "disk", 8, 65536)
     assert stream["ready"] is True and len(stream["placement"]) == 4
 
+    again = kera("stream", "create", "clicks", bootstrap=boot)
+    assert again.returncode == 1 and "exists" in again.stderr
+    again = kera("stream", "create", "clicks", "--streamlets", "9", "--if-not-exists",
+                 bootstrap=boot)
+    assert again.returncode == 0 and "exists already" in again.stderr, again.stderr
+    typo = kera("stream", "describe", "clikcs", bootstrap=boot)
+    assert typo.returncode == 1 and "did you mean 'clicks'" in typo.stderr, typo.stderr
+    aged = kera("stream", "create", "aged", "--retention-ms", "7d", "--json", bootstrap=boot)
+    assert aged.returncode == 0 and json.loads(aged.stdout)["retention_ms"] == 7 * 86_400_000
+    assert kera("stream", "delete", "aged", bootstrap=boot).returncode == 0
+    bad = kera("stream", "create", "x", "--retention-ms", "7 days", bootstrap=boot)
+    assert bad.returncode == 2 and "not a duration" in bad.stderr
+
     table = kera("stream", "describe", "clicks", bootstrap=boot)
     assert table.returncode == 0 and "STREAMLET  OWNER" in table.stdout
     assert table.stdout.count("serving") == 4 and stream["states"] == ["serving"] * 4
@@ -258,6 +271,16 @@ def test_produce_then_consume(tmp_path):
         assert keyed.returncode == 0, keyed.stderr
         assert keyed.stdout.splitlines()[-2:] == ["k1=v1", "=no key here"]
         assert len(keyed.stdout.splitlines()) == 2002
+
+        # A group: a first read commits what it printed, the next resumes right after it.
+        first = kera("consume", "lines", "--group", "cli-g", "--from", "earliest",
+                     "--max-records", "1500", "--timeout-s", "20", bootstrap=boot)
+        assert first.returncode == 0, first.stderr
+        assert "committed 1500 records' positions in group 'cli-g'" in first.stderr
+        rest = kera("consume", "lines", "--group", "cli-g", "--timeout-s", "2", bootstrap=boot)
+        assert rest.returncode == 0, rest.stderr
+        assert sorted(first.stdout.splitlines() + rest.stdout.splitlines()) == \
+            sorted(lines + ["v1", "no key here"])
 
         missing = kera("consume", "nope", "--timeout-s", "1", bootstrap=boot)
         assert missing.returncode == 1 and "(unknown_stream)" in missing.stderr

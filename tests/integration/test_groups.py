@@ -193,7 +193,12 @@ def test_the_group_command_shows_lag_resets_and_deletes(cluster):
     code, out = kera_cli(cluster, "group", "list")
     assert code == 0 and group in out and "empty" in out
     code, out = kera_cli(cluster, "group", "reset-positions", group, "--stream", stream,
-                         "--to", "earliest")
+                         "--to", "earliest")   # a dry run: the plan, nothing changed
+    assert code == 0 and "NEW-OFFSET" in out, out
+    code, out = kera_cli(cluster, "group", "describe", group, "--json")
+    assert code == 0 and sum(n for _s, _sl, n in json.loads(out)["lag"]) == 40, out
+    code, out = kera_cli(cluster, "group", "reset-positions", group, "--all-streams",
+                         "--to", "earliest", "--execute")
     assert code == 0, out
     code, out = kera_cli(cluster, "group", "describe", group, "--json")
     assert sum(n for _s, _sl, n in json.loads(out)["lag"]) == 140
@@ -228,7 +233,7 @@ def test_a_pattern_member_reads_streams_created_after_it_joined(cluster):
     first = new_stream(cluster, records=30)
     group = f"g-pattern-{first}"
     values: list[int] = []
-    with Consumer(cluster.bootstrap, [], group=group, pattern=f"{first}*") as c:
+    with Consumer(cluster.bootstrap, [], group=group, pattern=f"{first}.*") as c:
         read([c], values, 30)
         with cluster.admin() as admin:
             admin.create_stream(f"{first}-later", streamlets=2)

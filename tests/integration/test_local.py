@@ -1,6 +1,7 @@
 """LocalCluster and `kera local`: real daemons as subprocesses, started, faulted, stopped."""
 
 import importlib
+import os
 import signal
 import subprocess
 import sys
@@ -137,3 +138,93 @@ def test_a_port_in_use_is_refused_before_anything_starts(tmp_path, taken):
         with pytest.raises(ClusterError, match=f"port {port} .* is in use"):
             LocalCluster(tmp_path, brokers=1, **kwargs)
     assert not (tmp_path / "logs").exists()   # no daemon was started
+
+
+def test_daemons_start_from_the_installed_package_whatever_folder_is_named_kera(
+        tmp_path, monkeypatch):
+    # What `git clone .../kera` leaves in the directory users run commands from: a folder
+    # named kera that Python would import as a namespace package ahead of the installed one.
+    (tmp_path / "kera" / "kera").mkdir(parents=True)
+    (tmp_path / "kera" / "README.md").write_text("a clone\n")
+    monkeypatch.chdir(tmp_path)
+    cluster = LocalCluster(tmp_path / "data", brokers=1, backups=1)
+    try:
+        with Admin(cluster.bootstrap) as admin:
+            summary = admin.cluster()
+        assert [b["alive"] for b in summary["backups"]] == [True]
+        assert len(summary["brokers"]) == 1
+    finally:
+        cluster.stop()
+
+
+def test_stream_list_says_not_ready_while_a_dead_r1_owner_is_offline(tmp_path, capsys):
+    from kera.cli.main import main as kera_main
+
+    def ready_column() -> str:
+        capsys.readouterr()
+        assert kera_main(["stream", "list", "--bootstrap", cluster.bootstrap]) == 0
+        row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("r1 ")]
+        return row[0].split()[6] if row else ""
+
+    with LocalCluster(tmp_path, brokers=2, backups=0, log_level="WARNING",
+                      heartbeat_interval_ms=100) as cluster, Admin(cluster.bootstrap) as admin:
+        admin.create_stream("r1", streamlets=2, replication=1)
+        assert ready_column() == "yes"
+        cluster.kill_broker(1)
+        wait_for(lambda: ready_column() == "no", 30, "READY to say no with broker 1 dead")
+        capsys.readouterr()
+        kera_main(["stream", "list", "--bootstrap", cluster.bootstrap])
+        assert "no (1 offline)" in capsys.readouterr().out
+
+
+def test_a_daemon_started_for_one_cluster_is_refused_by_anothers_coordinator(tmp_path):
+    with LocalCluster(tmp_path / "a", brokers=1, log_level="WARNING") as cluster:
+        assert "--cluster-id" in cluster.brokers[0].args   # LocalCluster binds its daemons
+        proc = subprocess.run([sys.executable, "-m", "kera", "broker", "--coordinator",
+                               cluster.bootstrap, "--port", "0", "--cluster-id", "not-this-one"],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1, proc.stderr
+        assert "was started for cluster not-this-one" in proc.stderr
+        with Admin(cluster.bootstrap) as admin:
+            assert len(admin.cluster()["brokers"]) == 1   # nothing of it was registered
+
+
+def _pid_of(marker: str) -> int | None:
+    """The pid of the process whose command line holds `marker` (a daemon's --dir)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        return int(entry)
+            except OSError:
+                continue
+    return None
+
+
+def test_kera_local_restarts_a_daemon_killed_under_it(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "kera", "local", "--dir", str(tmp_path),
+                             "--port", "0", "--brokers", "1", "--backups", "0",
+                             "--log-level", "WARNING"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        bootstrap = proc.stdout.readline().strip()
+        broker_dir = str(tmp_path / "broker-0")
+        first = _pid_of(broker_dir)
+        assert first is not None
+        with Admin(bootstrap) as admin:
+            version = admin.cluster()["brokers"][0]["registered_version"]
+            os.kill(first, signal.SIGKILL)
+
+            def back() -> bool:
+                b = admin.cluster()["brokers"][0]
+                return b["alive"] and b["registered_version"] > version
+            wait_for(back, 30, "the killed broker to be restarted and registered again")
+        assert _pid_of(broker_dir) not in (None, first)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert "broker-0 exited with code -9" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -166,6 +166,26 @@ def test_record_api_and_numpy_arrow_values(cluster):
         assert table.column("timestamp").to_pylist()[:3] == [123, 5, 6]
 
 
+def test_millisecond_timestamps_are_taken_as_such_and_never_stored_as_1970(cluster):
+    import time as _time
+
+    from kera.errors import BadRequest
+    stream = new_stream(cluster, streamlets=1)
+    now_ms = int(_time.time() * 1000)
+    with Producer(cluster.bootstrap) as p:
+        with pytest.raises(BadRequest, match="looks like milliseconds"):
+            p.send(stream, b"x", timestamp=now_ms)
+        with pytest.raises(BadRequest, match="looks like milliseconds"):
+            p.send_batch(stream, [b"y", b"z"], timestamps=[now_ms, now_ms + 1])
+        p.send(stream, b"a", timestamp_ms=now_ms)
+        p.send_batch(stream, [b"b", b"c"], timestamps_ms=[now_ms + 1, now_ms + 2])
+        p.flush()
+    with Consumer(cluster.bootstrap, stream) as c:
+        got = [c.poll(10) for _ in range(3)]
+        assert c.poll(0.1) is None
+    assert [(r.value, r.timestamp_ms) for r in got] == [(b"a", now_ms), (b"b", now_ms + 1),
+                                                        (b"c", now_ms + 2)]
+
 def test_several_producers_and_consumers_at_once(cluster):
     stream = new_stream(cluster, streamlets=4, active_groups=2, replication=2)
     per_producer, producers = 60_000, 3
@@ -446,3 +466,4 @@ def test_producer_carries_on_after_a_broker_restart(fresh_cluster):
         recs = identities(drain(c, 6000, timeout_s=30))
         assert c.poll(0.3) is None
     check_exactly_once_in_order(recs, {0: 1000, 1: 5000})
+

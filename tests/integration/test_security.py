@@ -176,6 +176,17 @@ def test_a_broker_key_cannot_act_as_another_broker(cluster, admin):
         for op in ("drop_replica", "replicate"):
             with pytest.raises(NotAuthorized, match="belong to principal 'broker-0'"):
                 conn.call(op, {"broker_id": 0, "vlog": 0, "vseg": 0, "offset": 0})
+        # Fencing broker 0's live incarnation (and the next ones) would stop its writes: a
+        # broker key fences only what the coordinator failed over and signed for it.
+        epoch = rpc.call(cluster.bootstrap, "recovery_status",
+                         key_file=str(cluster.keys.admin))[0]["epochs"]
+        live = dict(map(tuple, epoch))[0]
+        with pytest.raises(NotAuthorized, match="failed none of them over"):
+            conn.call("list_replicas", {"broker_id": 0, "fence": [live, live + 1]})
+        with pytest.raises(NotAuthorized, match="failed none of them over"):
+            conn.call("list_replicas", {"broker_id": 0, "fence": [live],
+                                        "fence_tokens": ["0" * 32]})
+        assert conn.call("list_replicas", {"broker_id": 0})[0]["replicas"]   # reading is open
     with client_conn(cluster, cluster.bootstrap, key="broker-1") as conn:
         with pytest.raises(NotAuthorized, match="bound to principal 'broker-0'"):
             conn.call("register", {"kind": "broker", "daemon_id": 0,
@@ -184,6 +195,9 @@ def test_a_broker_key_cannot_act_as_another_broker(cluster, admin):
         with pytest.raises(NotAuthorized, match="cannot act as a broker"):
             conn.call("register", {"kind": "broker", "address": "127.0.0.1:1", "node": "x"})
     assert sorted(consume(cluster, name, len(values), key="admin")) == sorted(values)
+    with Producer(cluster.bootstrap, key_file=str(cluster.keys.admin)) as p:   # still writable
+        p.send_batch(name, [b"after"] * 10)
+        p.flush(timeout=30)
 
 
 class Relay:
@@ -365,3 +379,36 @@ def _admitted_connection(address: str, secret) -> rpc.Connection:
         except Timeout:
             conn.close()
             assert time.monotonic() < deadline, "a new key was never admitted"
+
+
+def test_a_group_consumer_without_the_group_acl_raises_from_poll(cluster, admin, caplog):
+    name = stream(admin)
+    admin.add_acls([["client", "allow", "read", "stream", name, "literal"]])
+    wait_brokers_caught_up(cluster, admin)
+    group = f"g-{name}"
+    with Consumer(cluster.bootstrap, name, group=group, key_file=str(cluster.keys.client),
+                  request_timeout_s=5.0) as c:
+        deadline = time.monotonic() + WAIT_S
+        with pytest.raises(NotAuthorized, match=repr(group)):
+            while time.monotonic() < deadline:
+                c.poll(timeout_s=0.5)
+        with pytest.raises(NotAuthorized):   # and on every later call
+            c.poll(timeout_s=0.1)
+    refusals = [r for r in caplog.records if group in r.getMessage()]
+    assert len(refusals) == 1, [r.getMessage() for r in refusals]
+
+
+def test_a_pattern_subscription_holds_only_streams_the_member_may_read(cluster, admin):
+    readable, hidden = stream(admin), stream(admin)
+    group = f"g-pattern-{readable}"
+    admin.add_acls([["client", "allow", "read", "stream", readable, "literal"],
+                    ["client", "allow", "read", "group", group, "literal"]])
+    wait_brokers_caught_up(cluster, admin)
+    with Consumer(cluster.bootstrap, [], group=group, pattern="sec-.*",
+                  key_file=str(cluster.keys.client), request_timeout_s=5.0) as c:
+        deadline = time.monotonic() + WAIT_S
+        while not c.assignment():
+            assert time.monotonic() < deadline, "nothing assigned"
+            c.poll(timeout_s=0.2)
+        assigned = {s for s, _sl in c.assignment()}
+    assert readable in assigned and hidden not in assigned, assigned

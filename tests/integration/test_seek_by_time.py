@@ -175,7 +175,7 @@ def test_cli_consume_from_time_and_group_reset_to_datetime(local_cluster):
 
     group = "seek-cli-group"
     code, out, err = kera_cli(cluster.bootstrap, "group", "reset-positions", group, "--stream",
-                              stream, "--to-datetime", f"{iso.isoformat()}Z")
+                              stream, "--to-datetime", f"{iso.isoformat()}Z", "--execute")
     assert code == 0, err
     assert "first records at or after" in out
     with Consumer(cluster.bootstrap, stream, group=group, auto_commit_interval_ms=None) as c:

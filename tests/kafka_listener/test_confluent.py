@@ -158,3 +158,11 @@ def test_a_group_shares_partitions_commits_and_a_new_member_resumes(kafka_cluste
             f"partition {p}: resumed at {offsets[:1]}, committed {start}"
     assert {tp.partition: tp.offset for tp in again} == committed
 
+
+
+def test_admin_client_lists_every_topic(kafka_cluster, topic):
+    from confluent_kafka.admin import AdminClient
+    create_topic(kafka_cluster, topic, partitions=3)
+    listed = AdminClient(confluent_config(kafka_cluster)).list_topics(timeout=10)
+    assert topic in listed.topics and len(listed.topics[topic].partitions) == 3
+    assert len(listed.brokers) == len(kafka_cluster.brokers)

@@ -122,7 +122,8 @@ class SimPeer:
 
 
 class SimServer(Node, kera_server.Server):
-    def __init__(self, name: str, host: SimHost, port: int = 1, security=None):
+    def __init__(self, name: str, host: SimHost, port: int = 1, security=None,
+                 frame_bytes_max: int | None = None):
         assert security is None, "the simulation runs plaintext (no CURVE in SimServer)"
         Node.__init__(self, host.net, f"{host.name}:{port}")
         self.security = None

@@ -563,3 +563,28 @@ def test_malformed_floors_are_refused_and_change_nothing():
         c.handle("heartbeat", {"token": TOKEN, "kind": "backup", "daemon_id": 0,
                                "metadata_version": 0, "floors": [[s["id"], 0, 4, [1]]]}, 0.1)
     assert (c.version, c.to_state()) == before
+
+
+def test_an_unknown_stream_name_suggests_the_closest_existing_one():
+    from kera.errors import UnknownStream
+    c = make()
+    join(c, "broker", 1)
+    create(c, "orders-eu")
+    create(c, "payments")
+    with pytest.raises(UnknownStream, match="did you mean 'orders-eu'"):
+        c.handle("describe_stream", {"name": "orders-ue"}, 0.0)
+    with pytest.raises(UnknownStream) as exc:
+        c.handle("describe_stream", {"name": "zzz"}, 0.0)
+    assert "did you mean" not in exc.value.message
+
+
+def test_a_daemon_started_for_another_cluster_is_refused_and_nothing_halts():
+    from kera.errors import WrongCluster
+    c = make()
+    fields = {"kind": "broker", "address": "127.0.0.1:9100", "node": "n"}
+    with pytest.raises(WrongCluster, match="was started for cluster other"):
+        c.handle("register", {**fields, "expect_cluster_id": "other"}, 0.0)
+    assert not c.halted and not c.members["broker"]
+    mine = c.handle("cluster", {}, 0.0)["cluster_id"]
+    reply = c.handle("register", {**fields, "expect_cluster_id": mine}, 0.0)
+    assert reply["cluster_id"] == mine

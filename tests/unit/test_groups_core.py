@@ -195,7 +195,7 @@ def test_a_pattern_subscription_takes_streams_created_later():
     shape = {"clicks-1": 2}
     ids = itertools.count()
     g = Groups(shape.get, shape.keys, id_source=lambda: f"m{next(ids)}")
-    r = g.heartbeat("g", "", 0, 0.0, pattern="clicks-*")
+    r = g.heartbeat("g", "", 0, 0.0, pattern="clicks-.*")
     assert sorted(map(tuple, r["assignment"])) == [("clicks-1", 0), ("clicks-1", 1)]
     shape["clicks-2"] = 1
     shape["views"] = 3
@@ -248,3 +248,29 @@ def test_consumed_below_is_the_least_committed_group_over_every_consumer_group()
     before = groups.changes
     groups.commit("a", None, 0, {("s", 2): [[8, 0, 0]]})
     assert groups.changes > before
+
+
+def test_a_subscription_holds_only_streams_the_member_may_read():
+    shape = {"clicks-1": 1, "clicks-secret": 1}
+    ids = itertools.count()
+    g = Groups(shape.get, shape.keys, id_source=lambda: f"m{next(ids)}")
+    may_read = lambda stream: stream != "clicks-secret"   # noqa: E731 (an ACL's answer)
+    r = g.heartbeat("g", "", 0, 0.0, pattern="clicks-.*", streams=["clicks-secret"],
+                    may_read=may_read)
+    assert sorted(map(tuple, r["assignment"])) == [("clicks-1", 0)]
+    from kera.coordinator.groups import _subscribed
+    member = next(iter(g.groups["g"].members.values()))
+    assert not _subscribed(member, "clicks-secret") and _subscribed(member, "clicks-1")
+
+
+def test_a_commit_on_a_stream_the_principal_cannot_read_is_refused():
+    from kera.coordinator.groups import ops
+    from kera.errors import NotAuthorized
+    from kera.codec.wire import Fields
+    shape = {"a": 1, "secret": 1}
+    g = Groups(shape.get, shape.keys)
+    handlers = ops(g, lambda: (lambda stream: stream == "a"))
+    with pytest.raises(NotAuthorized, match="secret"):
+        handlers["group_commit"](Fields({"group": "g", "positions": [["secret", 0, [[0, 5, 0]]]]}),
+                                 0.0)
+    assert "g" not in g.groups or not g.groups["g"].committed

@@ -72,3 +72,11 @@ def test_kafka_sequences_count_records():
 def test_epochs_are_distinct_kera_producers_and_no_id_is_anonymous():
     assert kera_producer_id(5, 0) != kera_producer_id(5, 1)
     assert kera_producer_id(-1, -1) == 0
+
+
+def test_librdkafkas_all_topics_metadata_v12_decodes_despite_its_trailing_bytes():
+    # The frame confluent-kafka's AdminClient.list_topics() sends (size prefix removed).
+    frame = bytes.fromhex("0003000c00000006000772646b61666b610000000000010000")
+    request = decode_request(frame, apis.supported)
+    assert (request.api_key, request.api_version, request.correlation_id) == (3, 12, 6)
+    assert request.client_id == "rdkafka" and request.body.topics is None

@@ -68,3 +68,39 @@ def test_metadata_values_may_hold_the_comment_character(tmp_path):
     path.write_text('#   a comment\nmetadata\n    server-key = "ab#c=d"\n    role = "client"\n'
                     'curve\n    public-key = "p"\n')
     assert keys._metadata(path) == {"server-key": "ab#c=d", "role": "client"}
+
+
+def test_refusals_of_unknown_keys_are_logged_once_a_minute_not_once_each(tmp_path, caplog):
+    import logging
+
+    import zmq
+    from zmq.utils import z85
+
+    from kera.net.security import Keyring, ZapHandler
+    keys.create_key(tmp_path, "alice", "client")
+    ctx = zmq.Context()
+    zap = ZapHandler(ctx, Keyring(tmp_path))
+    try:
+        with caplog.at_level(logging.WARNING, logger="kera.net.security"):
+            for i in range(1000):
+                assert zap.callback("global", z85.encode(i.to_bytes(32, "big"))) is False
+        assert zap.refused == 1000
+        assert len([r for r in caplog.records if "refused a connection" in r.getMessage()]) == 1
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_public_key_folder_others_may_write_is_warned_of(tmp_path, caplog):
+    import logging
+    keys.create_key(tmp_path, "alice", "client")
+    folder = tmp_path / "public" / "client"
+    folder.chmod(0o777)
+    with caplog.at_level(logging.WARNING, logger="kera.net.security"):
+        Keyring(tmp_path)
+    assert any(str(folder) in r.getMessage() and "chmod go-w" in r.getMessage()
+               for r in caplog.records)
+    folder.chmod(0o755)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kera.net.security"):
+        Keyring(tmp_path)
+    assert not any("writable by other" in r.getMessage() for r in caplog.records)

@@ -152,3 +152,24 @@ def test_a_commit_refused_for_a_stale_epoch_fails_at_once():
     m.next_request(1.0)
     m.on_error(StaleMemberEpoch("moved on"), 1.0)
     assert isinstance(future.exception(), StaleMemberEpoch)
+
+
+def test_a_group_refused_by_acl_is_reported_once_and_not_retried():
+    from kera.errors import NotAuthorized
+    failures = []
+    m = Membership(Parts(), "coord:1", "g", ["s"], 0.0, session_timeout_ms=SESSION_MS,
+                   auto_commit_interval_ms=None, on_fatal=failures.append)
+    assert m.next_request(0.0) is not None
+    m.on_error(NotAuthorized("principal 'client:c' may not read group 'g'"), 0.0)
+    assert len(failures) == 1 and isinstance(failures[0], NotAuthorized)
+    assert m.joined.exception() is failures[0]
+    assert m.next_request(100.0) is None and m.next_wake(100.0) is None
+
+
+def test_a_timeout_is_still_retried():
+    failures = []
+    m = Membership(Parts(), "coord:1", "g", ["s"], 0.0, session_timeout_ms=SESSION_MS,
+                   auto_commit_interval_ms=None, on_fatal=failures.append)
+    m.next_request(0.0)
+    m.on_error(Timeout("lost"), 0.0)
+    assert not failures and m.next_request(RETRY_BACKOFF_S + 0.01) is not None

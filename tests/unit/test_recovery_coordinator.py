@@ -252,3 +252,24 @@ def test_cut_off_broker_whose_streamlets_were_taken_must_come_back_empty():
     assert recovering(c, "s") == []
     with pytest.raises(NotReady):
         beat(c, "broker", 0, 2.5, epoch=e0)
+
+
+def test_fence_tokens_go_to_the_recovering_brokers_and_the_key_to_backups():
+    from kera.net.fence import fence_token
+    c = cluster(brokers=3)
+    c.handle("create_stream", {"name": "s", "streamlets": 3, "replication": 2}, 0.0)
+    e0 = epoch(c, 0)
+    assert "fence_tokens" not in c.handle("broker_streams", {"broker_id": 1}, 0.0)
+    for t in (1.0, 2.0, 2.5):
+        beat(c, "broker", 1, t)
+        beat(c, "broker", 2, t)
+    c.tick(DEAD_S + 0.5)
+    owners = c.describe_stream("s")["placement"]
+    recoverer = owners[0]
+    reply = c.handle("broker_streams", {"broker_id": recoverer}, 3.0)
+    assert reply["fence_tokens"] == [[0, e0, fence_token(c.fence_key, 0, e0)]]
+    backup = beat(c, "backup", 0, 3.0)
+    assert backup["fence_key"] == c.fence_key
+    assert "fence_key" not in beat(c, "broker", 1, 3.0)
+    restored = make(now=3.0, state=c.to_state())
+    assert restored.fence_key == c.fence_key   # tokens stay valid across a restart

@@ -30,3 +30,9 @@ def test_sigterm_stops_even_while_the_main_thread_holds_the_stop_events_lock():
     done = run("from kera.daemon.stop_signal import stop_on_sigterm\nstop_on_sigterm(stop.set)")
     assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stderr
 
+
+
+def test_sigterm_says_so_in_the_log():
+    done = run("import logging\nlogging.basicConfig(level=logging.INFO)\n"
+               "from kera.daemon.stop_signal import stop_on_sigterm\nstop_on_sigterm(stop.set)")
+    assert done.returncode == 0 and "SIGTERM received: stopping" in done.stderr, done.stderr

@@ -60,3 +60,24 @@ def test_offsets_for_number_request_schema():
                 {"sid": 3, "sl": 1, "number": "7"}, {"sid": 3, "sl": 1, "number": 2**64 - 1}):
         with pytest.raises(BadRequest, match="number"):
             schema.offsets_for_number(bad)
+
+
+def test_a_millisecond_timestamp_given_as_microseconds_is_refused_not_stored_as_1970():
+    import time as _time
+
+    from kera.codec.timestamps import check_us
+    now_ms = int(_time.time() * 1000)
+    with pytest.raises(BadRequest, match="looks like milliseconds"):
+        check_us(now_ms)
+    with pytest.raises(BadRequest, match="timestamp_ms="):
+        check_us(now_ms * 1000 + 5, now_ms)   # a batch whose lowest value is in ms
+    check_us(now_ms * 1000)     # microseconds now
+    check_us(123)               # small values: a test's or a simulation's clock, kept as given
+
+
+def test_a_batch_of_millisecond_timestamps_becomes_microseconds():
+    from kera.codec.timestamps import TIMESTAMP_MS_MIN, ms_column_to_us
+    got = ms_column_to_us([TIMESTAMP_MS_MIN, TIMESTAMP_MS_MIN + 7])
+    assert got.tolist() == [TIMESTAMP_MS_MIN * 1000, (TIMESTAMP_MS_MIN + 7) * 1000]
+    with pytest.raises(BadRequest, match="timestamp_ms="):
+        ms_column_to_us([TIMESTAMP_MS_MIN, 5])
