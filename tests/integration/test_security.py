@@ -399,12 +399,16 @@ def test_a_group_consumer_without_the_group_acl_raises_from_poll(cluster, admin,
 
 
 def test_a_pattern_subscription_holds_only_streams_the_member_may_read(cluster, admin):
-    readable, hidden = stream(admin), stream(admin)
+    # Names of their own: earlier tests grant the client prefixes of stream()'s names.
+    n = next(_names)
+    readable, hidden = f"pat-{n}-open", f"pat-{n}-hidden"
+    admin.create_stream(readable)
+    admin.create_stream(hidden)
     group = f"g-pattern-{readable}"
     admin.add_acls([["client", "allow", "read", "stream", readable, "literal"],
                     ["client", "allow", "read", "group", group, "literal"]])
     wait_brokers_caught_up(cluster, admin)
-    with Consumer(cluster.bootstrap, [], group=group, pattern="sec-.*",
+    with Consumer(cluster.bootstrap, [], group=group, pattern=f"pat-{n}-.*",
                   key_file=str(cluster.keys.client), request_timeout_s=5.0) as c:
         deadline = time.monotonic() + WAIT_S
         while not c.assignment():
