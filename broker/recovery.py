@@ -229,11 +229,12 @@ class Recovery:
 
     # ------------------------------------------------------------------ inputs
     def take_fence_tokens(self, tokens) -> None:
-        """A `broker_streams` reply's `fence_tokens`: [[broker, epoch, token], ...]."""
-        for entry in tokens if isinstance(tokens, list) else ():
-            if isinstance(entry, list) and len(entry) == 3 and _u64(entry[0]) and \
-                    _u64(entry[1]) and isinstance(entry[2], str):
-                self.fence_tokens[(entry[0], entry[1])] = entry[2]
+        """A `broker_streams` reply's `fence_tokens`: [[broker, epoch, token], ...]. Each reply
+        lists every incarnation this broker still recovers from, so it replaces the last."""
+        self.fence_tokens = {
+            (entry[0], entry[1]): entry[2] for entry in (tokens if isinstance(tokens, list) else ())
+            if isinstance(entry, list) and len(entry) == 3 and _u64(entry[0])
+            and _u64(entry[1]) and isinstance(entry[2], str)}
 
     def apply(self, descriptors, now: float) -> bool:
         """The metadata the broker just applied: start recovering streamlets newly marked

@@ -13,15 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 
 # 256 bits of key, as hex; tokens are HMAC-SHA256 cut to 128 bits (forging one is 2^128 tries).
 FENCE_KEY_BYTES = 32
 FENCE_TOKEN_CHARS = 32
-
-
-def new_fence_key() -> str:
-    return os.urandom(FENCE_KEY_BYTES).hex()
 
 
 def fence_key_from(secret: str) -> str:

@@ -60,12 +60,23 @@ def read_from_start(cluster, stream, idle_s=1.0) -> list:
             out.append(r)
 
 
-def test_compacted_stream_reads_one_latest_record_per_key(cluster):
-    stream = "compacted-passes"
+def create_compacted(cluster, stream: str) -> None:
+    """One streamlet, R=2, small segments and a dirty ratio that makes every pass due."""
     with cluster.admin() as admin:
         admin.create_stream(stream, streamlets=1, replication=2, segment_size_bytes=32 * KiB,
                             group_segments=2, cleanup_policy="compact",
                             min_cleanable_dirty_ratio=0.01)
+
+
+def assert_latest_once_in_order(got, latest: dict) -> None:
+    """Exactly each key's latest value, once, in record-number order."""
+    assert {r.key: r.value for r in got} == latest and len(got) == len(latest)
+    assert [r.number for r in got] == sorted(r.number for r in got)
+
+
+def test_compacted_stream_reads_one_latest_record_per_key(cluster):
+    stream = "compacted-passes"
+    create_compacted(cluster, stream)
     seen: dict = {}
     numbers: list = []
     stop = threading.Event()
@@ -92,8 +103,7 @@ def test_compacted_stream_reads_one_latest_record_per_key(cluster):
     stats = rpc.call(cluster.brokers[0].address, "stats", timeout_s=5.0)[0]["stats"]
     assert stats["compaction_passes"] >= 1
     assert stats["compaction_bytes_after"] < stats["compaction_bytes_before"]
-    assert {r.key: r.value for r in got} == latest and len(got) == len(latest)
-    assert [r.number for r in got] == sorted(r.number for r in got)
+    assert_latest_once_in_order(got, latest)
     while b"pad%05d" % (PADDING - 1) not in seen and time.monotonic() < deadline:
         time.sleep(0.2)
     stop.set()
@@ -118,10 +128,7 @@ def test_a_compacted_streamlet_fails_over_from_its_backups(fresh_cluster):
     and takes appends after them."""
     cluster = fresh_cluster(brokers=2, backups=2, log_level="WARNING")
     stream = "compacted-failover"
-    with cluster.admin() as admin:
-        admin.create_stream(stream, streamlets=1, replication=2, segment_size_bytes=32 * KiB,
-                            group_segments=2, cleanup_policy="compact",
-                            min_cleanable_dirty_ratio=0.01)
+    create_compacted(cluster, stream)
     latest = write(cluster, stream)
     deadline = time.monotonic() + WAIT_S
     got = read_until(cluster, stream, latest, deadline)
@@ -132,8 +139,7 @@ def test_a_compacted_streamlet_fails_over_from_its_backups(fresh_cluster):
     with cluster.admin() as admin:
         admin.wait_ready(stream, 30.0)
     got = read_until(cluster, stream, latest, deadline)
-    assert {r.key: r.value for r in got} == latest and len(got) == len(latest)
-    assert [r.number for r in got] == sorted(r.number for r in got)
+    assert_latest_once_in_order(got, latest)
     with Producer(cluster.bootstrap) as p:
         p.send(stream, b"after", key=b"k0001")
         p.flush()
@@ -149,10 +155,7 @@ def test_a_broker_restarted_after_its_passes_serves_them(fresh_cluster, how):
     dir) or a kill -9, then the same broker again: every key's latest value, once each."""
     cluster = fresh_cluster(brokers=1, backups=1, log_level="WARNING")
     stream = "compacted-restart"
-    with cluster.admin() as admin:
-        admin.create_stream(stream, streamlets=1, replication=2, segment_size_bytes=32 * KiB,
-                            group_segments=2, cleanup_policy="compact",
-                            min_cleanable_dirty_ratio=0.01)
+    create_compacted(cluster, stream)
     latest = write(cluster, stream)
     deadline = time.monotonic() + WAIT_S
     got = read_until(cluster, stream, latest, deadline)
@@ -165,8 +168,7 @@ def test_a_broker_restarted_after_its_passes_serves_them(fresh_cluster, how):
     with cluster.admin() as admin:
         admin.wait_ready(stream, 30.0)
     got = read_until(cluster, stream, latest, deadline)
-    assert {r.key: r.value for r in got} == latest and len(got) == len(latest)
-    assert [r.number for r in got] == sorted(r.number for r in got)
+    assert_latest_once_in_order(got, latest)
 
 
 def test_a_backup_killed_while_passes_run(fresh_cluster):
@@ -174,12 +176,8 @@ def test_a_backup_killed_while_passes_run(fresh_cluster):
     backup like any others, swapped once durable there; every key's latest value, once."""
     cluster = fresh_cluster(brokers=1, backups=2, log_level="WARNING")
     stream = "compacted-backup-loss"
-    with cluster.admin() as admin:
-        admin.create_stream(stream, streamlets=1, replication=2, segment_size_bytes=32 * KiB,
-                            group_segments=2, cleanup_policy="compact",
-                            min_cleanable_dirty_ratio=0.01)
+    create_compacted(cluster, stream)
     latest = write(cluster, stream)
     cluster.kill_backup(0)
     got = read_until(cluster, stream, latest, time.monotonic() + WAIT_S)
-    assert {r.key: r.value for r in got} == latest and len(got) == len(latest)
-    assert [r.number for r in got] == sorted(r.number for r in got)
+    assert_latest_once_in_order(got, latest)

@@ -6,7 +6,7 @@ import pytest
 
 from kera.backup.broker_keys import BrokerKeys
 from kera.errors import NotAuthorized, NotReady
-from kera.net.fence import fence_token, new_fence_key
+from kera.net.fence import fence_key_from, fence_token
 from kera.net.keys import Principal
 
 BROKER_1 = Principal("broker", "broker-1")
@@ -19,7 +19,7 @@ def keys_with(key: str) -> BrokerKeys:
 
 
 def test_a_signed_fence_passes_and_a_forged_or_unsigned_one_does_not():
-    key = new_fence_key()
+    key = fence_key_from("one coordinator")
     k = keys_with(key)
     k.check_fence(BROKER_1, 0, [3, 4], [fence_token(key, 0, 3), fence_token(key, 0, 4)])
     with pytest.raises(NotAuthorized, match=r"epoch\(s\) \[4\]"):
@@ -27,11 +27,11 @@ def test_a_signed_fence_passes_and_a_forged_or_unsigned_one_does_not():
     with pytest.raises(NotAuthorized, match=r"\[3\]"):
         k.check_fence(BROKER_1, 0, [3], None)
     with pytest.raises(NotAuthorized):
-        keys_with(new_fence_key()).check_fence(BROKER_1, 0, [3], [fence_token(key, 0, 3)])
+        keys_with(fence_key_from("another")).check_fence(BROKER_1, 0, [3], [fence_token(key, 0, 3)])
 
 
 def test_plaintext_and_listing_need_no_token_and_an_unkeyed_backup_asks_to_retry():
     BrokerKeys().check_fence(None, 0, [3], None)
-    keys_with(new_fence_key()).check_fence(BROKER_1, 0, [], None)
+    keys_with(fence_key_from("another")).check_fence(BROKER_1, 0, [], None)
     with pytest.raises(NotReady):
         BrokerKeys().check_fence(BROKER_1, 0, [3], ["x"])
