@@ -44,6 +44,9 @@ def main(bootstrap: str, stream: str, group: str) -> None:
             r = c.poll(timeout_s=0.1)
             if r is not None:
                 emit(ev="rec", v=int(r.value), sl=r.streamlet)
+        # The application reads nothing more from here; closing then leaves the group, after
+        # which another member may be granted these parts (before "closed" is written).
+        emit(ev="closing")
     emit(ev="closed")
 
 

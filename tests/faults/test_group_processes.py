@@ -109,7 +109,10 @@ def ownership_intervals(members) -> dict:
         start: dict = {}
         with m.lock:
             events = list(m.events)
-        end_of_life = events[-1]["t"] if events else 0.0
+        # A graceful close holds its parts until the application stops reading ("closing");
+        # the group may grant them elsewhere before "closed" is written.
+        closing = [e["t"] for e in events if e["ev"] == "closing"]
+        end_of_life = closing[0] if closing else (events[-1]["t"] if events else 0.0)
         for e in events:
             for p in map(tuple, e.get("parts", [])):
                 if e["ev"] == "assigned":
