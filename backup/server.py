@@ -73,6 +73,10 @@ class BackupDaemon:
         self.draining = False
         self._reads_in_flight = 0
         self._snapshot: dict = {}
+        # While metrics are served: the flush latency histogram, and when each flush job in
+        # the flusher's hands (at most flush_jobs_max) was handed over, by id(job).
+        self.flush_latency = None
+        self._flush_started: dict[int, float] = {}
         disk = env.backup_disk
         for record in disk.scan(root):
             self.store.load(record)
@@ -170,7 +174,10 @@ class BackupDaemon:
 
     # ------------------------------------------------------------------ background work
     def schedule_flushes(self) -> None:
-        for job in self.store.take_flush_jobs(self.clock.monotonic()):
+        now = self.clock.monotonic()
+        for job in self.store.take_flush_jobs(now):
+            if self.flush_latency is not None and isinstance(job, FlushJob):
+                self._flush_started[id(job)] = now
             self.flusher.submit(job)
 
     def collect(self) -> None:
@@ -184,6 +191,9 @@ class BackupDaemon:
 
     def _flushed(self, job: FlushJob, error: Exception | None, now: float) -> None:
         error = expected(error, OSError)   # anything else is a bug: the daemon stops
+        started_s = self._flush_started.pop(id(job), None)
+        if started_s is not None and error is None:
+            self.flush_latency.observe(now - started_s)
         for req, outcome in self.store.flush_done(job, error, now):
             if isinstance(outcome, KeraError):
                 self.server.fail(req, outcome)
@@ -352,10 +362,13 @@ def run(args: argparse.Namespace) -> int:
         return 1
     daemon.connect_coordinator(args.coordinator, args.advertise or daemon.address, args.node,
                                args.id, identity)
-    httpd = None
+    metrics = None
     if args.metrics_port:
-        httpd = serve_metrics(args.metrics_port, "kera_backup", daemon.metrics_snapshot,
-                              {"address": daemon.address}, host=args.metrics_host)
+        metrics = serve_metrics(args.metrics_port, "kera_backup", daemon.metrics_snapshot,
+                                {"address": daemon.address}, host=args.metrics_host)
+        daemon.flush_latency = metrics.histogram(
+            "flush_latency_seconds", "a flush job (write and fsync of a replica's buffered "
+            "bytes) from its hand-off to the flusher thread to its completion")
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: daemon.stop())
@@ -363,8 +376,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         daemon.serve()
     finally:
-        if httpd is not None:
-            httpd.shutdown()
+        if metrics is not None:
+            metrics.shutdown()
     # A bug stopped it (logged with its stack), or its identity was refused.
     return 1 if daemon.server.failure is not None or daemon.link.session.fatal else 0
 

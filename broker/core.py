@@ -19,7 +19,7 @@ from kera.broker import history_epoch
 from kera.broker.backups import BackupPool
 from kera.broker.fetch_waits import FetchWaits
 from kera.broker.group import Group
-from kera.broker.producers import (ANONYMOUS_PRODUCER_ID, APPEND, DUPLICATE, GAP, Entry,
+from kera.broker.producers import (APPEND, DUPLICATE, GAP, Entry,
                                    ProducerTable, classify, classify_kafka)
 from kera.broker.repair import RepairRead, Repairs
 from kera.broker.segment_pool import SEGMENT_POOL_BYTES, SegmentPool
@@ -27,16 +27,18 @@ from kera.broker.retention import ReplicaDrop, Retention
 from kera.broker.streamlet import Streamlet, growth
 from kera.broker.tier import TierConfig, TierStore
 from kera.broker.time_index import record_at_or_after, streamlet_cursor_at
+from kera.broker.txn_writes import ISOLATIONS, READ_COMMITTED, TxnWrites, filter_views
 from kera.daemon.stream_traffic import StreamTraffic
 from kera.broker.streams import StreamInfo
 from kera.broker.virtual_log import ReplicationWrite, VirtualLog
-from kera.codec.chunk import (FLAG_CONDITION, FLAG_KAFKA, FLAG_SPARSE, Chunk, check_columns,
-                              frame_chunks, read_condition, verify)
+from kera.codec import kafka_batch, txn
+from kera.codec.chunk import (FLAG_CONDITION, FLAG_KAFKA, FLAG_SPARSE, RESERVED_PRODUCER_IDS,
+                              Chunk, check_columns, frame_chunks, read_condition, verify)
 from kera.codec.frame_pack import pack
-from kera.errors import (BadRequest, CorruptChunk, KeraError, KeylessRecord, LockConflict,
-                         NotOwner, NotReady, OffsetOutOfRange, PositionLost, RecordTooLarge,
-                         ReplicationFailed, SequenceGap, StorageError, Throttled, Timeout,
-                         UnknownStream, lock_conflict_message)
+from kera.errors import (BadRequest, CorruptChunk, InvalidTxnState, KeraError, KeylessRecord,
+                         LockConflict, NotOwner, NotReady, OffsetOutOfRange, PositionLost,
+                         ProducerFenced, RecordTooLarge, ReplicationFailed, SequenceGap,
+                         StorageError, Throttled, Timeout, UnknownStream, lock_conflict_message)
 from kera.daemon.metrics import Counters
 from kera.codec.vseg import vseg_id
 
@@ -51,6 +53,9 @@ FETCH_CURSOR_GROUPS_MAX = 4096           # entries in one cursor's `offsets`
 
 NO_BROKER = -1   # placement of a streamlet on no broker this one knows (a disowned stream)
 TOMBSTONES_MAX = 1 << 20   # entries accepted in a `deleted` list (the coordinator sends <= 4096)
+# Markers in one `txn_markers` request: the coordinator sends at most MARKERS_PER_TURN_MAX
+# (kera.coordinator.transactions) in a turn, split per broker.
+MARKERS_PER_REQUEST_MAX = 10_000
 # Locks one conditional append may name: a transaction touching more rows than this is better
 # split, and it bounds the per-chunk work of the check.
 LOCKS_PER_APPEND_MAX = 1024
@@ -164,6 +169,9 @@ class Broker:
         # Fetches that found nothing, held until their streamlets have new durable records
         # (kera.broker.fetch_waits); woken where durable heads move.
         self.fetch_waits = FetchWaits()
+        # Transaction indexes and chunks awaiting the coordinator's verification
+        # (kera.broker.txn_writes).
+        self.txn = TxnWrites()
 
     # ================================================================== metadata
     def set_identity(self, broker_id: int) -> None:
@@ -261,6 +269,7 @@ class Broker:
             for waiter in streamlet.release():
                 self._fail(waiter, err)
         self.producers.drop_stream(sid)
+        self.txn.drop_stream(sid)
 
     def set_backups(self, entries, now: float, settled: bool = True) -> None:
         """The coordinator's backup list; replicas on backups that died are replaced. An
@@ -342,12 +351,16 @@ class Broker:
         self.counters.add("produce_requests")
         results: list = []
         waits: list = []
+        held: list = []
         throttled = None
         for buf in _cut(frames):
             try:
                 if isinstance(buf, CorruptChunk):
                     raise buf
                 results.append(self._append(buf, waits, check))
+            except _Held as h:   # answered by txn_verified
+                held.append(self.txn.queue(h.key, h.stream, buf, len(results), h.add))
+                results.append(None)
             except KeraError as err:
                 self.counters.add(f"refused_{err.code}")
                 results.append([err.code, err.message, err.retriable])
@@ -355,12 +368,15 @@ class Broker:
                     throttled = err
         if throttled is not None and all(r[0] == Throttled.code for r in results):
             raise throttled   # nothing of the request was stored: refuse it whole
-        if not waits or not acks:
+        if not held and (not waits or not acks):
             return results
         p = Pending(token, results, now + self.cfg.produce_timeout_s)
         for group, end in waits:
             if group.wait(end, p):
                 p.remaining += 1
+        for q in held:
+            q.pending = p
+            p.remaining += 1
         if p.remaining == 0:
             return results
         self._pending.append(p)
@@ -415,7 +431,9 @@ class Broker:
                            f"another stream, or create streams with larger groups",
                            retriable=False)
 
-    def _append(self, buf, waits: list, check=None) -> list:
+    def _append(self, buf, waits: list, check=None, verified: int | None = None) -> list:
+        """Store one produced chunk (its result); `verified`: the transaction number the
+        coordinator's txn_verify answered for this transactional chunk (None: not asked yet)."""
         h = _checked(buf)
         size = len(buf)
         stream = self.streams.get(h.stream_id)
@@ -445,56 +463,259 @@ class Broker:
             streamlet.adopt_floor(info.floors.get(sl))   # after what retention deleted
             streamlet.epoch = history_epoch.epoch_for_new_history(info.replication, self.epoch)
             self.new_histories.append((info.id, sl, streamlet.epoch))
-        pid, seq = h.producer_id, h.sequence
+        pid, raw_seq = h.producer_id, h.sequence
+        if pid in RESERVED_PRODUCER_IDS:
+            raise BadRequest(f"producer id {pid} is reserved for chunks a broker writes")
+        transactional = _transactional(h, buf)
+        seq = raw_seq if h.flags & FLAG_KAFKA else txn.plain_sequence(raw_seq)
+        if transactional and verified is None and (pid, info.id, sl) in self.txn.verifying:
+            raise _Held((pid, info.id, sl), info.name)   # behind its producer's first chunk
         key, entry, verdict = self._producer_verdict(h, info.id, sl)
         if verdict == DUPLICATE:
-            return self._duplicate(streamlet, key, entry, seq, waits)
+            return self._duplicate(streamlet, key, entry, seq, waits, raw_seq)
         if verdict == GAP:
             last = "none" if entry is None else entry.sequence
             raise SequenceGap(f"producer {pid}: sequence {seq} after {last}")
         assert verdict == APPEND
+        idx = None
+        if transactional:
+            idx = self._txn_admit(h, info, sl, verified)
+        elif h.flags & FLAG_KAFKA:
+            self._outside_txn(h, info, sl)
         locks = None
         if h.flags & FLAG_CONDITION:
             locks = self._check_condition(info, streamlet, buf)
         self._admit(stream, streamlet, sl, pid, size)
-        group, seg, idx = streamlet.append(buf, size, h.record_count, pid)
-        if idx == 0:
-            self.tier.opened(seg)
+        slot = pid % info.active_groups
+        number = streamlet.next_number(slot)
+        group, seg, base = self._store(stream, streamlet, buf, size, h.record_count, pid, waits)
         if locks is not None:
             streamlet.lock_table().record(locks, group.number_base + group.head - 1)
-
-        group.last_ms = self.wall_ms
-        base = group.head - h.record_count
-
         if key is not None:
             self.producers.put(key, Entry(seq, group.id, seg.number, base, group.head))
+        if idx is not None:
+            idx.on_data(slot, pid, number, group.id, base, verified)
+        return _stored(group, seg.number, base)
+
+    def _store(self, stream: Stream, streamlet: Streamlet, buf, size: int, count: int,
+               pid: int, waits: list) -> tuple:
+        """Append a checked chunk to `pid`'s slot and hand it to replication; (group, segment,
+        base offset)."""
+        info = stream.info
+        group, seg, i = streamlet.append(buf, size, count, pid)
+        if i == 0:
+            self.tier.opened(seg)
+        group.last_ms = self.wall_ms
+        base = group.head - count
         self.chunks_appended += 1
         self.bytes_appended += size
-        stream.traffic.appended(h.record_count, size)
+        stream.traffic.appended(count, size)
         vlog = group.vlog
         if vlog is None:
             group.durable = group.head    # R=1: the broker's copy is the only one asked for
             self.tier.live_appended(seg)  # ... in its file before the ack, with a data dir
             if self.fetch_waits.watched:
-                self.fetch_waits.wake(info.id, sl)
+                self.fetch_waits.wake(info.id, streamlet.index)
         else:
-            vlog.add(seg, idx, size)
+            vlog.add(seg, i, size)
             waits.append((group, group.head))
-        return _stored(group, seg.number, base)
+        return group, seg, base
+
+    # ------------------------------------------------------------------ transactions
+    def _txn_admit(self, h, info: StreamInfo, sl: int, verified: int | None):
+        """The streamlet's transaction index, once the transactional chunk `h` may be appended:
+        ProducerFenced for a fenced epoch; _Held while its transaction was not verified in this
+        slot: kera's chunks join the part to the transaction (`add`), a Kafka client's batch
+        must find it added already (AddPartitionsToTxn), Kafka's TV1 verification."""
+        idx = self.txn.index(info.id, sl, info.active_groups)
+        pid, epoch = txn.split_producer_id(h.producer_id)
+        if idx.fenced(pid, epoch):
+            raise ProducerFenced(f"producer {pid} epoch {epoch} was fenced by epoch "
+                                 f"{idx.fence(pid).epoch}: init_transactions again")
+        if verified is not None:
+            fence = idx.fence(pid)
+            if fence is not None and fence.txn >= verified:
+                raise InvalidTxnState(f"transaction {verified} of producer {pid} already ended "
+                                      f"on streamlet {sl} of {info.name!r}")
+            return idx
+        opened = idx.slots[h.producer_id % info.active_groups].open.get(pid)
+        if opened is not None and opened.epoch == epoch:
+            return idx
+        if not self.txn.can_queue():
+            self.counters.add("txn_verify_throttled")
+            raise Throttled(f"{self.txn.queued_count} transactional chunks await the "
+                            f"coordinator's verification")
+        raise _Held((h.producer_id, info.id, sl), info.name, add=not (h.flags & FLAG_KAFKA))
+
+    def _outside_txn(self, h, info: StreamInfo, sl: int) -> None:
+        """Kafka's rule: a producer whose transaction is open in the slot writes only
+        transactional batches there (InvalidTxnState otherwise)."""
+        idx = self.txn.indexes.get((info.id, sl))
+        if idx is None or txn.is_anonymous_kafka(h.producer_id):
+            return
+        pid, _ = txn.split_producer_id(h.producer_id)
+        if pid in idx.slots[h.producer_id % info.active_groups].open:
+            raise InvalidTxnState(f"producer {pid} has a transaction open on streamlet {sl} of "
+                                  f"{info.name!r}: its batches there must be transactional")
+
+    def take_txn_verifies(self) -> list:
+        """`txn_verify` requests to send to the coordinator: (key, fields) each; report each
+        answer with txn_verified."""
+        return self.txn.take_requests()
+
+    def txn_verified(self, key, reply: dict | None, error: KeraError | None) -> None:
+        """The coordinator's answer to `key`'s txn_verify: append the chunks that waited for it
+        (in order), or answer them the refusal."""
+        number = None if reply is None else reply.get("txn")
+        if error is None and not (type(number) is int and 0 <= number <= txn.TXN_NUMBER_MAX):
+            error = BadRequest(f"txn_verify answered transaction number {number!r}")
+        self.counters.add("txn_verifies")
+        for q in self.txn.answered(key):
+            p = q.pending
+            if p is None or p.done:
+                continue   # answered already (timed out): the producer retries the chunk
+            try:
+                if error is not None:
+                    raise error
+                waits: list = []
+                p.results[q.index] = self._append(q.buf, waits, None, number)
+                for group, end in waits:
+                    if group.wait(end, p):
+                        p.remaining += 1
+            except KeraError as err:
+                self.counters.add(f"refused_{err.code}")
+                p.results[q.index] = [err.code, err.message, err.retriable]
+            self._settle(p)
+
+    def txn_markers(self, token, markers, now: float) -> dict | None:
+        """The coordinator's `txn_markers`: for each marker (Marker.to_wire order) append its
+        control chunk where its producer's transaction is open, idempotently
+        (docs/TRANSACTIONS.md). Returns the reply, or None when it waits for durability (it then
+        comes from take_replies: (token, reply))."""
+        if self.broker_id is None:
+            raise NotReady("broker is not registered yet")
+        if not isinstance(markers, list) or len(markers) > MARKERS_PER_REQUEST_MAX:
+            raise BadRequest(f"'markers' must be a list of at most {MARKERS_PER_REQUEST_MAX}")
+        names = {s.info.name: s for s in self.streams.values()}
+        reply: dict = {"written": [], "not_owner": []}
+        waits: list = []
+        for m in markers:
+            marker, stream_name, sl = _parse_marker(m)
+            stream = names.get(stream_name)
+            if stream is None or sl >= stream.info.streamlets \
+                    or stream.info.placement[sl] != self.broker_id:
+                reply["not_owner"].append([stream_name, sl])
+                continue
+            if self.recovering and (stream.info.id, sl) in self.recovering:
+                continue   # not answered: the coordinator sends it again
+            try:
+                self._write_marker(stream, sl, marker, waits)
+            except Throttled:
+                continue
+            reply["written"].append([stream_name, sl, marker.producer_id, marker.txn])
+        self.counters.add("txn_markers", len(reply["written"]))
+        p = Pending(token, reply, now + self.cfg.produce_timeout_s)
+        for group, end in waits:
+            if group.wait(end, p):
+                p.remaining += 1
+        if p.remaining == 0:
+            return reply
+        self._pending.append(p)
+        self._pending_count += 1
+        return None
+
+    def _write_marker(self, stream: Stream, sl: int, m: txn.Marker, waits: list) -> None:
+        """Append `m`'s control chunk in the slot of its open transaction, or only wait for an
+        earlier copy's durability (a retry), or nothing (no transaction here, a late
+        duplicate): the table of docs/TRANSACTIONS.md."""
+        info = stream.info
+        idx = self.txn.index(info.id, sl, info.active_groups)
+        streamlet = stream.streamlets.get(sl)
+        slot = idx.open_slot(m.producer_id)
+        fence = idx.fence(m.producer_id)
+        if slot is None or streamlet is None:
+            if fence is not None and fence.txn >= m.txn and streamlet is not None:
+                group = streamlet.group(fence.group)
+                if group is not None and group.durable < fence.end:
+                    waits.append((group, fence.end))   # a retry: once the first is durable
+            return
+        opened = idx.slots[slot].open[m.producer_id]
+        number = opened.txn
+        if number is None:   # rebuilt: its number is the one after the last marker's
+            number = m.txn if fence is None or fence.txn < m.txn else fence.txn
+        if number != m.txn or m.epoch < opened.epoch:
+            return   # a late duplicate of an earlier transaction's marker
+        buf = txn.build_marker(m, info.id, sl, self.wall_ms, slot)
+        self._admit(stream, streamlet, sl, slot, len(buf))
+        at = streamlet.next_number(slot)
+        group, _seg, base = self._store(stream, streamlet, buf, len(buf), 1, slot, waits)
+        if idx.on_marker(slot, m, at, group.id, base + 1) and self.fetch_waits.watched:
+            self.fetch_waits.wake(info.id, sl)
+
+    def take_txn_resolves(self, now: float) -> list:
+        """`txn_resolve` requests for transactions held open past the longest timeout: (key,
+        fields) each; report each answer with txn_resolved."""
+        out = []
+        for key, epoch in self.txn.stale_opens(now):
+            stream = self.streams.get(key[0])
+            if stream is None:
+                self.txn.resolved(key, now)
+                continue
+            out.append((key, {"producer_id": key[2], "epoch": epoch,
+                              "part": [stream.info.name, key[1]]}))
+        self.counters.add("txn_resolves", len(out))
+        return out
+
+    def txn_resolved(self, key, reply: dict | None, error: KeraError | None, now: float) -> None:
+        """The coordinator's answer about a stale open transaction: its number ("open"), or the
+        marker to write here now ("commit", "abort"; number -1: one it does not hold open)."""
+        self.txn.resolved(key, now)
+        stream = self.streams.get(key[0])
+        idx = self.txn.indexes.get(key[:2])
+        decision = None if reply is None else reply.get("decision")
+        number = None if reply is None else reply.get("txn")
+        if error is not None or stream is None or idx is None or type(number) is not int:
+            return
+        sid, sl, pid = key
+        slot = idx.open_slot(pid)
+        if slot is None:
+            return
+        opened = idx.slots[slot].open[pid]
+        if decision == "open":
+            idx.set_number(slot, pid, number)
+        elif decision in ("commit", "abort"):
+            if number < 0:   # unknown to the coordinator: abort it under the number it has
+                fence = idx.fence(pid)
+                number = opened.txn if opened.txn is not None else (
+                    0 if fence is None else fence.txn + 1)
+            m = txn.Marker(pid, opened.epoch, number, decision == "commit")
+            try:
+                self._write_marker(stream, sl, m, [])
+            except Throttled:
+                pass   # asked again after RESOLVE_AFTER_S
+
+    def _settle(self, p: "Pending") -> None:
+        """One of the things `p` waited for happened: answer it once none is left."""
+        p.remaining -= 1
+        if p.remaining == 0 and not p.done:
+            p.done = True
+            self._pending_count -= 1
+            self._replies.append((p.token, p.results))
 
     def _producer_verdict(self, h, sid: int, sl: int) -> tuple:
         """(key, entry, verdict) of a chunk's producer: kera's rule (sequences count chunks),
         Kafka's for a Kafka batch (sequences count records), none for a Kafka producer
-        without idempotence (ANONYMOUS_PRODUCER_ID: every batch is new, as Kafka has it)."""
+        without idempotence (ids below txn.ANONYMOUS_PRODUCER_IDS: every batch is new, as
+        Kafka has it)."""
         if h.flags & FLAG_KAFKA:
-            if h.producer_id == ANONYMOUS_PRODUCER_ID:
+            if txn.is_anonymous_kafka(h.producer_id):
                 return None, None, APPEND
             key = (h.producer_id, sid, sl)
             entry = self.producers.get(key)
             return key, entry, classify_kafka(entry, h.sequence)
         key = (h.producer_id, sid, sl)
         entry = self.producers.get(key)
-        return key, entry, classify(entry, h.sequence)
+        return key, entry, classify(entry, txn.plain_sequence(h.sequence))
 
     def _check_condition(self, info, streamlet: Streamlet, buf) -> tuple[int, ...]:
         """A conditional append's locks, once checked against the streamlet's lock table
@@ -510,11 +731,19 @@ class Broker:
                              f"{LOCKS_PER_APPEND_MAX}")
         hit = streamlet.lock_table().conflict(locks, high_water_mark)
         if hit is not None:
+            # The table takes a lock at append, before its record is durable; a refusal is
+            # final only over a durable record (a paused or failed-over broker's last appends
+            # may never be), so until then the writer is told to retry.
+            if hit[1] >= streamlet.number_span()[1]:
+                self.counters.add("lock_conflicts_pending")
+                raise NotReady(f"lock {hit[0]} was last written by record {hit[1]}, which is "
+                               f"not durable yet: retry")
             self.counters.add("lock_conflicts")
             raise LockConflict(lock_conflict_message(hit[0], hit[1], high_water_mark))
         return locks
 
-    def _duplicate(self, streamlet: Streamlet, key, entry: Entry, seq: int, waits: list) -> list:
+    def _duplicate(self, streamlet: Streamlet, key, entry: Entry, seq: int, waits: list,
+                   raw_seq: int) -> list:
         self.duplicates += 1
         g, segno, base, end = entry.group, entry.segment, entry.base_offset, entry.end_offset
         placed = True
@@ -526,7 +755,7 @@ class Broker:
             # chunk is durable: then every earlier one of the producer is (one slot's groups
             # become durable in order, kera.broker.core._slot_vlog). Naming the newest chunk's
             # place instead told the producer a position that holds another chunk.
-            found = streamlet.find_chunk(key[0], seq, self.cfg.duplicate_scan_chunks_max)
+            found = streamlet.find_chunk(key[0], raw_seq, self.cfg.duplicate_scan_chunks_max)
             if found is not None:
                 group, seg, i, _ = found
                 g, segno, base, end = group.id, seg.number, seg.bases[i], seg.end_offset(i)
@@ -695,14 +924,19 @@ class Broker:
         return 0 if streamlet is None else streamlet.first_group
 
     def fetch(self, reads, epochs: list | None = None, check=None,
-              again: bool = False) -> tuple[list, list]:
+              again: bool = False, isolation: str | None = None) -> tuple[list, list]:
         """(results, frames) for a `fetch` request's `reads` (see docs/PROTOCOL.md); `epochs`,
         if given, gets each read's streamlet history epoch (None for a failed read or a
         streamlet with no data yet), the reply's `epochs`. `check(name)`, if given, refuses
         (that read's error) a stream the caller may not read. `again`: the same request,
-        held (park_fetch) and read once more (counted once in `fetch_requests`)."""
+        held (park_fetch) and read once more (counted once in `fetch_requests`). `isolation`:
+        read_committed stops at the stable bound and skips aborted transactions; control
+        chunks are skipped in both (kera.broker.txn_writes); None serves every durable chunk as
+        stored, control chunks included (the Kafka listener's: its clients skip them)."""
         if not isinstance(reads, list) or len(reads) > FETCH_READS_MAX:
             raise BadRequest(f"'reads' must be a list of at most {FETCH_READS_MAX} reads")
+        if isolation is not None and isolation not in ISOLATIONS:
+            raise BadRequest(f"'isolation' must be one of {', '.join(ISOLATIONS)}")
         if not again:
             self.counters.add("fetch_requests")
         results: list = []
@@ -719,7 +953,7 @@ class Broker:
                 current = None if streamlet is None else streamlet.epoch
                 self._check_epoch(sid, sl, epoch, current)
                 groups = self._read(streamlet, sl, low, offsets, max_bytes, frames, budget,
-                                    earliest)
+                                    earliest, isolation)
                 if len(frames) - before > 1:
                     frames[before:] = pack(frames[before:])
             except KeraError as err:
@@ -782,7 +1016,7 @@ class Broker:
             " its data was lost; start again from 'earliest' or 'latest'")
 
     def _read(self, streamlet: Streamlet | None, sl, low, offsets, max_bytes, frames, budget,
-              earliest=False) -> list:
+              earliest=False, isolation: str | None = None) -> list:
         if streamlet is None:
             _check_cursor_end(sl, 0, low, offsets)
             return []
@@ -812,6 +1046,9 @@ class Broker:
             candidates.append((g, off))
             if len(slots_seen) == streamlet.active_groups:
                 break
+        idx = None if isolation is None else self.txn.indexes.get((streamlet.stream_id,
+                                                                   streamlet.index))
+        committed = isolation == READ_COMMITTED
         left = min(max_bytes, budget[0])
         k = len(candidates)
         taken = 0
@@ -821,6 +1058,9 @@ class Broker:
             share = left // (k - i)   # fair share of what is left, so no slot starves
             views, nbytes, chunks = g.read(off, share, (taken == 0 and budget[0] > 0),
                                            wire.MAX_FRAMES - len(frames))
+            if idx is not None and views:   # transactions were written here
+                limit = idx.stable_end(g.slot, g.id, g.durable) if committed else g.durable
+                views, nbytes, chunks = filter_views(views, idx, g.slot, limit, committed)
             frames.extend(views)
             taken += chunks
             left -= nbytes
@@ -892,6 +1132,9 @@ class Broker:
             producer_entries_retained=self.producers.retained_count,
             producer_entries_forgotten=self.producers.forgotten,
             metadata_version=self.metadata_version,
+            txn_verify_queued=self.txn.queued_count,
+            txn_verifies_in_flight=len(self.txn.verifying),
+            txn_streamlets=len(self.txn.indexes),
         )
         s.update(self.tier.stats())
         s.update(self.fetch_waits.stats())
@@ -1060,3 +1303,35 @@ def _streamlet_unknown(info: StreamInfo, sl: int) -> NotReady:
     return NotReady(f"stream {info.name!r} has {info.streamlets} streamlets at metadata version "
                     f"{info.version} here, no streamlet {sl}: the count may have been raised "
                     f"since; ask the coordinator")
+
+
+def _parse_marker(m) -> tuple:
+    """(kera.codec.txn.Marker, stream name, streamlet) of a wire marker: [transactional_id,
+    producer_id, epoch, txn, commit, stream, streamlet]."""
+    if not (isinstance(m, list) and len(m) == 7 and isinstance(m[5], str)
+            and isinstance(m[4], bool)):
+        raise BadRequest("a marker is [transactional_id, producer_id, epoch, txn, commit, "
+                         "stream, streamlet]")
+    _, pid, epoch, number, commit, stream, sl = m
+    _check_int(pid, "marker producer_id", _U64_MAX >> txn.EPOCH_BITS)
+    _check_int(epoch, "marker epoch", txn.EPOCH_MASK)
+    _check_int(number, "marker txn", txn.TXN_NUMBER_MAX)
+    _check_int(sl, "marker streamlet", _U32_MAX)
+    return txn.Marker(pid, epoch, number, commit), stream, sl
+
+
+class _Held(Exception):
+    """A transactional chunk that waits for its producer's verification (txn_verify)."""
+
+    def __init__(self, key: tuple, stream: str, add: bool = True):
+        super().__init__(key)
+        self.key = key
+        self.stream = stream
+        self.add = add          # join the part to the transaction (kera's producers)
+
+
+def _transactional(h, buf) -> bool:
+    """A chunk of an open transaction: kera's (TXN_SEQUENCE_BIT) or a Kafka client's batch."""
+    if h.flags & FLAG_KAFKA:
+        return kafka_batch.read_header(buf, h.header_size).transactional
+    return txn.is_transactional(h.sequence)

@@ -24,6 +24,7 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 from kera import config
+from kera.codec import txn
 
 APPEND = 0
 DUPLICATE = 1
@@ -105,7 +106,7 @@ class ProducerTable:
 
 # The producer id of a Kafka batch from a producer without idempotence (its producerId -1):
 # no duplicate detection and no table entry, as a Kafka broker has none for it.
-ANONYMOUS_PRODUCER_ID = 0
+ANONYMOUS_PRODUCER_ID = txn.ANONYMOUS_PRODUCER_ID
 
 
 def classify_kafka(entry: Entry | None, sequence: int) -> int:

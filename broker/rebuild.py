@@ -47,10 +47,12 @@ import logging
 from array import array
 
 from kera.broker.group import Group
-from kera.broker.producers import ANONYMOUS_PRODUCER_ID, Entry
+from kera.broker.producers import Entry
 from kera.broker.streamlet import Streamlet
+from kera.broker.txn_writes import rebuild_index
+from kera.codec import txn
 from kera.codec.chunk import (COMPACTED_PRODUCER_ID, FLAG_CONDITION, FLAG_KAFKA, FLAG_SPARSE,
-                              UNSET_U32, UNSET_U64, Chunk, ChunkHeader, compacted,
+                              MARKER_PRODUCER_ID, UNSET_U32, UNSET_U64, Chunk, ChunkHeader, compacted,
                               offsets_covered, read_condition, read_header)
 from kera.errors import CorruptChunk
 
@@ -112,7 +114,7 @@ class StreamletRebuild:
         gb = self.groups.get(h.group)
         if gb is None:
             gb = self.groups[h.group] = _GroupBuild(Group(
-                h.group, h.producer_id % self.active_groups, self.group_segments,
+                h.group, _slot(chunk, h, self.active_groups), self.group_segments,
                 self.segment_size_bytes, self.stream_id, self.streamlet))
         head = gb.group.head
         base = h.base_offset
@@ -163,7 +165,7 @@ class StreamletRebuild:
         if h.flags & FLAG_CONDITION:
             gb.conditions.append((group.head, _locks_of(chunk)))
         gb.pids.append(h.producer_id)
-        gb.seqs.append(h.sequence)
+        gb.seqs.append(h.sequence if h.flags & FLAG_KAFKA else txn.plain_sequence(h.sequence))
         gb.nexts.append(next_sequence(h))
         if durable and gb.durable_open:
             gb.durable_end = group.head
@@ -365,7 +367,7 @@ class StreamletRebuild:
 
 
 # `next_sequence` of a chunk whose producer has no sequence rule (kera.broker.core
-# ANONYMOUS_PRODUCER_ID with a Kafka batch): never a producer-table entry, never a cut.
+# txn.ANONYMOUS_PRODUCER_IDS with a Kafka batch): never a producer-table entry, never a cut.
 NO_SEQUENCE = 2**64 - 1
 
 
@@ -373,11 +375,11 @@ def next_sequence(h) -> int:
     """The sequence the chunk after `h` of its producer has: kera's count chunks, Kafka's
     idempotent producers' count records (kera.broker.producers.classify_kafka); a compacted
     chunk (its sequence names its place in a rewrite) has none."""
-    if h.flags & FLAG_SPARSE:
+    if h.flags & FLAG_SPARSE or h.producer_id == MARKER_PRODUCER_ID:
         return NO_SEQUENCE
     if not h.flags & FLAG_KAFKA:
-        return h.sequence + 1
-    if h.producer_id == ANONYMOUS_PRODUCER_ID:
+        return txn.plain_sequence(h.sequence) + 1
+    if txn.is_anonymous_kafka(h.producer_id):
         return NO_SEQUENCE
     return h.sequence + h.record_count
 
@@ -515,7 +517,15 @@ def install(core, rebuild: StreamletRebuild) -> Installed | None:
     _replay_locks(streamlet, groups, rebuild)
     for pid, entry in rebuild.newest_entries().items():
         core.producers.put((pid, info.id, sl), entry)
+    rebuild_index(core.txn, info, streamlet)
     return done
+
+
+def _slot(chunk, h: ChunkHeader, active_groups: int) -> int:
+    """The slot a chunk was appended to: its producer's, or a marker's own (kera.codec.txn)."""
+    if h.producer_id == MARKER_PRODUCER_ID:
+        return txn.marker_slot(chunk, h) % active_groups
+    return h.producer_id % active_groups
 
 
 def _above_floor(info, sl: int, groups: list[Group]) -> list[Group]:

@@ -33,6 +33,9 @@ from kera.broker import history_epoch, tier_files
 from kera.broker.group import Group
 from kera.broker.locks import LockTable
 from kera.broker.producers import Entry
+from kera.broker.txn_writes import rebuild_index
+from kera.codec import txn
+from kera.codec.chunk import MARKER_PRODUCER_ID
 from kera.broker.segment import Segment
 from kera.broker.streamlet import Streamlet
 from kera.broker.tier_files import CorruptSegment, LoadedSegment
@@ -122,7 +125,10 @@ def _streamlet(broker, info, sl: int, segs: list[LoadedSegment], first_recorded:
         # on disk): every lock counts as written by the last one (kera.broker.locks).
         streamlet.locks = LockTable(floor=streamlet.next_numbers[0] - 1)
     for pid, entry in newest.items():
-        broker.producers.put((pid, info.id, sl), entry)
+        if pid != MARKER_PRODUCER_ID:   # a transaction's control chunks: no producer's
+            seq = txn.plain_sequence(entry.sequence)   # a Kafka sequence never has bit 63
+            broker.producers.put((pid, info.id, sl), entry._replace(sequence=seq))
+    rebuild_index(broker.txn, info, streamlet)
     log.info("stream %s streamlet %d: reloaded groups %d..%d from disk", info.name, sl, first, last)
     return streamlet
 

@@ -322,12 +322,20 @@ class Retention:
             tier.segment_deleted(seg)
         streamlet.groups.pop(0)
         streamlet.first_group = group.id + 1
+        self._trim_transactions(streamlet, group)
         ends = self.deleted_ends.setdefault((streamlet.stream_id, streamlet.index), OrderedDict())
         ends[group.id] = group.head
         while len(ends) > DELETED_ENDS_MAX:
             ends.popitem(last=False)
         log.debug("stream %d streamlet %d: group %d deleted (%d records)", streamlet.stream_id,
                   streamlet.index, group.id, group.head)
+
+    def _trim_transactions(self, streamlet, group) -> None:
+        """Aborted ranges whose marker went with `group` are forgotten (kera.broker.transactions)."""
+        txn = getattr(self.broker, "txn", None)
+        idx = None if txn is None else txn.indexes.get((streamlet.stream_id, streamlet.index))
+        if idx is not None and group.number_base is not None:
+            idx.trim(group.slot, group.number_base + group.head)
 
     def stream_deleted(self, stream_id: int) -> None:
         for key in [k for k in self.deleted_ends if k[0] == stream_id]:

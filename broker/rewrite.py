@@ -17,19 +17,21 @@ from kera.broker.time_index import stored_chunk
 from kera.codec.chunk import GENERATION_MAX, Chunk, compacted, encode_sparse, read_header
 
 
-def segment_records(seg: Segment, number_base: int, mv: memoryview | None = None) -> list[Record]:
+def segment_records(seg: Segment, number_base: int, mv: memoryview | None = None,
+                    check: bool = False) -> list[Record]:
     """The records of a closed segment, in number order, as a pass reads them (a tombstone of
     an earlier rewrite keeps the time it was first kept: its chunk's delete horizon). Per
     record Python: the caller bounds how many segments it reads per turn. `mv`: the segment's
     memory as taken on the loop, for a reader on another thread, which must not map files
-    through the tier nor see the segment's memory go (the view keeps it)."""
+    through the tier nor see the segment's memory go (the view keeps it); `check`: `mv` maps
+    a file, whose chunks are verified (both checksums) as every read of a file is."""
     out: list[Record] = []
     for i in range(len(seg)):
         if mv is None:
             c = stored_chunk(seg, i)
         else:
             pos = seg.positions[i]
-            c = Chunk(mv[pos:pos + seg.sizes[i]], check=False)   # checked when appended
+            c = Chunk(mv[pos:pos + seg.sizes[i]], check=check)   # else checked when appended
         base = number_base + seg.bases[i]
         horizon = c.delete_horizon_ms
         headers = c.headers() if c.has_headers else [()] * len(c)

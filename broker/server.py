@@ -30,7 +30,8 @@ from kera.net.security import is_loopback
 from kera.daemon.coordinator_link import CoordinatorLink, LinkHooks
 from kera.daemon.coordinator_session import CoordinatorSession
 from kera.broker import history_epoch, replica_report
-from kera.broker.core import Broker, BrokerConfig, parse_cursor
+from kera.broker.core import MARKERS_PER_REQUEST_MAX, Broker, BrokerConfig, parse_cursor
+from kera.broker.txn_writes import READ_COMMITTED
 from kera.broker.memory import default_memory_limit_bytes
 from kera.broker.recovery_service import RecoveryService
 from kera.broker.segment_pool import SEGMENT_POOL_BYTES
@@ -41,10 +42,12 @@ from kera.broker.virtual_log import ReplicationWrite
 from kera.net.acl import Acl
 from kera.errors import BadRequest, KeraError, Throttled
 from kera.daemon.identity import Identity
-from kera.daemon.metrics import labelled_text, serve_metrics
+from kera.daemon.metrics import Labelled, add_stream_labels_argument, serve_metrics
+from kera.broker.latency import BrokerLatency, ProduceReply
 from kera.daemon.env import DaemonEnv, real_if_none
 from kera.daemon.flags import add_common_arguments, setup_logging, size_bytes
 from kera.net.server import DEFERRED, Request
+from kera.broker.kafka import slots as kafka_slots
 from kera.broker.kafka.catalog import Catalog, CoordinatorCalls
 from kera.broker.kafka.context import Advertised, Context, Deferred, Settings
 from kera.broker.kafka import groups as kafka_groups
@@ -68,6 +71,25 @@ PRECONNECT_BACKUPS_MAX = 64
 # Descriptors a paged `broker_streams` listing may add up to before it is refused and asked
 # again: the coordinator holds at most validate.STREAMS_MAX (10,000) streams.
 STREAMS_LISTED_MAX = 10_000
+
+
+# A txn_verify waits at most this for the coordinator (a persisted change: one fsync or etcd
+# transaction); past it the held chunks are refused timeout and their producer retries.
+TXN_VERIFY_TIMEOUT_S = 5.0
+
+
+class _MarkerReply(Deferred):
+    """A txn_markers request the core answers once its markers are durable."""
+    __slots__ = ("server", "req")
+
+    def __init__(self, server, req: Request):
+        self.server, self.req = server, req
+
+    def done(self, result) -> None:
+        if isinstance(result, KeraError):
+            self.server.fail(self.req, result)
+        else:
+            self.server.reply(self.req, result)
 
 
 class BrokerDaemon:
@@ -96,6 +118,7 @@ class BrokerDaemon:
         self.server.on("offsets_for_number", self._on_offsets_for_number)
         self.server.on("numbers", self._on_numbers)
         self.server.on("stats", self._on_stats)
+        self.server.on("txn_markers", self._on_txn_markers)
         if advertise is None:
             advertise = self.server.address
             if host in ("0.0.0.0", "*", "::", ""):
@@ -106,6 +129,7 @@ class BrokerDaemon:
         self.snapshot: dict = {}          # replaced whole, read by the metrics thread
         self.traffic_snapshot: dict = {}  # per stream, likewise, while metrics are served
         self.export_traffic = False
+        self.latency: BrokerLatency | None = None   # histograms, while metrics are served
         self._pages: list = []            # (version, descriptors) of a paged broker_streams
         self._beats = 0
         # Register, heartbeat, follow the leader (kera.daemon.coordinator_link).
@@ -153,20 +177,25 @@ class BrokerDaemon:
     # ------------------------------------------------------------------ handlers
     def _on_produce(self, req: Request):
         acks = req.fields.bool("acks", True)
-        quota = self._quota(req, "produce")
         frames = [f.buffer for f in req.frames]
+        nbytes = sum(map(len, frames))
+        quota = self._quota(req, "produce", nbytes)
         if quota is not None:
-            quota.charge(req.principal.name, "produce", sum(map(len, frames)), self.clock.monotonic())
+            quota.charge(req.principal.name, "produce", nbytes, self.clock.monotonic())
         # The chunks are copied into segments now: a deferred request must not keep the
         # received frames alive until it is answered.
         req.frames = []
-        results = self.core.produce(req, frames, self.clock.monotonic(), acks,
-                                    self._checker(req, "write"))
+        now, latency = self.clock.monotonic(), self.latency
+        token = req if latency is None else ProduceReply(self.server, req, self.clock, now,
+                                                         latency.produce)
+        results = self.core.produce(token, frames, now, acks, self._checker(req, "write"))
         del frames
         self._record_histories()
         self.tiering.write_live()
         if results is None:
             return DEFERRED
+        if latency is not None:
+            latency.produce.observe(self.clock.monotonic() - now)
         return {"results": results}
 
     def _record_histories(self) -> None:
@@ -180,17 +209,22 @@ class BrokerDaemon:
         reads = req.fields.list("reads")
         wait_ms = req.fields.int("wait_ms", 0, hi=config.FETCH_WAIT_MAX_MS)
         quota = self._quota(req, "fetch")
+        started_s = self.clock.monotonic()
         results, epochs, frames = self._fetch(req, reads)
         if wait_ms and not frames and all(r[0] is None for r in results):
             deadline = self.clock.monotonic() + wait_ms / 1000
-            if self.core.park_fetch((req, reads, quota), reads, deadline):
+            if self.core.park_fetch((req, reads, quota, started_s), reads, deadline):
                 self.server.wake_at(deadline)
                 return DEFERRED   # answered by _answer_held_fetches
+        if self.latency is not None:
+            self.latency.fetch.observe(self.clock.monotonic() - started_s)
         return self._fetch_reply(req, quota, results, epochs, frames)
 
     def _fetch(self, req: Request, reads: list, again: bool = False) -> tuple[list, list, list]:
         epochs: list = []
-        results, frames = self.core.fetch(reads, epochs, self._checker(req, "read"), again)
+        isolation = req.fields.str("isolation", READ_COMMITTED, hi=32)
+        results, frames = self.core.fetch(reads, epochs, self._checker(req, "read"), again,
+                                          isolation)
         return results, epochs, frames
 
     def _fetch_reply(self, req: Request, quota, results: list, epochs: list, frames: list,
@@ -206,7 +240,7 @@ class BrokerDaemon:
             if isinstance(token, Deferred):
                 token.done(None)
                 continue
-            req, reads, quota = token
+            req, reads, quota, started_s = token
             try:
                 results, epochs, frames = self._fetch(req, reads, again=True)
             except KeraError as err:   # e.g. not_ready: this broker lost its registration
@@ -214,6 +248,8 @@ class BrokerDaemon:
                 continue
             fields, frames = self._fetch_reply(req, quota, results, epochs, frames, held=True)
             self.server.reply(req, fields, frames)
+            if self.latency is not None:
+                self.latency.fetch_held.observe(self.clock.monotonic() - started_s)
 
     def _on_offsets(self, req: Request):
         f = req.fields
@@ -238,25 +274,16 @@ class BrokerDaemon:
         return self._cursor_reply(req, q.sid, q.sl, self.core.cursor_at_number, q.target)
 
     def _on_numbers(self, req: Request):
-        """Record numbers of a one-slot streamlet (a Kafka partition's offsets): `start` (the
-        first retained), `end` (the durable end) and, given `timestamp_us`, `at_time`, the first
-        durable record at or after it (None: none is). For `kera group` on Kafka groups."""
+        """Record numbers of one slot of a streamlet (a Kafka partition's offsets): `start`
+        (the first retained), `end` (the durable end) and, given `timestamp_us`, `at_time`, the
+        first durable record at or after it (None: none is). For `kera group` on Kafka groups."""
         f = req.fields
         sid, sl = f.int("sid", hi=SID_MAX), f.int("sl", hi=SL_MAX)
         check = self._checker(req, "describe")
         if check is not None:
             self.core.check_stream(sid, check)
-        stream = self.core.streams.get(sid)
-        if stream is not None and stream.info.active_groups != 1:
-            raise BadRequest(f"stream '{stream.info.name}' has {stream.info.active_groups} "
-                             f"active groups per streamlet: its record numbers are per slot")
-        start, end = self.core.number_span(sid, sl)
-        reply = {"start": start, "end": end}
-        at_us = f.int("timestamp_us", None, hi=schema.TIMESTAMP_US_MAX)
-        if at_us is not None:
-            found = self.core.number_at_time(sid, sl, at_us)
-            reply["at_time"] = None if found is None else found[0]
-        return reply
+        return kafka_slots.numbers(self.core, sid, sl, f.int("slot", 0, hi=255),
+                                   f.int("timestamp_us", None, hi=schema.TIMESTAMP_US_MAX))
 
     def _cursor_reply(self, req: Request, sid: int, sl: int, cursor_at, target: int) -> dict:
         """A reader's cursor at `target` (a time or a record number), once the caller may
@@ -268,14 +295,15 @@ class BrokerDaemon:
         return {"low": low, "offsets": offsets, "first_group": self.core.first_group(sid, sl),
                 "epoch": self.core.history_epoch(sid, sl)}
 
-    def _quota(self, req: Request, kind: str):
-        """The quotas to charge `req` to, after refusing it (`throttled`) while its
-        principal is over its rate; None in plaintext."""
+    def _quota(self, req: Request, kind: str, nbytes: int = 0):
+        """The quotas to charge `req` (of `nbytes`) to, after refusing it (`throttled`) while
+        its principal is over its rate, or larger than its rate allows at once; None in
+        plaintext."""
         guard = self.server.guard
         if guard is None or req.principal is None:
             return None
         try:
-            guard.quotas.admit(req.principal.name, kind, self.clock.monotonic())
+            guard.quotas.admit(req.principal.name, kind, self.clock.monotonic(), nbytes)
         except Throttled:
             self.core.counters.add(f"quota_throttled_{kind}")
             raise
@@ -284,6 +312,29 @@ class BrokerDaemon:
     def _checker(self, req: Request, operation: str):
         guard = self.server.guard
         return None if guard is None else guard.checker(req.principal, operation, req.op)
+
+    def _on_txn_markers(self, req: Request):
+        """The coordinator's markers (kera.broker.core.Broker.txn_markers): answered once every
+        one reported written is durable."""
+        reply = self.core.txn_markers(_MarkerReply(self.server, req),
+                                      req.fields.list("markers", max_len=MARKERS_PER_REQUEST_MAX),
+                                      self.clock.monotonic())
+        return DEFERRED if reply is None else reply
+
+    def _send_txn_verifies(self) -> None:
+        """Ask the leading coordinator txn_verify for the transactional chunks that wait."""
+        core = self.core
+        for key, fields in core.take_txn_verifies():
+            def done(header, frames, error, key=key):
+                core.txn_verified(key, header, error)
+                self.server.wake_at(self.clock.monotonic())   # answer in this loop's turn
+            self.server.peer(self.link.address).request("txn_verify", fields, [],
+                                                        TXN_VERIFY_TIMEOUT_S, done)
+        for key, fields in core.take_txn_resolves(self.clock.monotonic()):
+            def resolved(header, frames, error, key=key):
+                core.txn_resolved(key, header, error, self.clock.monotonic())
+            self.server.peer(self.link.address).request("txn_resolve", fields, [],
+                                                        TXN_VERIFY_TIMEOUT_S, resolved)
 
     def _on_stats(self, req: Request):
         # acl_version: which ACLs and quotas this broker enforces (-1: none received yet).
@@ -300,6 +351,7 @@ class BrokerDaemon:
         self.recovery.pump()
         self.compaction.pump()   # a pass's new chunks go out with this turn's writes
         core.tick(now)
+        self._send_txn_verifies()
         writes = core.sync(now)
         # The replicas of a segment that are level get the same payload list (VirtualLog._write).
         for w, frames in zip(writes, self.server.share([w.frames for w in writes])):
@@ -317,9 +369,13 @@ class BrokerDaemon:
 
     def _send_write(self, w: ReplicationWrite, frames: list) -> None:
         core = self.core   # a write of a previous incarnation is accounted by that core
+        latency, sent_s = self.latency, self.clock.monotonic()
 
         def done(header, frames, error, w=w):
-            core.write_done(w, header, error, self.clock.monotonic())
+            now = self.clock.monotonic()
+            if latency is not None and error is None:
+                latency.replication.observe(now - sent_s)
+            core.write_done(w, header, error, now)
 
         # The core times writes out itself (tick); the peer's deadline, the same, also drops a
         # write still waiting for its connection, so no stale write reaches a replaced backup.
@@ -487,6 +543,7 @@ def _kafka_security(server, opts: KafkaOptions) -> KafkaSecurity:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
+    add_stream_labels_argument(parser, "per-stream traffic and compaction gauges")
     parser.add_argument("--node", default=None, help="host identity for placement (default: hostname)")
     parser.add_argument("--id", type=int, default=None, help="broker id to re-register with")
     parser.add_argument("--virtual-logs", type=int, default=config.DEFAULT_VIRTUAL_LOGS,
@@ -612,13 +669,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, zmq.ZMQError) as exc:   # port in use, bad interface
         log.error("cannot start: %s", exc)
         return 1
-    httpd = None
-    if args.metrics_port:
-        daemon.export_traffic = True
-        httpd = serve_metrics(args.metrics_port, "kera_broker", lambda: daemon.snapshot,
-                              labels={"address": daemon.address}, host=args.metrics_host,
-                              extra=lambda: labelled_text("kera_broker_stream", "stream",
-                                                          daemon.traffic_snapshot))
+    metrics = _serve_metrics(daemon, args) if args.metrics_port else None
 
     def stop(signum, frame):
         log.info("signal %d: stopping", signum)
@@ -630,11 +681,27 @@ def run(args: argparse.Namespace) -> int:
     try:
         daemon.run()
     finally:
-        if httpd is not None:
-            httpd.shutdown()
+        if metrics is not None:
+            metrics.shutdown()
     log.info("broker stopped")
     # A bug stopped it (logged with its stack), or its identity was refused.
     return 1 if daemon.server.failure is not None else daemon.exit_code
+
+
+def _serve_metrics(daemon: BrokerDaemon, args: argparse.Namespace):
+    """The broker's counters and latency histograms on --metrics-host:--metrics-port; with
+    --metrics-stream-labels also its per-stream traffic and compaction gauges."""
+    labelled = ()
+    if args.metrics_stream_labels:
+        daemon.export_traffic = True
+        labelled = (Labelled("kera_broker_stream", "stream", lambda: daemon.traffic_snapshot),
+                    Labelled("kera_broker_compaction", "stream",
+                             lambda: daemon.compaction.metric_rows))
+    metrics = serve_metrics(args.metrics_port, "kera_broker", lambda: daemon.snapshot,
+                            labels={"address": daemon.address}, host=args.metrics_host,
+                            labelled=labelled)
+    daemon.latency = BrokerLatency(metrics)
+    return metrics
 
 
 def main(argv=None) -> int:

@@ -22,6 +22,12 @@ ever tier, so under that pressure the group of the largest durable open segment 
 R=1 segments need no write: their chunks reach their file before each ack. Once sealed with
 all chunks there, a segment is *settled* (`_settle`): it leaves memory at once, whatever the
 budget, and is read through its file as a tiered one is.
+
+A compaction's rewrite of a segment whose file is what a restart reloads (an R=1 stream's)
+replaces that file crash-safely (kera.broker.tier_files: `.cleaned`, `.swap`, rename):
+`write_rewrite` commits the new bytes beside the file (CleanJob, its outcome to `on_rewrite`),
+`rewritten` takes the new segment in at the swap and forgets the old one (no deletion: the
+files keep their name), and once the file is replaced (SwapJob) the new segment settles.
 """
 
 from __future__ import annotations
@@ -34,8 +40,8 @@ from pathlib import Path
 from typing import Callable
 
 from kera.broker import tier_files
-from kera.broker.tier_files import (DeleteJob, DeleteStreamJob, FirstGroupJob, LiveWrite,
-                                    SegmentRecord, WriteJob)
+from kera.broker.tier_files import (CleanJob, DeleteJob, DeleteStreamJob, DiscardJob,
+                                    FirstGroupJob, LiveWrite, SegmentRecord, SwapJob, WriteJob)
 from kera.codec.chunk import crc32c, verify
 from kera.errors import CorruptChunk, KeraError, NotReady
 from kera.daemon.metrics import Counters
@@ -131,6 +137,17 @@ def segment_key(seg) -> tuple[int, int, int, int]:
     return g.stream_id, g.streamlet, g.id, seg.number
 
 
+def segment_record(seg, n: int) -> SegmentRecord:
+    """The commit record of the first `n` chunks of a segment in memory."""
+    g = seg.group
+    return SegmentRecord(
+        stream_id=g.stream_id, streamlet=g.streamlet, group=g.id, segment=seg.number,
+        slot=g.slot, length=seg.positions[n - 1] + seg.sizes[n - 1], chunks=n,
+        base_offset=seg.bases[0], end_offset=seg.bases[n - 1] + seg.counts[n - 1],
+        created_ms=g.created_ms, last_ms=g.last_ms, capacity_bytes=seg.capacity_bytes,
+        chunks_crc=tier_files.chunks_crc(seg.mv, seg.positions, n), group_closed=g.closed)
+
+
 def durable_chunks(seg) -> int:
     """How many leading chunks of `seg` are durable (durability moves over whole chunks)."""
     return bisect_left(seg.bases, seg.group.durable)
@@ -169,6 +186,11 @@ class TierStore:
         # Sealed R=1 segments, oldest first, whose memory goes as soon as all their chunks are
         # in their file (`_settle`).
         self.settling: deque = deque()
+        # Rewritten segments whose file is being replaced (SwapJob): never written by a
+        # WriteJob meanwhile, which would overwrite the old file in place.
+        self.swapping: set = set()
+        # Told a CleanJob's outcome (kera.broker.compactor: the swap waits for it).
+        self.on_rewrite: Callable[[CleanJob, Exception | None], None] | None = None
         self.disk_bytes = 0                   # bytes of segment files on disk
         self.jobs_out = 0
         self._queue: deque = deque()          # deletions waiting for room on the tier thread
@@ -252,7 +274,7 @@ class TierStore:
             if seg.released:     # released by a path that did not tell us (e.g. a rebuild)
                 stale.append(seg)
                 continue
-            if seg in self.writing or not len(seg) or not sealed(seg):
+            if seg in self.writing or seg in self.swapping or not len(seg) or not sealed(seg):
                 continue
             n = len(seg)
             if durable_chunks(seg) < n:
@@ -326,18 +348,52 @@ class TierStore:
 
 
     def _write_job(self, seg, n: int) -> WriteJob:
-        g = seg.group
-        length = seg.positions[n - 1] + seg.sizes[n - 1]
-        record = SegmentRecord(
-            stream_id=g.stream_id, streamlet=g.streamlet, group=g.id, segment=seg.number,
-            slot=g.slot, length=length, chunks=n, base_offset=seg.bases[0],
-            end_offset=seg.bases[n - 1] + seg.counts[n - 1], created_ms=g.created_ms,
-            last_ms=g.last_ms, capacity_bytes=seg.capacity_bytes,
-            chunks_crc=tier_files.chunks_crc(seg.mv, seg.positions, n), group_closed=g.closed)
+        record = segment_record(seg, n)
+        length = record.length
         # An R=1 segment's live writes put its bytes in its file already: rewriting them took 5%
         # of the broker's samples at its memory limit (R=1, 64 KiB chunks; py-spy).
         on_file = self.live.get(seg, (0,))[0]
         return WriteJob(seg, record, seg.mv[:length], min(on_file, length))
+
+    # ------------------------------------------------------------------ compaction's rewrites
+    def write_rewrite(self, new) -> None:
+        """Commit a rewrite (`new`, in memory, not yet in its group) beside its segment's file
+        (CleanJob; its outcome goes to `on_rewrite`)."""
+        self._queue.append(CleanJob(new, segment_record(new, len(new)), new.mv))
+
+    def rewritten(self, old, new) -> None:
+        """At the swap: `new` (committed by `write_rewrite`) took `old`'s place in its group.
+        The old segment's memory or map goes, not its files (the new ones take their name);
+        the new one stays in memory until its file replaced the old one (SwapJob)."""
+        if old in self.resident:
+            self._left(old)
+        elif old.tier is not None:
+            self.maps.pop(old, None)
+            self.disk_bytes -= old.tier.length
+        old.release()
+        self.opened(new)
+        self.swapping.add(new)
+        self._queue.append(SwapJob(new, segment_record(new, len(new))))
+
+    def discard_rewrite(self, new) -> None:
+        """A committed rewrite that will not be swapped: its files go."""
+        if self.root is not None:
+            self._queue.append(DiscardJob(segment_key(new)))
+
+    def _swap_done(self, job: SwapJob, error: Exception | None) -> None:
+        """The file is replaced: the new segment settles (read through its file) as an R=1
+        segment does. On failure it stays in memory; a restart finishes the committed swap."""
+        seg = job.segment
+        self.swapping.discard(seg)
+        if error is not None:
+            self.counters.add("tier_write_errors")
+            log.error("replacing segment file %s by its compaction's rewrite failed (finished "
+                      "at the next start; served from memory until then): %s", job.record.key,
+                      error)
+        elif seg.released:   # deleted (retention, stream deleted) while it was replaced
+            self._delete_files(job.record.key, 0)
+        elif seg in self.resident:
+            self._tiered(seg, job.record.key, job.record.length)
 
     # ------------------------------------------------------------------ R=1 before the ack
     def live_appended(self, seg) -> None:
@@ -382,6 +438,13 @@ class TierStore:
     # ------------------------------------------------------------------ outcomes
     def job_done(self, job, error: Exception | None, now: float) -> None:
         self.jobs_out -= 1
+        if isinstance(job, CleanJob):
+            if self.on_rewrite is not None:
+                self.on_rewrite(job, error)
+            return
+        if isinstance(job, SwapJob):
+            self._swap_done(job, error)
+            return
         if not isinstance(job, WriteJob):
             if error is not None:
                 self.counters.add("tier_delete_errors")
@@ -509,8 +572,8 @@ class TierStore:
         if self.root is None:
             return jobs
         for seg in self.resident:
-            if seg in self.writing or seg.released:
-                continue
+            if seg in self.writing or seg in self.swapping or seg.released:
+                continue   # a rewrite's committed swap is finished by the next start
             n = durable_chunks(seg) if len(seg) else 0
             if n:
                 jobs.append(self._write_job(seg, n))

@@ -24,6 +24,15 @@ temporary name, fsync, rename, fsync the directory; a crash at any point leaves
 either no record (the `.seg` is an orphan, removed at the next start) or a whole one. Deletion
 removes the record first.
 
+A compaction's rewrite of a segment (kera.broker.compactor) replaces its file whole, as
+Kafka's cleaner does (`.cleaned`, `.swap`, rename): the new bytes go to `.cleaned` and are
+fdatasynced, then the new record is written atomically as `.swap`, the commit point; then
+`.cleaned` is renamed over `.seg` (directory fsynced), the record becomes the `.meta`, and the
+`.live` log and the `.swap` are removed. At the next start (`scan`) a `.swap` is finished
+(rolled forward) if its segment's `.seg` exists and removed otherwise; a `.cleaned` without a
+`.swap` is a rewrite cut short and is removed. So a crash at any point leaves the segment wholly
+as it was or wholly rewritten (both serve the same record numbers: docs/COMPACTION.md).
+
 Record layout (little-endian, 88 bytes)::
 
      0  4s  magic b"KBSG"     4  u16 version      6  u16 flags (bit 0: group closed)
@@ -133,6 +142,14 @@ def meta_path(root: Path, key) -> Path:
 
 def live_path(root: Path, key) -> Path:
     return streamlet_dir(root, key[0], key[1]) / f"{segment_base(key[2], key[3])}.live"
+
+
+def cleaned_path(root: Path, key) -> Path:
+    return streamlet_dir(root, key[0], key[1]) / f"{segment_base(key[2], key[3])}.cleaned"
+
+
+def swap_path(root: Path, key) -> Path:
+    return streamlet_dir(root, key[0], key[1]) / f"{segment_base(key[2], key[3])}.swap"
 
 
 # --------------------------------------------------------------------------- jobs
@@ -314,6 +331,25 @@ class DeleteStreamJob(NamedTuple):
     stream_id: int
 
 
+class CleanJob(NamedTuple):
+    """Write a compaction's rewrite of a segment beside its file and commit it (the `.cleaned`
+    bytes, then the `.swap` record); the file is replaced by a SwapJob once memory swapped."""
+    segment: object          # the new Segment (only the loop looks at it)
+    record: SegmentRecord
+    data: memoryview
+
+
+class SwapJob(NamedTuple):
+    """Finish a committed rewrite: `.cleaned` over `.seg`, the record as `.meta`."""
+    segment: object
+    record: SegmentRecord
+
+
+class DiscardJob(NamedTuple):
+    """Remove a rewrite that will not be swapped (its segment went meanwhile, a write failed)."""
+    key: tuple[int, int, int, int]
+
+
 def run(root: Path, job) -> None:
     """Run one tier job (on the tier thread); raises OSError to the caller."""
     if isinstance(job, WriteJob):
@@ -324,6 +360,12 @@ def run(root: Path, job) -> None:
         delete_stream(root, job.stream_id)
     elif isinstance(job, FirstGroupJob):
         write_first_group(root, job.stream_id, job.streamlet, job.first_group)
+    elif isinstance(job, CleanJob):
+        write_cleaned(root, job.record, job.data)
+    elif isinstance(job, SwapJob):
+        finish_swap(root, job.record)
+    elif isinstance(job, DiscardJob):
+        discard_rewrite(root, job.key)
     else:
         raise TypeError(f"unknown tier job {job!r}")
 
@@ -354,6 +396,39 @@ def write_segment(root: Path, record: SegmentRecord, data, on_file_bytes: int = 
     live = live_path(root, key)
     if live.exists():
         unlink_durable(live)
+
+
+def write_cleaned(root: Path, record: SegmentRecord, data) -> None:
+    """A rewrite's bytes to `.cleaned`, fdatasync, then its record to `.swap` (atomically: the
+    commit point; its directory fsync makes the `.cleaned` name durable too)."""
+    key = record.key
+    path = cleaned_path(root, key)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        direct_write.pwrite_all(fd, [memoryview(data)[:record.length]], 0)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    write_atomic(swap_path(root, key), encode_record(record))
+
+
+def finish_swap(root: Path, record: SegmentRecord) -> None:
+    """Replace a segment's file by its committed rewrite (again, if done before: every step
+    may be repeated after a crash): `.cleaned` renamed over `.seg`, the directory fsynced, the
+    record committed as `.meta`, then the `.live` log and the `.swap` removed."""
+    key = record.key
+    cleaned = cleaned_path(root, key)
+    if cleaned.exists():
+        os.replace(cleaned, seg_path(root, key))
+        fsync_dir(cleaned.parent)
+    write_atomic(meta_path(root, key), encode_record(record))
+    unlink_durable(live_path(root, key), swap_path(root, key))
+
+
+def discard_rewrite(root: Path, key) -> None:
+    """Remove a rewrite's `.swap` (first: it is the commit) and `.cleaned`."""
+    unlink_durable(swap_path(root, key))
+    unlink_durable(cleaned_path(root, key))
 
 
 def _open_segment_file(path: Path) -> tuple[int, bool, bool]:
@@ -420,6 +495,7 @@ def read_first_groups(root: Path) -> dict[tuple[int, int], int]:
 
 
 def delete_segment(root: Path, key) -> None:
+    discard_rewrite(root, key)               # a committed rewrite would bring the segment back
     unlink_durable(meta_path(root, key))     # the commit record first: a crash leaves an orphan
     live = live_path(root, key)
     if live.exists():
@@ -435,7 +511,8 @@ def delete_stream(root: Path, stream_id: int) -> None:
     for directory in base.iterdir():
         if directory.name.startswith(prefix):
             # records first: a crash leaves orphans
-            unlink_durable(*directory.glob("*.meta"), *directory.glob("*.live"))
+            unlink_durable(*directory.glob("*.swap"), *directory.glob("*.meta"),
+                           *directory.glob("*.live"))
             shutil.rmtree(directory, ignore_errors=True)
             fsync_dir(base)
 
@@ -484,9 +561,10 @@ class LoadedSegment(NamedTuple):
 
 
 def scan(root: Path) -> list[SegmentRecord]:
-    """Every segment whose record checks out, sorted by key. Orphan files (a `.seg` without a
-    record, a leftover temporary record) are removed; a damaged record is logged and skipped
-    (never deleted: an operator may want to look at it)."""
+    """Every segment whose record checks out, sorted by key. A compaction's committed rewrite
+    is finished first (`finish_rewrites`); orphan files (a `.seg` without a record, a leftover
+    temporary record, a `.cleaned` never committed) are removed; a damaged record is logged and
+    skipped (never deleted: an operator may want to look at it)."""
     found: list[SegmentRecord] = []
     base = root / SEGMENTS_DIR
     if not base.is_dir():
@@ -494,9 +572,11 @@ def scan(root: Path) -> list[SegmentRecord]:
     for directory in sorted(base.iterdir()):
         if not directory.is_dir():
             continue
+        finish_rewrites(root, directory)
         for path in sorted(directory.iterdir()):
-            if path.name.endswith(".meta.tmp"):
-                unlink_durable(path)
+            if path.name.endswith((".meta.tmp", ".swap.tmp")) or (
+                    path.suffix == ".cleaned" and not path.with_suffix(".swap").exists()):
+                unlink_durable(path)     # a rewrite never committed: the segment is as it was
             elif path.suffix == ".seg" and not path.with_suffix(".meta").exists() \
                     and path.with_suffix(".live").exists():
                 record = _live_record(root, path)
@@ -522,6 +602,46 @@ def scan(root: Path) -> list[SegmentRecord]:
                 found.append(record)
     found.sort(key=lambda r: r.key)
     return found
+
+
+def finish_rewrites(root: Path, directory: Path) -> int:
+    """At startup, before the segments are read: finish every committed rewrite (a `.swap`)
+    whose segment still has its `.seg`; remove the others (the segment was deleted). A
+    damaged `.swap` is removed with its `.cleaned` while that still exists (the segment is
+    then as it was); otherwise it is left for an operator. Returns how many were finished."""
+    finished = 0
+    for swap in sorted(directory.glob("*.swap")):
+        cleaned = swap.with_suffix(".cleaned")
+        try:
+            with open(swap, "rb") as f:
+                record = decode_record(f.read(RECORD_SIZE + 1))
+            if swap_path(root, record.key) != swap:
+                raise CorruptSegment(f"record names {record.key}, not this file")
+        except (OSError, CorruptSegment) as err:
+            log.error("rewrite record %s is damaged (%s): %s", swap, err,
+                      "the segment stays as it was" if cleaned.exists() else "left as it is")
+            if cleaned.exists():
+                discard_rewrite(root, _key_of_name(directory, swap))
+            continue
+        if not swap.with_suffix(".seg").exists():
+            discard_rewrite(root, record.key)     # the segment was deleted after the commit
+            continue
+        try:
+            finish_swap(root, record)
+        except OSError as err:   # the segment's files disagree now: it is skipped, not lost
+            log.error("cannot finish the compaction's rewrite of %s (%s): free or repair the "
+                      "data dir and restart; the files are left as they are", swap, err)
+            continue
+        log.info("finished the compaction's rewrite of %s", swap.with_suffix(".seg"))
+        finished += 1
+    return finished
+
+
+def _key_of_name(directory: Path, path: Path) -> tuple[int, int, int, int]:
+    """A segment's key from its streamlet directory's and its file's names."""
+    sid, _, sl = directory.name.partition("-")
+    group, _, seg = path.stem.partition("-")
+    return int(sid), int(sl), int(group), int(seg)
 
 
 def _live_record(root: Path, seg: Path) -> SegmentRecord | None:

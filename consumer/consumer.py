@@ -38,7 +38,8 @@ from kera.codec.name_pattern import NamePattern
 from kera.consumer.cursor import (ChunkItem, ConsumedCursor, ErrorItem, FetchCursor, LowItem,
                                   ResetItem, cursors_with_epochs, parse_groups)
 from kera.consumer.fetching import FetchState
-from kera.consumer.membership import Membership, positions_from_wire, positions_to_wire
+from kera.consumer.membership import (GroupMetadata, Membership, positions_from_wire,
+                                     positions_to_wire, subscription)
 from kera.consumer.tasks import TaskRunner
 from kera.errors import BadRequest, ClientClosed, KeraError, Timeout
 from kera.client.metadata import Metadata
@@ -60,6 +61,11 @@ LOST_POSITION_POLICIES = ("raise", "earliest", "latest")
 LATEST_RETRY_S = 0.05
 # start / seek targets that are not positions.
 NAMED_STARTS = ("earliest", "latest")
+# What a consumer reads of transactional data (docs/TRANSACTIONS.md), Kafka's isolation.level:
+# "read_committed" (the default) only committed transactions' records, up to the oldest open
+# one; "read_uncommitted" everything durable, aborted records too. Control chunks (markers)
+# are never delivered.
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 
 
 class Consumer:
@@ -91,13 +97,21 @@ class Consumer:
     expression ("clicks-.*"), later ones included (Kafka's subscribe(pattern)); `stream` may
     be []. `bootstrap` may be a confluent-kafka configuration dict instead
     (kera.client.kafka_config): Consumer({"bootstrap.servers": ..., "group.id": ...}, "clicks").
+    `subscribe(streams)` / `unsubscribe()` change what it reads later, as confluent-kafka's do.
 
     Streamlets added to a stream later (`kera stream alter --streamlets`) are read from
     their beginning once this consumer's descriptor is refreshed (at least every
     `metadata_max_age_ms`) when it reads all streamlets or a `member`'s share; a group
-    assigns them on its own; an explicit `streamlets` list stays as given."""
+    assigns them on its own; an explicit `streamlets` list stays as given.
 
-    def __init__(self, bootstrap: str, stream: str | list[str], *, start="earliest",
+    `isolation_level` (ISOLATION_LEVELS, Kafka's isolation.level): "read_committed" (default)
+    reads transactional producers' records once their transaction commits, never aborted ones;
+    "read_uncommitted" reads everything durable."""
+
+    _membership = None     # the group membership (kera.consumer.membership), None without a group
+    _polled_as: GroupMetadata | None = None   # group_metadata() as of the last chunk handed out
+
+    def __init__(self, bootstrap: str, stream: str | list[str] = (), *, start="earliest",
                  streamlets=None, member: int | None = None, members: int | None = None,
                  cache_chunks_max: int = config.DEFAULT_CACHE_CHUNKS_MAX,
                  fetch_max_bytes: int = config.DEFAULT_FETCH_MAX_BYTES,
@@ -109,7 +123,8 @@ class Consumer:
                  pattern: str | None = None, key_file: str | None = None,
                  session_timeout_ms: int = 10_000, auto_commit_interval_ms: int | None = 5_000,
                  env: ClientEnv | None = None,
-                 metadata_max_age_ms: int = config.DEFAULT_METADATA_MAX_AGE_MS):
+                 metadata_max_age_ms: int = config.DEFAULT_METADATA_MAX_AGE_MS,
+                 isolation_level: str = "read_committed"):
         if isinstance(bootstrap, Mapping):   # a confluent-kafka configuration dict
             given = {k: v for k, v in locals().items() if k not in ("self", "bootstrap", "stream")}
             self.__init__(stream=stream, **kera_arguments(bootstrap, CONSUMER_PROPERTIES,
@@ -117,9 +132,13 @@ class Consumer:
             return
         _check_options(group is not None and (streamlets is not None or member is not None),
                        cache_chunks_max, fetch_max_bytes, on_lost_position, fetch_max_wait_ms)
+        if isolation_level not in ISOLATION_LEVELS:
+            raise BadRequest(f"isolation_level={isolation_level!r}: use one of {ISOLATION_LEVELS}")
+        self.isolation_level = isolation_level
         self.streams = [stream] if isinstance(stream, str) else list(dict.fromkeys(stream))
-        if not self.streams and (pattern is None or group is None):
-            raise BadRequest("give at least one stream to read (or, with a group, a pattern)")
+        if not self.streams and group is None:
+            raise BadRequest("give at least one stream to read (a group member may give none "
+                             "and subscribe() later)")
         # The one stream of a single-stream consumer (None when it reads several).
         self.stream = self.streams[0] if isinstance(stream, str) else None
         self.cache_chunks_max = cache_chunks_max
@@ -321,6 +340,7 @@ class Consumer:
                     return None
                 if type(item) is ChunkItem:
                     self._walk(item)
+                    self._note_membership()
                 else:
                     self._apply(item)
 
@@ -360,6 +380,7 @@ class Consumer:
                 if item is None:
                     break
                 if type(item) is ChunkItem:
+                    self._note_membership()
                     if item.count:   # a compacted chunk may hold no record left to deliver
                         out.append(Batch(item.stream, item.streamlet, item.group, item.first,
                                          item.chunk, item.skip))
@@ -528,6 +549,21 @@ class Consumer:
         self._set_cursors({part: self._number_cursor(part, number)})
         self._wake()
 
+    def number_span(self, stream: str, streamlet: int) -> tuple[int, int]:
+        """(first retained, durable end) record numbers of a streamlet with one active group
+        per streamlet (a Kafka partition's log start offset and high watermark)."""
+        self._info_of(stream)
+        conns: dict = {}
+        try:
+            header, address = self._part_call((stream, streamlet), "numbers", {}, conns)
+        finally:
+            for conn in conns.values():
+                conn.close()
+        start, end = header.get("start"), header.get("end")
+        if not (type(start) is int and type(end) is int and 0 <= start <= end):
+            raise KeraError(f"malformed numbers reply from {address}", retriable=True)
+        return start, end
+
     def _number_cursor(self, part: tuple, number: int) -> tuple:
         if not 0 <= number <= schema.NUMBER_MAX:
             raise BadRequest(f"record number {number} is outside 0..{schema.NUMBER_MAX}")
@@ -647,6 +683,43 @@ class Consumer:
                 del self._consumed[part]
         return out
 
+    def subscribe(self, streams) -> None:
+        """Read `streams` from now on instead (confluent-kafka's subscribe: a name or a list;
+        with a group, entries starting with "^" are patterns). A group member asks its group
+        for them and the group rebalances (kera.consumer.membership); without a group, parts
+        of streams no longer named are dropped and each new stream is read whole (or this
+        `member`'s share), from `start`."""
+        names, pattern = subscription(streams)
+        if self._membership is not None:
+            with self._state_lock:
+                self.streams = list(names)
+                self._membership.subscribe(names, pattern, self._env.clock())
+            self._wake()
+            return
+        if pattern is not None:
+            raise BadRequest("a pattern subscription needs a consumer group: "
+                             "Consumer(..., group='name')")
+        for name in names:
+            self._add_stream(name)   # an unknown name raises before anything changes
+        self.unassign([part for part in self.assignment() if part[0] not in names])
+        read = {st for st, _ in self.assignment()}
+        self.assign([(name, sl) for name in names if name not in read
+                     for sl in _assigned(self._infos[name].streamlets, None,
+                                         *(self._follow or (None, None)))])
+        self.streams = list(names)
+
+    def unsubscribe(self) -> None:
+        """Read nothing until subscribe() (confluent-kafka's unsubscribe): a group member
+        commits what it was handed and leaves the group, but stays open."""
+        if self._membership is not None:
+            with self._state_lock:
+                self._membership.unsubscribe(self._env.clock())
+                self.streams = []
+            self._wake()
+            return
+        self.unassign(self.assignment())
+        self.streams = []
+
     # ------------------------------------------------------------------ groups (issue 11)
     def _join(self, group, instance_id, session_timeout_ms, auto_commit_interval_ms,
               pattern) -> None:
@@ -657,17 +730,57 @@ class Consumer:
             on_fatal=lambda err: self._push([ErrorItem(err)]))
         self.add_task(self._membership)
 
-    def commit(self, positions=None, timeout_s: float | None = None) -> None:
-        """Save positions in the group, synchronously: `positions` (a list of Position) or
-        those of everything handed to the application so far. Raises StaleMemberEpoch for
-        parts this consumer no longer holds, UnknownMember once the group dropped it."""
+    def commit(self, positions=None, timeout_s: float | None = None, *,
+               message: Record | None = None, asynchronous: bool = False) -> None:
+        """Save positions in the group: `positions` (a list of Position), or the position just
+        after `message` in its streamlet (confluent-kafka's commit(message=)), or those of
+        everything handed to the application so far. Waits for the answer, raising
+        StaleMemberEpoch for parts this consumer no longer holds and UnknownMember once the
+        group dropped it; `asynchronous=True` returns at once (a failed commit is logged, and
+        the next commit carries the positions again)."""
         if self._membership is None:
             raise BadRequest("commit() needs a consumer group: Consumer(..., group='name')")
-        held = self.positions() if positions is None else list(positions)
+        if message is not None and positions is not None:
+            raise BadRequest("commit() takes positions or message, not both")
+        held = (self._after(message) if message is not None else
+                self.positions() if positions is None else list(positions))
         with self._state_lock:
             future = self._membership.commit(held)
         self._wake()
+        if asynchronous:
+            future.add_done_callback(_log_commit_failure)
+            return
         future.result(self.request_timeout_s if timeout_s is None else timeout_s)
+
+    def _after(self, record: Record) -> list[Position]:
+        """The position just after `record`: its group, the next offset. With one active group
+        per streamlet the groups below are finished once one of its records was read."""
+        if self._info_of(record.stream).active_groups != 1:
+            raise BadRequest(f"commit(message=) needs one active group per streamlet; "
+                             f"'{record.stream}' has several: commit(positions) instead")
+        held = self.positions([(record.stream, record.streamlet)])   # the streamlet's history
+        return [Position(record.stream, record.streamlet, record.group, record.offset + 1,
+                         held[0].epoch if held else None)]
+
+    def group_metadata(self) -> GroupMetadata:
+        """This member's group, member id and epoch, for a transactional producer's
+        send_positions_to_transaction (the coordinator then refuses positions from a member
+        a rebalance has fenced)."""
+        m = self._membership
+        if m is None:
+            raise BadRequest("group_metadata() needs a consumer group: Consumer(..., group='name')")
+        if self._polled_as is not None:
+            return self._polled_as
+        return GroupMetadata(self.group, m.member_id, m.member_epoch)
+
+    def _note_membership(self) -> None:
+        """Remember who this member was when it handed out a chunk: group_metadata() answers
+        that, not who it is now, so positions of records read before a rebalance or a
+        coordinator restart (after which the request thread may already hold other parts,
+        or none) are refused with them, as Kafka's metadata changes only at a poll."""
+        m = self._membership
+        if m is not None:
+            self._polled_as = GroupMetadata(self.group, m.member_id, m.member_epoch)
 
     def group_held_until(self) -> float | None:
         """With a group: the time.monotonic() until which the parts assigned now are surely
@@ -734,9 +847,7 @@ class Consumer:
         self._set_cursors({part: (0, {}, None, True) for part in new})
 
     def _add_stream(self, stream: str) -> None:
-        if stream in self._infos:
-            return
-        info = self._meta.stream(stream)
+        info = self._infos.get(stream) or self._meta.stream(stream)
         with self._state_lock:
             self._infos[stream] = info
             self._fetch.stream_ids[stream] = info.id
@@ -922,3 +1033,10 @@ def _note_pattern(pattern: NamePattern, meta) -> None:
                     "expressions matching the whole name, as Kafka's: 'logs-.*', not 'logs-*'); "
                     "streams created later that match are read when they appear",
                     pattern.text, len(names))
+
+
+def _log_commit_failure(future) -> None:
+    """An asynchronous commit's outcome: a failure is logged (the caller did not wait)."""
+    err = future.exception()
+    if err is not None:
+        log.warning("asynchronous commit failed: %s", err)

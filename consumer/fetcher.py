@@ -61,7 +61,9 @@ class Fetcher(RequestThread):
         requests = state.build(now, c._meta.address_of) if room > 0 else []
         for broker, reads, parts in requests:
             wait_ms = state.wait_ms(parts)
-            fields = {"reads": reads, "wait_ms": wait_ms} if wait_ms else {"reads": reads}
+            fields = {"reads": reads, "isolation": c.isolation_level}
+            if wait_ms:
+                fields["wait_ms"] = wait_ms
             try:
                 req_id = self.send(broker, "fetch", fields)
             except Timeout:

@@ -19,6 +19,12 @@ clock starts at a heartbeat's arrival, never before its sending, so a member tha
 parts within that fraction of the timeout after sending its last answered heartbeat has let
 them go before anyone else can be granted them: a part never has two owners, even across a
 partition.
+
+Subscription (confluent-kafka's subscribe / unsubscribe): `subscribe(streams, pattern)` changes
+what the next heartbeat asks the group for, and the group rebalances (parts of streams dropped
+are revoked as above). A pattern is fixed at join, so a changed pattern (or streams dropped to
+none beside it) leaves the group and joins again. `unsubscribe()` revokes every part, commits
+their positions and leaves: the member holds nothing and sends nothing until subscribed again.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import math
 from concurrent.futures import Future
 from typing import Callable, NamedTuple, Protocol
 
+from kera.codec.name_pattern import PATTERN_CHARS_MAX
 from kera.net.coordinators import CoordinatorList
 from kera.errors import (BadRequest, KeraError, NotAuthorized, StaleMemberEpoch, Timeout,
                          UnknownMember)
@@ -59,6 +66,15 @@ class PendingCommit(NamedTuple):
     retry_until_s: float | None = None   # set at its first failure
 
 
+class GroupMetadata(NamedTuple):
+    """A member's identity in its group (Kafka's ConsumerGroupMetadata): what a transactional
+    producer sends with the positions it joins, so that a member fenced by a rebalance cannot
+    commit them (KIP-447). `member_id` is "" before the first join."""
+    group: str
+    member_id: str
+    member_epoch: int
+
+
 class Assignable(Protocol):
     def assign(self, parts, positions=None) -> None: ...
 
@@ -67,6 +83,24 @@ class Assignable(Protocol):
     def assignment(self) -> list[tuple[str, int]]: ...
 
     def positions(self, parts=None) -> list[Position]: ...
+
+
+def subscription(streams) -> tuple[list[str], str | None]:
+    """(stream names, pattern) of a confluent-kafka subscription: a name or a list; entries
+    starting with "^" are regular expressions (librdkafka's convention), joined into one."""
+    entries = [streams] if isinstance(streams, str) else list(streams)
+    bad = [e for e in entries if not isinstance(e, str) or not e]
+    if bad:
+        raise BadRequest(f"subscribe() takes stream names, not {bad[0]!r}")
+    names = list(dict.fromkeys(e for e in entries if not e.startswith("^")))
+    regexes = [e for e in entries if e.startswith("^")]
+    if not regexes:
+        return names, None
+    pattern = regexes[0] if len(regexes) == 1 else "|".join(f"(?:{r})" for r in regexes)
+    if len(pattern) > PATTERN_CHARS_MAX:
+        raise BadRequest(f"the patterns {regexes} make one of {len(pattern)} characters, more "
+                         f"than {PATTERN_CHARS_MAX}: subscribe to one shorter pattern")
+    return names, pattern
 
 
 def positions_to_wire(positions: list[Position]) -> list[list]:
@@ -111,6 +145,11 @@ class Membership:
         self.joined = Future()   # resolves once the first assignment is applied
         self.beat_sent_s = now   # when the heartbeat in flight was sent
         self.answered_s = now    # when the last answered heartbeat was sent
+        # Leaving the group (unsubscribe, or a new pattern): revoke, commit, then a leave
+        # heartbeat; joins again afterwards if subscribed (module doc).
+        self.leaving = False
+        if not self.subscribed():
+            self.next_beat_s = math.inf   # nothing to ask for until subscribe()
 
     # ------------------------------------------------------------------ the task protocol
     def check(self, now: float) -> None:
@@ -138,6 +177,8 @@ class Membership:
             self.inflight = ("commit", pending)
             self.asked = self.coordinators.current
             return self.asked, ("group_commit", self.ids() | {"positions": pending.wire})
+        if self.leaving:
+            return self._leave_request(now) if now >= self.next_beat_s else None
         if now >= self.next_beat_s and self.failed is None:
             self.inflight = ("heartbeat", None)
             self.beat_sent_s = now
@@ -148,7 +189,9 @@ class Membership:
     def on_reply(self, reply, now: float) -> None:
         kind, pending = self.inflight
         self.inflight = None
-        if kind == "heartbeat":
+        if kind == "leave":
+            self._left(now)
+        elif kind == "heartbeat":
             if now >= self.beat_sent_s + self._fence_span_s():
                 # Answered too late to act on: the session it renewed may be over already.
                 self.on_error(Timeout("heartbeat answered after the member fenced itself"), now)
@@ -162,6 +205,9 @@ class Membership:
         kind, pending = self.inflight or ("heartbeat", None)
         self.inflight = None
         self.coordinators.failed(self.asked, err)
+        if kind == "leave":
+            self._leave_failed(err, now)
+            return
         if isinstance(err, UnknownMember):
             self._fenced(err, now)
         if kind == "commit":
@@ -212,13 +258,32 @@ class Membership:
             wakes.append(self._fence_at())
         if self.member_id and self.auto_commit_s is not None:
             wakes.append(self.next_auto_commit_s)
-        return min(wakes)
+        return min((w for w in wakes if w != math.inf), default=None)
 
     # ------------------------------------------------------------------ client side
     def commit(self, positions: list[Position]) -> Future:
         future: Future = Future()
         self.commits.append(PendingCommit(positions_to_wire(positions), future))
         return future
+
+    def subscribe(self, streams, pattern: str | None, now: float) -> None:
+        """Ask the group for `streams` (and `pattern`) from now on (module doc)."""
+        rejoin = pattern != self.pattern or (not streams and self.streams)
+        self.streams, self.pattern = list(streams), pattern
+        if not self.subscribed():
+            self.unsubscribe(now)
+        elif rejoin and (self.member_id or self.inflight is not None):
+            self._leave(now)   # joined, or joining, with the old pattern
+        elif not self.leaving:
+            self.next_beat_s = now   # the next heartbeat carries the new subscription
+
+    def unsubscribe(self, now: float) -> None:
+        """Hold nothing and leave the group (module doc)."""
+        self.streams, self.pattern = [], None
+        self._leave(now)
+
+    def subscribed(self) -> bool:
+        return bool(self.streams) or self.pattern is not None
 
     def leave_request(self) -> tuple[str, dict] | None:
         """The leave heartbeat to send when the consumer closes (None: never joined)."""
@@ -248,6 +313,40 @@ class Membership:
             fields["pattern"] = self.pattern
         return fields
 
+    def _leave(self, now: float) -> None:
+        """Revoke every part (their positions committed first), then leave (_leave_request)."""
+        held = self.consumer.unassign(self.consumer.assignment())
+        if held and self.member_id:
+            self.commits.append(PendingCommit(positions_to_wire(held), None))
+        self.leaving, self.next_beat_s = True, now
+
+    def _leave_request(self, now: float):
+        if not self.member_id:   # never joined (or fenced meanwhile): nothing to leave
+            self._left(now)
+            return None
+        self.inflight = ("leave", None)
+        self.asked = self.coordinators.current
+        return self.asked, ("group_heartbeat", self.ids() | {"member_epoch": LEAVE_EPOCH})
+
+    def _leave_failed(self, err: KeraError, now: float) -> None:
+        """A leave not answered: try again (another coordinator) while the session lasts; past
+        that the coordinator drops the member on its own."""
+        if err.retriable and not isinstance(err, UnknownMember) and \
+                now + RETRY_BACKOFF_S < self._fence_at():
+            self.next_beat_s = now + RETRY_BACKOFF_S
+            return
+        if not isinstance(err, UnknownMember):
+            log.warning("group '%s': leaving failed (%s): the coordinator drops this member "
+                        "after its session timeout", self.group, err)
+        self._left(now)
+
+    def _left(self, now: float) -> None:
+        self.member_id, self.member_epoch, self.leaving = "", 0, False
+        self.next_beat_s = now if self.subscribed() else math.inf
+        if self.subscribed():
+            log.info("group '%s': left; joining again for %s", self.group,
+                     self.streams if self.pattern is None else f"{self.streams} + {self.pattern!r}")
+
     def _fence_span_s(self) -> float:
         return SELF_FENCE_FRACTION * self.session_timeout_ms / 1000
 
@@ -256,6 +355,8 @@ class Membership:
 
     def _apply(self, header: dict, now: float) -> None:
         self.member_id, self.member_epoch = header["member_id"], header["member_epoch"]
+        if self.leaving:
+            return   # an answer sent before the leave: hold none of what it grants
         self.next_beat_s = now + header["heartbeat_interval_ms"] / 1000
         granted = {(s, sl) for s, sl in header["assignment"]}
         current = set(self.consumer.assignment())

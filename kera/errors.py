@@ -295,3 +295,50 @@ class DeliveryGap(KeraError):
     To skip them deliberately, set the target's last applied number to the one before the
     record offered."""
     code = "delivery_gap"
+
+
+# --------------------------------------------------------------------------- transactions
+# kera.coordinator.transactions raises them; kera.broker.kafka.errors maps them to Kafka codes.
+
+class ProducerFenced(KeraError):
+    """A newer instance of this transactional producer started (init_transactions with the same
+    transactional id bumped the epoch): this one may do nothing more. Close it; the newer one
+    carries on (what this one left open was aborted). Kafka: PRODUCER_FENCED."""
+    code = "producer_fenced"
+
+
+class TransactionTimedOut(ProducerFenced):
+    """The transaction was open longer than its timeout, so the cluster aborted it and bumped
+    the producer's epoch. Abort it (abort_transaction succeeds), then init_transactions again
+    and redo its work; or raise transaction_timeout_ms. Kafka: INVALID_PRODUCER_EPOCH."""
+    code = "transaction_timed_out"
+
+
+class ConcurrentTransactions(KeraError):
+    """The id's previous transaction is still completing (its markers are being written):
+    retry shortly. Kafka: CONCURRENT_TRANSACTIONS."""
+    code = "concurrent_transactions"
+    retriable = True
+
+
+class InvalidTxnState(KeraError):
+    """The op does not fit the transaction's state (commit without a transaction, a commit of
+    one being aborted, a chunk for a streamlet not added). Kafka: INVALID_TXN_STATE."""
+    code = "invalid_txn_state"
+
+
+class UnknownTransactionalId(KeraError):
+    """No producer holds this transactional id (it expired, or init_transactions was never
+    called): call init_transactions. Kafka: INVALID_PRODUCER_ID_MAPPING."""
+    code = "invalid_producer_id_mapping"
+
+
+class InvalidTransactionTimeout(BadRequest):
+    """The transaction timeout asked for is outside what the coordinator allows.
+    Kafka: INVALID_TRANSACTION_TIMEOUT."""
+    code = "invalid_transaction_timeout"
+
+
+for _cls in (ProducerFenced, TransactionTimedOut, ConcurrentTransactions, InvalidTxnState,
+             UnknownTransactionalId, InvalidTransactionTimeout):
+    _BY_CODE[_cls.code] = _cls

@@ -14,9 +14,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from crc32c import crc32c
-
 from kera.codec import chunk as chunkcodec
+from kera.codec.partitioner import KeyHash, key_hash as partitioner_hash
 from kera.errors import RecordTooLarge
 from kera.client.metadata import StreamInfo
 from kera.producer.pipeline import Lane, Pipeline
@@ -33,6 +32,12 @@ HEADERS_INDEX_BYTES = 4
 
 def _wall_clock_us() -> int:
     return time.time_ns() // 1000
+
+
+# What a RecordTooLarge tells the caller to do.
+RAISE_HINT = (f"send a smaller record, or raise the Producer's max_record_bytes (at most "
+              f"{chunkcodec.MAX_CHUNK_BYTES - chunkcodec.HEADER_SIZE}, a chunk's limit less its "
+              f"header; a stream's segment size bounds it too)")
 
 
 class OpenChunk:
@@ -62,10 +67,11 @@ def header_bytes(headers) -> int:
 class StreamState:
     """What the source side keeps per stream: its descriptor, open chunks and lanes."""
 
-    __slots__ = ("name", "info", "streamlets", "sticky", "open", "lanes")
+    __slots__ = ("name", "info", "streamlets", "sticky", "open", "lanes", "key_hash")
 
-    def __init__(self, info: StreamInfo, lanes: list[Lane]):
+    def __init__(self, info: StreamInfo, lanes: list[Lane], key_hash: KeyHash):
         self.name = info.name
+        self.key_hash = key_hash   # places keyed records (kera.codec.partitioner)
         self.info = info
         self.streamlets = info.streamlets
         self.sticky = 0
@@ -77,7 +83,7 @@ class Accumulator:
     def __init__(self, pipeline: Pipeline, producer_id: int, *, chunk_size_bytes: int,
                  max_record_bytes: int, linger_s: float, clock: Callable[[], float] = time.monotonic,
                  wall_clock_us: Callable[[], int] = _wall_clock_us, compression: str | None = None,
-                 key_hash: Callable[[bytes], int] = crc32c):
+                 key_hash: KeyHash | None = None):
         if chunk_size_bytes <= chunkcodec.HEADER_SIZE + 64:
             raise ValueError(f"chunk_size_bytes={chunk_size_bytes} is too small")
         self.pipeline = pipeline
@@ -92,7 +98,8 @@ class Accumulator:
         self.clock = clock
         self.now_us = wall_clock_us
         self.compression = compression
-        self.key_hash = key_hash   # places keyed records (kera.codec.partitioner)
+        # Places keyed records (kera.codec.partitioner); None: each stream's own partitioner.
+        self.key_hash = key_hash
         self.open_bytes = 0
         self.records = 0
         # Open chunks in the order they were opened: the linger check scans only the front.
@@ -101,7 +108,7 @@ class Accumulator:
     def stream_state(self, info: StreamInfo) -> StreamState:
         lanes = [self.pipeline.own_lane(info.name, info.id, sl, self.producer_id, info.active_groups)
                  for sl in range(info.streamlets)]
-        return StreamState(info, lanes)
+        return StreamState(info, lanes, self.key_hash or partitioner_hash(info.partitioner))
 
     def grow(self, st: StreamState, info: StreamInfo) -> None:
         """The stream's streamlet count was raised: lanes and chunk slots for the new ones.
@@ -129,7 +136,7 @@ class Accumulator:
         elif key is None:
             sl = st.sticky
         else:
-            sl = self.key_hash(key) % st.streamlets
+            sl = st.key_hash(key) % st.streamlets
         oc = st.open[sl]
         event = 0
         if oc is None or oc.nbytes + size > self.capacity:
@@ -165,7 +172,7 @@ class Accumulator:
         """An open chunk with room for a record of `size` bytes (sealing full ones)."""
         if record_bytes > self.max_record_bytes:
             raise RecordTooLarge(f"record of {record_bytes} bytes exceeds max_record_bytes="
-                                 f"{self.max_record_bytes}")
+                                 f"{self.max_record_bytes}: {RAISE_HINT}")
         event = OPENED
         oc = st.open[sl]
         if oc is not None:
@@ -195,11 +202,11 @@ class Accumulator:
         lane = st.lanes[sl]
         keys = oc.keys if oc.keyed else None
         if oc.tombstones or oc.headers is not None or self.compression is not None:
-            data = chunkcodec.encode(lane.producer_id, lane.next_sequence, st.info.id, sl, oc.values,
+            data = chunkcodec.encode(lane.producer_id, lane.wire_sequence, st.info.id, sl, oc.values,
                                      keys, oc.timestamps, oc.headers, self.compression)
         else:  # the common plain chunk: no per-record scan for tombstones
             blob, offsets = chunkcodec.values_columns(oc.values)
-            data = chunkcodec.encode_columns(lane.producer_id, lane.next_sequence, st.info.id, sl,
+            data = chunkcodec.encode_columns(lane.producer_id, lane.wire_sequence, st.info.id, sl,
                                              blob, offsets, keys, oc.timestamps)
         self.pipeline.add(lane, data, lane.next_sequence, len(oc.values), oc.futures)
 

@@ -17,7 +17,8 @@ from crc32c import crc32c
 from kera.errors import RecordTooLarge
 from kera.codec.partitioner import KeyHash, streamlets_for_keys
 from kera.codec.timestamps import check_us
-from kera.producer.accumulator import KEYED_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES, header_bytes
+from kera.producer.accumulator import (KEYED_OVERHEAD_BYTES, RAISE_HINT, RECORD_OVERHEAD_BYTES,
+                                       header_bytes)
 
 def _is_arrow(values) -> bool:
     return hasattr(values, "buffers") and hasattr(values, "offset") or type(values).__name__ == "ChunkedArray"
@@ -213,7 +214,7 @@ def plan(values, keys, timestamps, *, streamlets: int, capacity: int, max_record
         record_bytes = (lengths if klengths is None else lengths + klengths) + hsizes
         biggest = int(record_bytes.max())
         if biggest > max_record_bytes:
-            raise RecordTooLarge(f"a record of {biggest} bytes exceeds max_record_bytes={max_record_bytes}")
+            raise RecordTooLarge(f"a record of {biggest} bytes exceeds max_record_bytes={max_record_bytes}: {RAISE_HINT}")
     sizes = record_sizes(lengths, klengths) + hsizes
     return n, _pieces(values, klist, ts, sizes, streamlets, capacity, keyless_streamlet, hlist,
                       key_hash)
@@ -231,7 +232,7 @@ def _plan_rows(values: np.ndarray, timestamps, capacity: int,
     n, width = values.shape
     ts = timestamps_column(timestamps, n)
     if n and width > max_record_bytes:
-        raise RecordTooLarge(f"a record of {width} bytes exceeds max_record_bytes={max_record_bytes}")
+        raise RecordTooLarge(f"a record of {width} bytes exceeds max_record_bytes={max_record_bytes}: {RAISE_HINT}")
     ranges = _split_uniform(n, width + RECORD_OVERHEAD_BYTES, capacity)
     return n, _keyless_pieces(values, ts, ranges, None)
 

@@ -19,6 +19,13 @@ Failure. The lane's later chunks would then hit `sequence_gap` forever, so a lan
 producer's own chunks takes a fresh identity: producer id + Q (the stream's active groups,
 so the broker keeps the same group slot and thus the order) and sequences from 0, and its
 waiting chunks are re-sealed under it.
+
+A transactional producer's lanes (`sequence_bit` TXN_SEQUENCE_BIT, kera.producer.transaction)
+never change identity: it is bound to the transaction. A chunk of theirs that fails for good
+fails the lanes' later chunks too and is kept as `txn_error` (the transaction can only be
+aborted); a front gap it cannot heal, or a request left unanswered (its chunk may still land),
+also sets `txn_new_epoch`: the abort then bumps the epoch, which fences such a chunk.
+`halted` stops sending while an abort drops what is unsent and waits for what is in flight.
 """
 
 from __future__ import annotations
@@ -73,10 +80,10 @@ class Lane:
 
     __slots__ = ("stream", "stream_id", "streamlet", "producer_id", "own", "slot_stride",
                  "next_sequence", "chunks", "cursor", "in_flight", "paused", "retry_at",
-                 "reidentify")
+                 "reidentify", "sequence_bit", "acked_sequence")
 
     def __init__(self, stream: str, stream_id: int, streamlet: int, producer_id: int, own: bool,
-                 slot_stride: int = 1):
+                 slot_stride: int = 1, sequence_bit: int = 0):
         self.stream = stream
         self.stream_id = stream_id
         self.streamlet = streamlet
@@ -90,6 +97,14 @@ class Lane:
         self.paused = False             # after a failure: send nothing until in_flight == 0
         self.retry_at = 0.0
         self.reidentify = False
+        # Set in a chunk's sequence field (TXN_SEQUENCE_BIT for a transactional producer's).
+        self.sequence_bit = sequence_bit
+        self.acked_sequence = -1        # the highest sequence acknowledged
+
+    @property
+    def wire_sequence(self) -> int:
+        """The sequence field of the next chunk sealed in this lane."""
+        return self.next_sequence | self.sequence_bit
 
     def next_unsent(self, now: float) -> PendingChunk | None:
         if self.paused or now < self.retry_at:
@@ -159,6 +174,14 @@ class Pipeline:
     # Outcomes of chunks with futures, (futures, stream, streamlet, result, error): the request
     # thread settles them outside the producer's lock (delivery.settle).
     settled: list = field(default_factory=list)
+    # Transactional producers (module doc): the bit their lanes' sequences carry; the first
+    # definitive failure of the transaction; whether its abort must bump the epoch; chunks
+    # acknowledged in it (the broker then holds it open); sending stopped by an abort.
+    sequence_bit: int = 0
+    txn_error: KeraError | None = None
+    txn_new_epoch: bool = False
+    txn_acked: int = 0
+    halted: bool = False
 
     FAILURES_KEPT_MAX = 1000
 
@@ -172,7 +195,8 @@ class Pipeline:
         key = (stream_id, streamlet)
         lane = self.lanes.get(key)
         if lane is None:
-            lane = self.lanes[key] = Lane(stream, stream_id, streamlet, producer_id, True, slot_stride)
+            lane = self.lanes[key] = Lane(stream, stream_id, streamlet, producer_id, True,
+                                          slot_stride, self.sequence_bit)
         return lane
 
     def add(self, lane: Lane, data: bytes, sequence: int, records: int,
@@ -209,6 +233,8 @@ class Pipeline:
     # ------------------------------------------------------------------ requests
     def build(self, now: float, address_of: Callable[[int, int], str | None]) -> list[Outgoing]:
         """Requests to send now, filling each broker's window."""
+        if self.halted:
+            return []
         by_broker: dict[str, list[Lane]] = {}
         lanes = list(self.lanes.values())
         if len(lanes) > 1:  # rotate the starting lane so no streamlet starves the others
@@ -350,6 +376,9 @@ class Pipeline:
         lane = c.lane
         c.state = ACKED
         lane.in_flight -= 1
+        lane.acked_sequence = max(lane.acked_sequence, c.sequence)
+        if lane.sequence_bit:
+            self.txn_acked += 1
         self.stats["chunks_acked"] += 1
         self.stats["records_acked"] += c.records
         self._complete(c, result)
@@ -375,6 +404,8 @@ class Pipeline:
         c.state = UNSENT
         lane.paused = True
         refresh = {(lane.stream, lane.stream_id)} if error.refresh_metadata else set()
+        if lane.sequence_bit and isinstance(error, Timeout):
+            self.txn_new_epoch = True   # no answer: this copy may still be stored later
         if isinstance(error, SequenceGap):
             if self._behind_unacked(c):
                 c.attempts -= 1  # collateral of an earlier chunk's failure, not this chunk's
@@ -382,8 +413,15 @@ class Pipeline:
                 # Every earlier chunk was acknowledged, yet the broker misses one: it lost this
                 # producer's state (a restart without replicas). This chunk was never stored
                 # (refused), so resending it under a fresh identity cannot duplicate it.
-                lane.reidentify = True
                 c.attempts = 0
+                if lane.sequence_bit:   # the identity is the transaction's: abort, new epoch
+                    self.txn_new_epoch = True
+                    error = KeraError(
+                        f"the broker lost this producer's sequence in stream '{lane.stream}' "
+                        f"streamlet {lane.streamlet}: the transaction cannot commit; abort it "
+                        f"(the abort starts a new epoch) and redo it", retriable=False)
+                else:
+                    lane.reidentify = True
         if error.retriable and c.attempts <= self.retries_max:
             self.stats["retries"] += 1
             backoff_s = min(BACKOFF_MS_MAX, BACKOFF_MS_BASE << min(c.attempts, 10)) / 1000
@@ -408,7 +446,9 @@ class Pipeline:
         lane.chunks.remove(c)
         self._complete(c, error=error)
         self._record_failure(lane, error, c.records)
-        if lane.own:
+        if lane.sequence_bit and self.txn_error is None:
+            self.txn_error = error
+        if lane.own and not lane.sequence_bit:
             lane.reidentify = True
         else:
             # The caller owns this sequence space: its later chunks can never be stored.
@@ -471,6 +511,43 @@ class Pipeline:
             c.sequence = i
         lane.next_sequence = len(lane.chunks)
         self.stats["reidentified"] += 1
+
+    # ------------------------------------------------------------------ transactions
+    def drop_unsent(self, error: KeraError) -> int:
+        """Discard every chunk not in flight (an abort); their futures fail with `error`, and
+        no Failure is kept (the abort is the caller's decision). Returns the records dropped."""
+        dropped = 0
+        for lane in self.lanes.values():
+            for c in [c for c in lane.chunks if c.state == UNSENT]:
+                lane.chunks.remove(c)
+                self._complete(c, error=error)
+                dropped += c.records
+            lane.cursor = 0
+            lane.pop_acked()
+        return dropped
+
+    def chunks_in_flight(self) -> int:
+        return sum(lane.in_flight for lane in self.lanes.values())
+
+    def end_transaction(self) -> None:
+        """After a commit or an abort with nothing left in flight: the next transaction starts
+        clean, each lane's sequences continuing after its last stored chunk."""
+        assert self.chunks_in_flight() == 0
+        for lane in self.lanes.values():
+            if lane.own and not lane.chunks:
+                lane.next_sequence = lane.acked_sequence + 1
+                lane.paused, lane.retry_at, lane.cursor = False, 0.0, 0
+        self.txn_error, self.txn_acked, self.failures = None, 0, []
+
+    def new_identity(self, producer_id: int) -> None:
+        """A new epoch (init_transactions): every own lane, empty, restarts at sequence 0."""
+        for lane in self.lanes.values():
+            assert not lane.chunks and not lane.in_flight, "identity changes only between transactions"
+            if lane.own:
+                lane.producer_id = producer_id
+                lane.next_sequence, lane.acked_sequence = 0, -1
+        self.txn_new_epoch = False
+        self.end_transaction()
 
     def take_failures(self) -> list[Failure]:
         failures, self.failures = self.failures, []

@@ -5,6 +5,13 @@
         p.send_batch("clicks", [b"a", b"b", b"c"])
         p.flush()
 
+    with Producer("127.0.0.1:7000", transactional_id="enricher-3") as p:   # all or nothing
+        p.init_transactions()
+        p.begin_transaction()
+        p.send("invoices", b"...")
+        p.send_positions_to_transaction(consumer.positions(), consumer.group_metadata())
+        p.commit_transaction()        # or abort_transaction()
+
 `send` appends to the open chunk of the record's streamlet (Accumulator); full chunks are sealed
 and queued in the Pipeline; the request thread (Sender) seals chunks older than `linger_ms`,
 sends produce requests and applies the replies. Both sides share one lock; the request thread
@@ -21,24 +28,45 @@ from typing import Mapping
 
 from kera.codec import chunk as chunkcodec
 from kera import config
-from kera.errors import BadRequest, ClientClosed, KeraError, Timeout, Undelivered
+from kera.errors import (BadRequest, ClientClosed, ConcurrentTransactions, KeraError,
+                         StaleMemberEpoch, Timeout, TransactionTimedOut, Undelivered)
 from kera.client.metadata import Metadata, StreamInfo
 from kera.producer import batch as batching
 from kera.producer.accumulator import Accumulator, StreamState
 from kera.producer.delivery import DeliveryFuture, on_delivery_callback
 from kera.producer.pipeline import Failure, Pipeline
+from kera.producer.transaction import TransactionState
+from kera.producer import transaction as txns
+from kera.codec.txn import TXN_SEQUENCE_BIT
 from kera.client.env import ClientEnv
 from kera.client.kafka_config import PRODUCER_PROPERTIES, kera_arguments
-from kera.codec.partitioner import DEFAULT_PARTITIONER, key_hash
+from kera.codec.partitioner import key_hash
 from kera.codec.timestamps import check_us, ms_column_to_us, ms_to_us
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RETRIES_MAX = 30
+# An abort re-checks this often for chunks that went back to unsent (a failed request's) to
+# drop them: a failed request does not wake the waiting caller.
+DRAIN_CHECK_S = 0.05
+# The least time a transactional coordinator call is given, even at its deadline: one round trip.
+COORDINATOR_CALL_MIN_S = 0.5
 
 
 def new_producer_id() -> int:
     return int.from_bytes(os.urandom(8), "little")
+
+
+def _check_sizes(max_record_bytes: int, in_flight_per_broker: int, buffer_bytes: int,
+                 chunk_size_bytes: int) -> None:
+    """ValueError for sizes a Producer cannot work with, naming the limit."""
+    if max_record_bytes + chunkcodec.HEADER_SIZE > chunkcodec.MAX_CHUNK_BYTES:
+        raise ValueError(f"max_record_bytes={max_record_bytes} exceeds the chunk limit: a "
+                         f"chunk holds at most {chunkcodec.MAX_CHUNK_BYTES} bytes "
+                         f"(kera.codec.chunk.MAX_CHUNK_BYTES) with its "
+                         f"{chunkcodec.HEADER_SIZE}-byte header")
+    if in_flight_per_broker < 1 or buffer_bytes < chunk_size_bytes:
+        raise ValueError("in_flight_per_broker must be >= 1 and buffer_bytes >= chunk_size_bytes")
 
 
 def failure_error(failures: list[Failure]) -> KeraError:
@@ -75,7 +103,13 @@ class Producer:
     raised streamlet count is used within that time (keys then map over the new count).
     `bootstrap` may be a confluent-kafka configuration dict instead (kera.client.kafka_config).
     `partitioner` places keyed records: "crc32c" (kera's default) or "murmur2" (Kafka's
-    clients' default: a key then lands where a Kafka producer puts it, kera.codec.partitioner).
+    clients' default: a key then lands where a Kafka producer puts it, kera.codec.partitioner);
+    None (the default): each stream's own `partitioner` setting (`kera stream describe`).
+    `transactional_id` (Kafka's transactional.id) makes it a transactional producer
+    (docs/TRANSACTIONS.md): records are sent only inside transactions
+    (`init_transactions` once, then `begin_transaction` ... `commit_transaction` or
+    `abort_transaction`), each all or nothing for read_committed consumers; a transaction left
+    open longer than `transaction_timeout_ms` is aborted by the cluster.
     """
 
     def __init__(self, bootstrap: str, *,
@@ -92,23 +126,26 @@ class Producer:
                  compression: str | None = None,
                  key_file: str | None = None, env: ClientEnv | None = None,
                  metadata_max_age_ms: int = config.DEFAULT_METADATA_MAX_AGE_MS,
-                 partitioner: str = DEFAULT_PARTITIONER):
+                 partitioner: str | None = None,
+                 transactional_id: str | None = None,
+                 transaction_timeout_ms: int = txns.TIMEOUT_MS_DEFAULT):
         if isinstance(bootstrap, Mapping):   # a confluent-kafka configuration dict
             given = {k: v for k, v in locals().items() if k not in ("self", "bootstrap")}
             self.__init__(**kera_arguments(bootstrap, PRODUCER_PROPERTIES, Producer.__init__,
                                            given))
             return
-        if max_record_bytes + chunkcodec.HEADER_SIZE > chunkcodec.MAX_CHUNK_BYTES:
-            raise ValueError(f"max_record_bytes={max_record_bytes} exceeds the chunk limit: a "
-                             f"chunk holds at most {chunkcodec.MAX_CHUNK_BYTES} bytes "
-                             f"(kera.codec.chunk.MAX_CHUNK_BYTES) with its "
-                             f"{chunkcodec.HEADER_SIZE}-byte header")
-        if in_flight_per_broker < 1 or buffer_bytes < chunk_size_bytes:
-            raise ValueError("in_flight_per_broker must be >= 1 and buffer_bytes >= chunk_size_bytes")
-        self._key_hash = key_hash(partitioner)   # refuses an unknown name before anything starts
+        _check_sizes(max_record_bytes, in_flight_per_broker, buffer_bytes, chunk_size_bytes)
+        # None: each stream's own; an unknown name is refused before anything starts.
+        self._key_hash = None if partitioner is None else key_hash(partitioner)
         if compression not in chunkcodec.COMPRESSIONS:
             raise ValueError(f"compression={compression!r}: use None, 'lz4' or 'zstd'")
         self.compression = compression
+        # The transaction's state (None: not transactional); chunks then carry its identity.
+        self._txn = None if transactional_id is None else \
+            TransactionState(transactional_id, transaction_timeout_ms)
+        if self._txn is not None and producer_id is not None:
+            raise BadRequest("give a transactional_id or a producer_id, not both: a "
+                             "transactional producer's id comes from init_transactions()")
         self.producer_id = new_producer_id() if producer_id is None else producer_id % (1 << 64)
         self.buffer_bytes = buffer_bytes
         self.send_timeout_s = send_timeout_s
@@ -123,7 +160,8 @@ class Producer:
             self._env.prime(self._meta)
         self._pipe = Pipeline(request_size_bytes=request_size_bytes,
                               in_flight_per_broker=in_flight_per_broker,
-                              retries_max=retries_max, request_timeout_s=request_timeout_s)
+                              retries_max=retries_max, request_timeout_s=request_timeout_s,
+                              sequence_bit=0 if self._txn is None else TXN_SEQUENCE_BIT)
         self._acc = Accumulator(self._pipe, self.producer_id, chunk_size_bytes=chunk_size_bytes,
                                 max_record_bytes=max_record_bytes, linger_s=linger_ms / 1000,
                                 compression=compression, clock=self._env.clock,
@@ -158,6 +196,8 @@ class Producer:
         group, offset as consumers see them) or its KeraError. `on_delivery(err, metadata)`
         (confluent-kafka's signature) is called once settled, on the producer's IO thread:
         keep it short, it delays the next request."""
+        if self._txn is not None:
+            self._check_txn_send()
         if timestamp_ms is not None:
             timestamp = ms_to_us(timestamp_ms)
         elif timestamp is not None:
@@ -199,6 +239,8 @@ class Producer:
         `timestamps_ms` the same in milliseconds (Kafka's unit) instead.
         `headers`: None, or one list of (str, bytes) pairs (or None) per value.
         """
+        if self._txn is not None:
+            self._check_txn_send()
         if timestamps_ms is not None:
             timestamps = ms_column_to_us(timestamps_ms)
         st = self._streams.get(stream) or self._stream_state(stream)
@@ -206,7 +248,7 @@ class Producer:
                                   capacity=self._acc.capacity,
                                   max_record_bytes=self._acc.max_record_bytes,
                                   keyless_streamlet=st.sticky, headers=headers,
-                                  key_hash=self._key_hash)
+                                  key_hash=st.key_hash)
         return [self._queue_piece(st, piece) for piece in pieces]
 
     def _queue_piece(self, st: StreamState, piece: batching.Piece) -> DeliveryFuture:
@@ -219,7 +261,7 @@ class Producer:
                 st.sticky = (sl + 1) % st.streamlets
             self._acc.seal_streamlet(st, sl)  # records sent before this batch go first
             lane = st.lanes[sl]
-            data = chunkcodec.encode(lane.producer_id, lane.next_sequence, st.info.id, sl,
+            data = chunkcodec.encode(lane.producer_id, lane.wire_sequence, st.info.id, sl,
                                      piece.values, piece.keys, piece.timestamps,
                                      headers=piece.headers, compression=self.compression)
             future = DeliveryFuture()
@@ -239,6 +281,7 @@ class Producer:
         """Internal: queue a chunk encoded by the caller (kera.codec.chunk.encode) with its own
         producer id and sequence. Chunks of one (producer id, streamlet) must be given in
         sequence order; a chunk the broker already holds is acknowledged, not stored again."""
+        self._refuse_if_transactional("send_chunk")
         info = self.stream_info(stream)
         header = chunkcodec.verify(chunk)
         if header.stream_id != info.id or header.streamlet >= info.streamlets:
@@ -261,6 +304,7 @@ class Producer:
         streamlet into chunks with an explicit identity, sequences `sequence_start`, +1, ...
         The same input always makes the same chunks, so a replay is de-duplicated by the
         broker. Returns the next sequence."""
+        self._refuse_if_transactional("send_batch_as")
         info = self.stream_info(stream)
         if not 0 <= streamlet < info.streamlets:
             raise BadRequest(f"stream '{stream}' has no streamlet {streamlet}")
@@ -282,13 +326,213 @@ class Producer:
         stored as one chunk only if none of `locks` was written by a record numbered after
         `high_water_mark`. Blocks until stored (returns RecordMetadata with its `number`) or
         refused (raises LockConflict, nothing stored). Independent of send()'s ordering."""
+        self._refuse_if_transactional("append")
         if self._appender is None:
             from kera.services.conditional import ConditionalAppender
             self._appender = ConditionalAppender(self._bootstrap, key_file=self.key_file,
                                                  request_timeout_s=self.request_timeout_s,
-                                                 timeout_s=self.send_timeout_s)
+                                                 timeout_s=self.send_timeout_s,
+                                                 key_hash=self._key_hash)
         return self._appender.append(stream, values, locks=locks, high_water_mark=high_water_mark,
                                      keys=keys, headers=headers, streamlet=streamlet, key=key)
+
+    # ------------------------------------------------------------------ transactions
+    def init_transactions(self, timeout_s: float | None = None) -> None:
+        """Take the transactional id: fences any older producer holding it and aborts what it
+        left open. Retries ConcurrentTransactions (the previous transaction still completing)
+        for up to `timeout_s` (default: the transaction timeout), then raises Timeout."""
+        txn = self._transactional("init_transactions")
+        deadline = self._deadline(timeout_s, txn.timeout_ms / 1000)
+        if txn.state == txns.ABORTABLE:   # giving the transaction up: its chunks first
+            self._drain(deadline)
+        self._init(deadline)
+
+    def begin_transaction(self) -> None:
+        """Start a transaction: what is sent from now until commit_transaction() is stored
+        all or nothing. After a transaction the cluster held, waits (up to send_timeout_s)
+        until that one's markers are written."""
+        txn = self._transactional("begin_transaction")
+        with self._lock:
+            txn.begin()
+            fields = txn.barrier_request()
+        if fields is None:
+            return
+        try:   # the previous transaction's markers first (kera.producer.transaction)
+            self._txn_call("txn_add_parts", fields, self._deadline(None), "begin_transaction")
+        except KeraError as err:
+            with self._lock:
+                txn.fail(err)
+            raise
+        with self._lock:
+            txn.on_barrier()
+
+    def send_positions_to_transaction(self, positions, group, timeout_s: float | None = None
+                                      ) -> None:
+        """Join consumer positions to the transaction: `group` commits them exactly when the
+        transaction commits (dropped if it aborts). `positions`: consumer.positions();
+        `group`: the group's name or consumer.group_metadata() (then a member fenced by a
+        rebalance cannot join its positions: StaleMemberEpoch, and the transaction must be
+        aborted)."""
+        from kera.consumer.membership import positions_to_wire
+        txn = self._transactional("send_positions_to_transaction")
+        self._check_txn_send()
+        with self._lock:
+            fields = txn.positions_request(positions_to_wire(list(positions)), group)
+        try:
+            self._txn_call("txn_add_positions", fields, self._deadline(timeout_s),
+                           "send_positions_to_transaction", final=(StaleMemberEpoch,))
+        except KeraError as err:
+            with self._lock:
+                txn.fail(err)
+            raise
+        txn.opened = True
+
+    def commit_transaction(self, timeout_s: float | None = None) -> None:
+        """Flush the transaction's records, then commit it: once this returns, read_committed
+        consumers see all of it and its positions are the group's. A failure leaves it
+        abortable (abort_transaction(), then redo); a Timeout may be retried by calling
+        commit_transaction again."""
+        txn = self._transactional("commit_transaction")
+        deadline = self._deadline(timeout_s)
+        with self._lock:
+            txn.start_end(commit=True)
+        try:
+            self.flush(max(0.0, deadline - time.monotonic()))
+        except KeraError as err:
+            with self._lock:
+                txn.fail(err)
+            raise
+        with self._lock:
+            txn.opened = txn.opened or self._pipe.txn_acked > 0
+        self._end(True, deadline)
+
+    def abort_transaction(self, timeout_s: float | None = None) -> None:
+        """Abort the transaction: records not yet sent are dropped (their futures fail),
+        those in flight are waited for, then the cluster discards all of it. When an answer
+        never came (a broker down), a new epoch is taken instead, which aborts and fences."""
+        txn = self._transactional("abort_transaction")
+        deadline = self._deadline(timeout_s)
+        with self._lock:
+            txn.start_end(commit=False)
+        self._drain(deadline)
+        with self._lock:
+            txn.opened = txn.opened or self._pipe.txn_acked > 0
+            # A timeout fenced the epoch (KIP-588: init again with it); or a chunk may still
+            # land unanswered: a new epoch fences it.
+            timed_out = any(isinstance(e, TransactionTimedOut)
+                            for e in (txn.error, self._pipe.txn_error))
+            new_epoch = self._pipe.txn_new_epoch or timed_out
+        if new_epoch:
+            self._init(deadline)
+        else:
+            self._end(False, deadline)
+
+    def _init(self, deadline: float) -> None:
+        txn = self._txn
+        with self._lock:
+            fields = txn.init_request()
+        try:
+            reply = self._txn_call("txn_init", fields, deadline, "init_transactions")
+        except KeraError as err:
+            with self._lock:
+                txn.fail(err)
+            raise
+        with self._lock:
+            txn.on_init(reply)
+            self.producer_id = self._acc.producer_id = txn.chunk_producer_id
+            self._pipe.new_identity(self.producer_id)
+
+    def _end(self, commit: bool, deadline: float) -> None:
+        txn = self._txn
+        fields = txn.end_request(commit)
+        if fields is not None:
+            try:
+                self._txn_call("txn_end", fields, deadline,
+                               "commit_transaction" if commit else "abort_transaction")
+            except KeraError as err:
+                if not err.retriable:   # retriable: the same call may be made again
+                    with self._lock:
+                        txn.fail(err)
+                raise
+        with self._lock:
+            self._pipe.end_transaction()
+            txn.ended()
+
+    def _drain(self, deadline: float) -> None:
+        """Drop what is unsent, wait until nothing is in flight. Requests are answered or
+        expire within request_timeout_s (Pipeline.expire), so this ends by then."""
+        aborted = KeraError("the transaction was aborted before this record was sent")
+        with self._lock:
+            self._pipe.halted = True
+            try:
+                for st in self._streams.values():
+                    self._acc.drop_stream(st, aborted)
+                while True:
+                    self._pipe.drop_unsent(aborted)
+                    if not self._pipe.chunks_in_flight():
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise Timeout("abort_transaction: chunks still in flight after its "
+                                      "timeout: call abort_transaction again (or "
+                                      "init_transactions, whose new epoch fences them)")
+                    self._cond.wait(min(left, DRAIN_CHECK_S))
+            finally:
+                self._pipe.halted = False
+                self._wake()   # the request thread settles the dropped records' futures
+            self._pipe.take_failures()   # the abort's own drops, and failures it makes moot
+
+    def _txn_call(self, op: str, fields: dict, deadline: float, what: str,
+                  final: tuple = ()) -> dict:
+        """One coordinator call, retried on retriable errors with a bounded back-off until
+        `deadline` (txn_init after ConcurrentTransactions retries as a new instance: its first
+        try fenced the transaction it held, so its epoch is no longer the current one).
+        Errors of the `final` classes are raised at once: the same fields would be refused
+        again (a consumer's stale member epoch: only the consumer can renew it)."""
+        attempt = 0
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                header, _ = self._meta.call(op, fields, timeout_s=max(
+                    COORDINATOR_CALL_MIN_S, min(self.request_timeout_s, left)))
+                return header
+            except KeraError as err:
+                if not err.retriable or isinstance(err, final):
+                    raise
+                attempt += 1
+                pause = txns.retry_backoff_s(attempt)
+                if time.monotonic() + pause >= deadline:
+                    raise Timeout(f"{what}: not done within its timeout (last answer: "
+                                  f"[{err.code}] {err.message}); call it again") from err
+                if op == "txn_init" and isinstance(err, ConcurrentTransactions):
+                    fields = fields | {"producer_id": -1, "epoch": -1}
+                time.sleep(pause)
+
+    def _deadline(self, timeout_s: float | None, default_s: float | None = None) -> float:
+        if timeout_s is None:
+            timeout_s = self.send_timeout_s if default_s is None else default_s
+        return time.monotonic() + timeout_s
+
+    def _transactional(self, what: str) -> TransactionState:
+        if self._txn is None:
+            raise BadRequest(f"{what} needs a transactional producer: "
+                             f"Producer(..., transactional_id='...')")
+        return self._txn
+
+    def _check_txn_send(self) -> None:
+        """Raise unless a transactional producer may send now (in a transaction that can
+        still commit)."""
+        txn = self._txn
+        err = self._pipe.txn_error
+        if err is not None and txn.state == txns.IN_TRANSACTION:
+            with self._lock:
+                txn.fail(err)
+        txn.check_send()
+
+    def _refuse_if_transactional(self, what: str) -> None:
+        if self._txn is not None:
+            raise BadRequest(f"{what} is not available on a transactional producer: its chunks "
+                             f"carry their own identity, outside any transaction")
 
     # ------------------------------------------------------------------ flush and close
     def flush(self, timeout: float | None = None) -> None:

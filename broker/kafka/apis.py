@@ -15,7 +15,7 @@ from typing import Callable
 from kio.schema.errors import ErrorCode
 
 from kera.broker.kafka import (fetch, groups, metadata, offsets, produce, producer_ids, records,
-                               topics)
+                               topics, transactions)
 from kera.broker.kafka import sasl
 from kera.broker.kafka.context import Call, Context
 
@@ -40,12 +40,20 @@ APIS: dict[int, tuple[int, int, int, Callable[[Context, Call], None]]] = {
     20: (1, 6, 1, topics.handle_delete_topics),
     21: (0, 2, 0, records.handle_delete_records),
     22: (0, 4, 0, producer_ids.handle_init_producer_id),
+    # Transactions: "transaction version 1" (no transaction.version feature is advertised, so
+    # clients never use KIP-890's v4+ forms), KIP-447's TxnOffsetCommit v3.
+    24: (0, 3, 0, transactions.handle_add_partitions),
+    25: (0, 3, 0, transactions.handle_add_offsets),
+    26: (0, 3, 0, transactions.handle_end_txn),
+    28: (0, 3, 0, transactions.handle_txn_offset_commit),
     32: (1, 4, 1, topics.handle_describe_configs),
     36: (0, 2, 0, sasl.handle_sasl_authenticate),
     37: (0, 3, 0, topics.handle_create_partitions),
     42: (0, 2, 0, groups.handle_delete_groups),
     47: (0, 0, 0, groups.handle_offset_delete),
     60: (0, 1, 0, metadata.handle_describe_cluster),
+    65: (0, 0, 0, transactions.handle_describe_transactions),
+    66: (0, 1, 0, transactions.handle_list_transactions),
 }
 API_VERSIONS_RANGE = (0, 3)
 

@@ -34,11 +34,13 @@ from kera.net.acl import CLUSTER_NAME
 log = logging.getLogger(__name__)
 
 TOPIC_DENIED = ErrorCode.topic_authorization_failed
+TXN_DENIED = ErrorCode.transactional_id_authorization_failed
 GROUP_DENIED = ErrorCode.group_authorization_failed
 CLUSTER_DENIED = ErrorCode.cluster_authorization_failed
 # DescribeConfigs resource types (Kafka's ConfigResource.Type).
 TOPIC_RESOURCE, BROKER_RESOURCE, BROKER_LOGGER_RESOURCE = 2, 4, 8
 GROUP_KEY_TYPE = 0                  # FindCoordinator's key_type for a consumer group
+TXN_KEY_TYPE = 1                    # ... for a transactional id
 
 
 class Check:
@@ -257,16 +259,89 @@ def _offset_fetch(check: Check) -> bool:
 
 def _find_coordinator(check: Check) -> bool:
     body = check.call.body
-    if getattr(body, "key_type", GROUP_KEY_TYPE) != GROUP_KEY_TYPE:
-        return True   # transactions: answered COORDINATOR_NOT_AVAILABLE by the handler
-    denied = {"error_code": GROUP_DENIED, "node_id": -1, "host": "", "port": -1}
+    key_type = getattr(body, "key_type", GROUP_KEY_TYPE)
+    if key_type not in (GROUP_KEY_TYPE, TXN_KEY_TYPE):
+        return True   # answered COORDINATOR_NOT_AVAILABLE by the handler
+    kind, code = ("group", GROUP_DENIED) if key_type == GROUP_KEY_TYPE else \
+        ("transactional_id", TXN_DENIED)
+    denied = {"error_code": code, "node_id": -1, "host": "", "port": -1}
     if hasattr(body, "coordinator_keys"):   # v4
         return check.split("coordinator_keys", lambda k: k,
-                           lambda k: check.allowed("describe", "group", k), "coordinators",
+                           lambda k: check.allowed("describe", kind, k), "coordinators",
                            lambda k: {"key": k, **denied})
-    if check.allowed("describe", "group", body.key):
+    if check.allowed("describe", kind, body.key):
         return True
-    return check.refuse(GROUP_DENIED, check.why("describe", "group", body.key), denied)
+    return check.refuse(code, check.why("describe", kind, body.key), denied)
+
+
+# ---------------------------------------------------------------------- transactions
+# Kafka's TransactionalId resource is kera's `transactional_id` ACL kind: write to use one
+# (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn), describe to
+# see it (FindCoordinator, DescribeTransactions, ListTransactions).
+def _may_use(check: Check, tid) -> bool:
+    return check.allowed("write", "transactional_id", tid)
+
+
+def _init_producer_id(check: Check) -> bool:
+    tid = check.call.body.transactional_id
+    if tid is None or _may_use(check, tid):
+        return True
+    return check.refuse(TXN_DENIED, check.why("write", "transactional_id", tid),
+                        {"producer_id": -1, "producer_epoch": -1})
+
+
+def _add_partitions(check: Check) -> bool:
+    """All or nothing, as Kafka: a refused topic (or transactional id) refuses the request,
+    the partitions not refused answered OPERATION_NOT_ATTEMPTED."""
+    body = check.call.body
+    use = _may_use(check, body.v3_and_below_transactional_id)
+    codes = {t.name: TXN_DENIED if not use else ErrorCode.none if check.allowed(
+        "write", "stream", t.name) else TOPIC_DENIED for t in body.v3_and_below_topics}
+    if not any(codes.values()):
+        return True
+    check.call.answer({"results_by_topic_v3_and_below": [
+        {"name": t.name, "results_by_partition": [
+            {"partition_index": p,
+             "partition_error_code": codes[t.name] or ErrorCode.operation_not_attempted}
+            for p in t.partitions]} for t in body.v3_and_below_topics]})
+    return False
+
+
+def _txn_group(operation: str):
+    """EndTxn (no group), AddOffsetsToTxn (read on the group too)."""
+    def rule(check: Check) -> bool:
+        body = check.call.body
+        if not _may_use(check, body.transactional_id):
+            return check.refuse(TXN_DENIED, check.why("write", "transactional_id",
+                                                      body.transactional_id))
+        group = getattr(body, "group_id", None)
+        if group is None or check.allowed(operation, "group", group):
+            return True
+        return check.refuse(GROUP_DENIED, check.why(operation, "group", group))
+    return rule
+
+
+def _txn_offset_commit(check: Check) -> bool:
+    tid = check.call.body.transactional_id
+    if not _may_use(check, tid):
+        return _partitions(check, OFFSET_COMMIT, TXN_DENIED, permitted=lambda name: False,
+                           message=check.why("write", "transactional_id", tid))
+    return _offset_commit(check)
+
+
+def _describe_transactions(check: Check) -> bool:
+    return check.split("transactional_ids", lambda t: t,
+                       lambda t: check.allowed("describe", "transactional_id", t),
+                       "transaction_states",
+                       lambda t: {"transactional_id": t, "error_code": TXN_DENIED,
+                                  "transaction_state": "", "topics": []})
+
+
+def _list_transactions(check: Check) -> bool:
+    check.amend(lambda data: {**data, "transaction_states": [
+        t for t in data.get("transaction_states", ())
+        if check.allowed("describe", "transactional_id", _field(t, "transactional_id"))]})
+    return True
 
 
 def _describe_groups(check: Check) -> bool:
@@ -369,11 +444,17 @@ RULES: dict[int, Callable[[Check], bool]] = {
     19: _topic_change("create", "topics", "topics", lambda c, n: _may_create(c, n)),
     20: _topic_change("delete", "topics", "responses"),
     21: _delete_records,
-    22: _open,                              # InitProducerId: writes are checked per Produce
+    22: _init_producer_id,                  # idempotent: open (writes are checked per Produce)
+    24: _add_partitions,
+    25: _txn_group("read"),                 # AddOffsetsToTxn
+    26: _txn_group("read"),                 # EndTxn: no group, the transactional id only
+    28: _txn_offset_commit,
     32: _describe_configs,
     36: _open,                              # SaslAuthenticate (refused after the login)
     37: _topic_change("alter", "topics", "results"),
     42: _delete_groups,
     47: _offset_delete,
     60: _open,                              # DescribeCluster: brokers, as Metadata gives
+    65: _describe_transactions,
+    66: _list_transactions,
 }

@@ -34,6 +34,14 @@ BY_KERA_CODE = {
     "group_not_empty": ErrorCode.non_empty_group,
     "lock_conflict": ErrorCode.invalid_record,
     "keyless_record": ErrorCode.invalid_record,   # Kafka's "compacted topic ... without key"
+    # Transactions (docs/TRANSACTIONS.md, Errors). A request from before KIP-588's versions
+    # gets INVALID_PRODUCER_EPOCH for producer_fenced: the Kafka API handler picks that.
+    "producer_fenced": ErrorCode.producer_fenced,
+    "transaction_timed_out": ErrorCode.invalid_producer_epoch,
+    "concurrent_transactions": ErrorCode.concurrent_transactions,
+    "invalid_txn_state": ErrorCode.invalid_txn_state,
+    "invalid_producer_id_mapping": ErrorCode.invalid_producer_id_mapping,
+    "invalid_transaction_timeout": ErrorCode.invalid_transaction_timeout,
 }
 
 

@@ -21,6 +21,7 @@ from kera.broker.kafka.metadata import brokers
 from kera.coordinator.kafka_offsets import METADATA_CHARS_MAX
 
 KEY_TYPE_GROUP = 0
+KEY_TYPE_TRANSACTION = 1
 
 
 def coordinator_of(ctx: Context, group_id: str) -> dict | None:
@@ -54,11 +55,15 @@ def handle_find_coordinator(ctx: Context, call: Call) -> None:
 
 
 def _coordinator(ctx: Context, key: str, key_type: int) -> dict:
-    owner = coordinator_of(ctx, key) if key_type == KEY_TYPE_GROUP else None
+    """A group's or a transactional id's coordinator: the live broker its name hashes to. A
+    transactional id's requests are forwarded to kera's coordinator by whichever broker takes
+    them (kera.broker.kafka.transactions); the hash only spreads the clients."""
+    known = key_type in (KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION)
+    owner = coordinator_of(ctx, key) if known else None
     if owner is None:
         return {"key": key, "error_code": ErrorCode.coordinator_not_available, "node_id": -1,
-                "host": "", "port": -1, "error_message": "no coordinator for this key here: "
-                "transactions are not supported" if key_type else "no live Kafka broker"}
+                "host": "", "port": -1, "error_message": "no live Kafka broker" if known
+                else f"key type {key_type} is not a group (0) or a transaction (1)"}
     return {"key": key, "error_code": ErrorCode.none, "error_message": None,
             "node_id": owner["node_id"], "host": owner["host"], "port": owner["port"]}
 

@@ -1,6 +1,7 @@
 """Metadata and DescribeCluster: topics with their partitions' leaders, and the brokers.
 
-A partition's leader is the broker that owns its streamlet; a failover moves the streamlet,
+A topic has a partition per streamlet and active group slot (kera.broker.kafka.slots); a
+partition's leader is the broker that owns its streamlet; a failover moves the streamlet,
 and the next Metadata names the new owner (clients follow NOT_LEADER_OR_FOLLOWER with a
 refresh, as with Kafka). A topic's id is derived from the cluster's and the stream's ids, so
 every broker gives the same one and a recreated topic gets a new one. Topics the coordinator
@@ -16,7 +17,7 @@ import uuid
 
 from kio.schema.errors import ErrorCode
 
-from kera.broker.kafka import authorize
+from kera.broker.kafka import authorize, slots
 from kera.broker.kafka.context import Call, Context
 from kera.broker.kafka.topics import create_topic, valid_topic_name
 
@@ -74,12 +75,12 @@ def _topic(ctx: Context, name: str, creating: bool) -> dict:
         return {"error_code": code, "name": name, "partitions": [], "is_internal": False}
     live = ctx.catalog.brokers
     partitions = []
-    for sl in range(info.streamlets):
-        owner = info.placement[sl]
+    for index in range(slots.partitions(info)):
+        owner = info.placement[slots.place(info, index)[0]]
         leader = owner if owner is not None and (owner in live or owner == ctx.node_id) else -1
         partitions.append({
             "error_code": ErrorCode.none if leader >= 0 else ErrorCode.leader_not_available,
-            "partition_index": sl, "leader_id": leader, "leader_epoch": -1,
+            "partition_index": index, "leader_id": leader, "leader_epoch": -1,
             "replica_nodes": [leader] if leader >= 0 else [],
             "isr_nodes": [leader] if leader >= 0 else [], "offline_replicas": []})
     return {"error_code": ErrorCode.none, "name": name, "partitions": partitions,

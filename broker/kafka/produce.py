@@ -6,36 +6,34 @@ chunk's kera producer id and its base sequence the chunk's sequence, so the brok
 table (kera.broker.producers.classify_kafka) stores a retried batch once; a producer without
 idempotence gets no table entry, as in Kafka. acks=1 is answered as acks=all: kera answers
 only once the records are durable on every copy the stream asks for.
+
+A transactional batch (attribute bit 4) is stored as such: the broker's core asks kera's
+coordinator, before the first one of a transaction in a partition, that the partition was
+added to the producer's open transaction (Kafka's TV1 verification; kera.broker.core
+`_txn_admit`), and refuses a non-transactional batch from a producer whose transaction is open
+in the partition. Topics with several active groups per streamlet take no transactional
+batches (kera.broker.kafka.transactions says why).
 """
 
 from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
-from kera.broker.producers import ANONYMOUS_PRODUCER_ID
+from kera.broker.kafka import slots
 from kera.broker.kafka.context import Call, Context, Deferred
 from kera.broker.kafka.errors import kafka_code
 from kera.broker.kafka.producer_ids import PRODUCER_ID_BITS
 from kera.codec import kafka_batch
 from kera.codec.chunk import wrap
+from kera.codec.txn import is_anonymous_kafka, kera_producer_id
 from kera.errors import KeraError, KeylessRecord
 
 # Kafka answers a keyless record on a compacted topic INVALID_RECORD from Produce v8 on (KIP-467
 # added the code); older clients know the same refusal as CORRUPT_MESSAGE.
 INVALID_RECORD_SINCE_VERSION = 8
-
-# Bits of a kera producer id below a Kafka producer id: its epoch, modulo 256 (an epoch grows
-# only when a producer is bumped after an error; 256 bumps would meet the first epoch's entry).
-EPOCH_BITS = 8
-
-
-def kera_producer_id(producer_id: int, epoch: int) -> int:
-    """The kera producer id of a Kafka producer's (id, epoch): a new epoch is a new kera
-    producer, whose sequences start afresh as Kafka's do."""
-    if producer_id < 0:
-        return ANONYMOUS_PRODUCER_ID
-    return (producer_id << EPOCH_BITS) | (epoch & ((1 << EPOCH_BITS) - 1))
-
+# Produce tells a fenced transactional producer INVALID_PRODUCER_EPOCH, as Kafka's does (its
+# clients take it as fencing); PRODUCER_FENCED is the transaction APIs' code.
+PRODUCE_CODES = {ErrorCode.producer_fenced: ErrorCode.invalid_producer_epoch}
 
 class Entry:
     """One partition of a Produce request: its answer so far and its chunk's index."""
@@ -75,13 +73,10 @@ def _prepare(ctx: Context, topic: str, part, frames: list) -> Entry:
     entry = Entry(topic, part.index)
     batch = part.records
     stream = ctx.stream_by_name(topic)
-    if stream is None or not 0 <= part.index < stream.info.streamlets:
+    where = None if stream is None else slots.place(stream.info, part.index)
+    if where is None:
         return entry.refuse(ErrorCode.unknown_topic_or_partition,
                             f"no partition {part.index} of topic {topic!r} on this broker")
-    if stream.info.active_groups != 1:
-        return entry.refuse(ErrorCode.invalid_request,
-                            f"topic {topic!r} has {stream.info.active_groups} active groups per "
-                            f"streamlet; Kafka clients write streams created with one")
     if not batch:
         return entry.refuse(ErrorCode.invalid_record, "a partition with no record batch")
     try:
@@ -92,13 +87,25 @@ def _prepare(ctx: Context, topic: str, part, frames: list) -> Entry:
         if h.producer_id >= 0 and h.base_sequence < 0:
             return entry.refuse(ErrorCode.invalid_record,
                                 f"an idempotent batch (producer {h.producer_id}) without a sequence")
-        pid = kera_producer_id(h.producer_id, h.producer_epoch)
-        sequence = h.base_sequence if pid != ANONYMOUS_PRODUCER_ID else 0
-        frames.append(wrap(batch, pid, sequence, stream.info.id, part.index))
+        if h.transactional and (h.producer_id < 0 or stream.info.active_groups != 1):
+            return entry.refuse(ErrorCode.invalid_record if h.producer_id < 0 else
+                                ErrorCode.invalid_request,
+                                f"a transactional batch needs a producer id and a topic with one "
+                                f"active group per streamlet ({topic!r} has "
+                                f"{stream.info.active_groups})")
+        pid, sequence = _identity(stream.info, where, h)
+        frames.append(wrap(batch, pid, sequence, stream.info.id, where[0]))
     except KeraError as err:
         return entry.refuse(kafka_code(err), err.message)
     entry.frame = len(frames) - 1
     return entry
+
+
+def _identity(info, where: tuple[int, int], h) -> tuple[int, int]:
+    """(kera producer id, sequence) of a Kafka batch for slot where[1] of streamlet where[0]
+    (kera.broker.kafka.slots); an anonymous producer's batches have no sequence rule."""
+    pid = slots.producer_id(kera_producer_id(h.producer_id, h.producer_epoch), info, where[1])
+    return pid, 0 if is_anonymous_kafka(pid) else h.base_sequence
 
 
 class ProduceReply(Deferred):
@@ -131,7 +138,8 @@ def _partition(e: Entry, results: list, version: int) -> dict:
     if not r:                                   # a retry stored earlier, place not looked up
         out["error_code"] = ErrorCode.duplicate_sequence_number
     elif isinstance(r[0], str):                 # [code, message, retriable]
-        out["error_code"], out["error_message"] = kafka_code(r[0]), r[1]
+        code = kafka_code(r[0])
+        out["error_code"], out["error_message"] = PRODUCE_CODES.get(code, code), r[1]
         if r[0] == KeylessRecord.code and version < INVALID_RECORD_SINCE_VERSION:
             out["error_code"] = ErrorCode.corrupt_message
     elif len(r) == 4:

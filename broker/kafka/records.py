@@ -14,13 +14,17 @@ real start when it is given, which may be below the offset asked; Kafka's tools 
 
 Offset -1 means the high watermark; past it is OFFSET_OUT_OF_RANGE, as in Kafka. A
 compact-only topic answers POLICY_VIOLATION, as Kafka's: its records are removed by
-compaction, not by offset.
+compaction, not by offset. So does a topic with several active groups per streamlet
+(kera.broker.kafka.slots): its partitions share their streamlet's groups, which are deleted
+oldest first whatever their slot, so one partition's start cannot move alone; retention
+deletes them.
 """
 
 from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
+from kera.broker.kafka import slots
 from kera.broker.kafka.context import Call, Context
 from kera.broker.kafka.errors import kafka_code
 from kera.codec import cleanup
@@ -40,14 +44,12 @@ def handle_delete_records(ctx: Context, call: Call) -> None:
 def _partition(ctx: Context, topic: str, index: int, offset: int) -> dict:
     out = {"partition_index": index, "low_watermark": -1, "error_code": ErrorCode.none}
     stream = ctx.stream_by_name(topic)
-    if stream is None or not 0 <= index < stream.info.streamlets:
+    if stream is None or slots.place(stream.info, index) is None:
         out["error_code"] = ErrorCode.not_leader_or_follower if stream is None and \
             topic in ctx.catalog.topics else ErrorCode.unknown_topic_or_partition
         return out
-    if stream.info.active_groups != 1:
-        out["error_code"] = ErrorCode.invalid_request
-        return out
-    if not cleanup.deletes(getattr(stream.info, "cleanup_policy", cleanup.DEFAULT_POLICY)):
+    if stream.info.active_groups != 1 or \
+            not cleanup.deletes(getattr(stream.info, "cleanup_policy", cleanup.DEFAULT_POLICY)):
         out["error_code"] = ErrorCode.policy_violation
         return out
     try:

@@ -22,11 +22,14 @@ TOPIC_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")
 RESOURCE_TOPIC = 2
 CONFIG_SOURCE_TOPIC = 1         # DYNAMIC_TOPIC_CONFIG
 CONFIG_SOURCE_DEFAULT = 5       # DEFAULT_CONFIG
+ACTIVE_GROUPS_CONFIG = "kera.active.groups"
 # Kafka config -> (stream field, kera's "none" value, Kafka's spelling of it).
 TOPIC_CONFIGS = {
     "retention.ms": ("retention_ms", 0, -1),
     "retention.bytes": ("retention_bytes", 0, -1),
     "segment.bytes": ("segment_size_bytes", None, None),
+    # kera's own: active groups per streamlet, each a partition (kera.broker.kafka.slots).
+    ACTIVE_GROUPS_CONFIG: ("active_groups", None, None),
 }
 # Kafka's cleanup configs, kept by kera.codec.cleanup (a policy string, a ratio: not integers).
 CLEANUP_CONFIGS = ("cleanup.policy", *cleanup.BY_KAFKA_NAME)
@@ -41,8 +44,9 @@ def valid_topic_name(name: str) -> str | None:
 
 def create_topic(ctx: Context, name: str, partitions: int, replication: int,
                  done: Callable[[ErrorCode, str | None], None], settings: dict | None = None) -> None:
+    # murmur2: kera's clients then place keys in the partition Kafka's clients pick.
     fields = {"name": name, "streamlets": partitions, "replication": replication,
-              "active_groups": 1, **(settings or {})}
+              "active_groups": 1, "partitioner": "murmur2", **(settings or {})}
 
     def reply(header, error):
         ctx.catalog.forget()
@@ -83,9 +87,14 @@ def _create_one(ctx: Context, call: Call, t, done) -> None:
     if t.assignments:
         return done(ErrorCode.invalid_request, "kera places partitions itself: give no "
                                                "replica assignment")
+    q = settings.get("active_groups", 1)
+    if q > 0 and partitions % q:
+        return done(ErrorCode.invalid_partitions,
+                    f"{partitions} partitions with {ACTIVE_GROUPS_CONFIG}={q}: a streamlet is "
+                    f"{q} partitions, so ask for a multiple of {q}")
     if call.body.validate_only:
         return done(ErrorCode.none, None)
-    create_topic(ctx, t.name, partitions, replication, done, settings)
+    create_topic(ctx, t.name, partitions // max(q, 1), replication, done, settings)
 
 
 def _settings(configs) -> tuple[dict, str | None]:
@@ -139,6 +148,10 @@ def handle_delete_topics(ctx: Context, call: Call) -> None:
 
 
 def handle_create_partitions(ctx: Context, call: Call) -> None:
+    ctx.catalog.fresh(lambda error: _create_partitions(ctx, call))
+
+
+def _create_partitions(ctx: Context, call: Call) -> None:
     topics = list(call.body.topics)
     gather = Gather(len(topics), lambda results: _answer_after_change(ctx, call, "results",
                                                                        results))
@@ -150,13 +163,28 @@ def handle_create_partitions(ctx: Context, call: Call) -> None:
 
     repeated = _repeated([t.name for t in topics])
     for i, t in enumerate(topics):
+        streamlets, why = streamlets_for(ctx.catalog.topics.get(t.name), t.count)
         if t.name in repeated:
             finish(i, BadRequest(f"topic {t.name!r} is named twice"))
+        elif why is not None:
+            finish(i, BadRequest(why))
         elif call.body.validate_only:
             finish(i, None)
         else:
-            ctx.catalog.calls.call("alter_stream", {"name": t.name, "streamlets": t.count},
+            ctx.catalog.calls.call("alter_stream", {"name": t.name, "streamlets": streamlets},
                                    lambda h, e, i=i: finish(i, e))
+
+
+def streamlets_for(info, count: int) -> tuple[int, str | None]:
+    """(streamlets, None) giving a topic `count` partitions, or (0, why not): with Q active
+    groups a streamlet is Q partitions (kera.broker.kafka.slots), so `count` must be a multiple
+    of Q. An unknown topic keeps `count`: the coordinator refuses it by name."""
+    q = 1 if info is None else info.active_groups
+    if count % q:
+        return 0, (f"topic {info.name!r} has {q} active groups per streamlet, so its "
+                   f"partitions come {q} at a time (one per streamlet and group): ask for a "
+                   f"multiple of {q}, such as {(count // q + 1) * q}")
+    return count // q, None
 
 
 def _answer_after_change(ctx: Context, call: Call, field: str, results: list) -> None:
@@ -207,13 +235,14 @@ def topic_configs(info, descriptor: dict) -> list[dict]:
     settings = cleanup.from_descriptor(descriptor)
     entries = {"cleanup.policy": settings["cleanup_policy"], "retention.ms": str(retention_ms),
                "retention.bytes": str(retention_bytes),
-               "min.insync.replicas": str(info.replication)}
+               "min.insync.replicas": str(info.replication),
+               ACTIVE_GROUPS_CONFIG: str(descriptor.get("active_groups", 1))}
     for field, (name, _) in cleanup.SETTINGS.items():
         entries[name] = cleanup.kafka_value(field, settings[field])
     if segment:
         entries["segment.bytes"] = str(segment)
         entries["max.message.bytes"] = str(segment)
-    return [{"name": k, "value": v, "read_only": k in ("max.message.bytes",
-                                                       "min.insync.replicas"),
+    return [{"name": k, "value": v, "read_only": k in ("max.message.bytes", "min.insync.replicas",
+                                                       ACTIVE_GROUPS_CONFIG),
              "config_source": CONFIG_SOURCE_TOPIC, "is_sensitive": False, "synonyms": []}
             for k, v in entries.items()]

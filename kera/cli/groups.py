@@ -1,8 +1,9 @@
 """`kera group list|describe|reset-positions|delete`: consumer groups from the command line.
 
 reset-positions sets an empty group's positions to the start, the end, a record number
-(`--to-offset`) or a time (`--to-datetime`, the brokers' offsets_for_time: each streamlet's
-first record at or after it).
+(`--to-offset`), a time (`--to-datetime`, the brokers' offsets_for_time: each streamlet's
+first record at or after it), or the committed ones moved (`--shift-by`) or kept
+(`--to-current`).
 
 The coordinator keeps groups (kera.coordinator.groups); describe adds each committed part's
 lag, the durable records and chunk bytes past its committed position, asked of the part's broker.
@@ -62,6 +63,12 @@ def add_parser(sub, admin_options) -> None:
     to.add_argument("--to-offset", metavar="N", type=int,
                     help="record number N of every streamlet (Kafka's offset): the first "
                          "retained record when N was deleted, the end when N is not written")
+    to.add_argument("--shift-by", metavar="N", type=int,
+                    help="each committed position moved N records (negative: back), kept "
+                         "within the retained records; streamlets without one are left alone")
+    to.add_argument("--to-current", action="store_true",
+                    help="the committed positions as they are (kafka-consumer-groups "
+                         "--to-current): prints them, or writes them again with --execute")
     r.add_argument("--protocol", choices=PROTOCOLS, default=None,
                    help="kafka: a group of Kafka clients, refused while it has members "
                         "(default: kafka when the group holds Kafka offsets, else kera)")
@@ -164,16 +171,19 @@ def cmd_reset(args) -> int:
         args.streams = _committed_streams(args, kafka)
     if kafka:
         from kera.cli import kafka_groups
-        return kafka_groups.reset(args, at_ms)
+        return kafka_groups.reset(args, at_ms, _kafka_offsets(args, args.group))
     with Admin(args.bootstrap) as admin:
-        parts = [(s, sl) for s in args.streams
-                 for sl in range(admin.describe_stream(s)["streamlets"])]
+        described = {s: admin.describe_stream(s) for s in args.streams}
+    parts = [(s, sl) for s, d in described.items() for sl in range(d["streamlets"])]
     with Consumer(args.bootstrap, args.streams, streamlets=[], start=args.to or "earliest",
                   request_timeout_s=args.timeout_s) as c:
         if at_ms is not None:
             positions = c.offsets_for_times({part: at_ms for part in parts})
         elif args.to_offset is not None:
             positions = [p for s, sl in parts for p in c.offsets_for_number(s, sl, args.to_offset)]
+        elif args.to_current or args.shift_by is not None:
+            positions = _moved_positions(args, c, described)
+            parts = sorted({(p.stream, p.streamlet) for p in positions})
         else:
             c.assign(parts)
             positions = c.positions(parts)
@@ -185,14 +195,53 @@ def cmd_reset(args) -> int:
     from kera.consumer.membership import positions_to_wire
     coordinator_call(args, "group_reset", group=args.group, streams=args.streams,
                      positions=positions_to_wire(positions))
-    target = args.to or (f"record number {args.to_offset}" if at_ms is None
-                         else f"the first records at or after {args.to_datetime}")
+    target = reset_target(args)
     print(f"group '{args.group}': {len(parts)} streamlets of {', '.join(args.streams)} reset "
           f"to {target}")
     return 0
 
 
 DRY_RUN_NOTE = "dry run: nothing was changed; add --execute to apply these positions"
+
+
+def reset_target(args) -> str:
+    """What a reset moved the positions to, in words."""
+    if args.to:
+        return args.to
+    if args.to_offset is not None:
+        return f"record number {args.to_offset}"
+    if args.shift_by is not None:
+        return f"their committed positions shifted by {args.shift_by}"
+    if args.to_current:
+        return "their committed positions"
+    return f"the first records at or after {args.to_datetime}"
+
+
+def _moved_positions(args, consumer, described: dict) -> list:
+    """The group's committed positions on `described` streams, each shifted by --shift-by
+    records (kept within the retained ones) or kept (--to-current). A committed position's
+    record number is its streamlet's durable end minus the records behind it (numbers count
+    every offset, gaps included), so shifting needs one ordered unit per streamlet."""
+    from kera.consumer.membership import positions_from_wire
+    committed = [p for p in positions_from_wire(coordinator_call(
+        args, "group_offsets", group=args.group)["positions"]) if p.stream in described]
+    if not committed:
+        raise CliError(f"group '{args.group}' has no committed positions on "
+                       f"{', '.join(described)}: nothing to shift or keep")
+    if args.to_current:
+        return committed
+    multi = sorted(s for s, d in described.items() if d.get("active_groups", 1) != 1)
+    if multi:
+        raise CliError(f"--shift-by needs one active group per streamlet; {', '.join(multi)} "
+                       f"have several (record numbers are per slot): use --to-offset or "
+                       f"--to-datetime")
+    behind = consumer.lag_of(committed)
+    out = []
+    for (stream, sl), lag in sorted(behind.items()):
+        start, end = consumer.number_span(stream, sl)
+        target = min(max(end - lag + args.shift_by, start), end)
+        out += consumer.offsets_for_number(stream, sl, target)
+    return out
 
 
 def _committed_streams(args, kafka: bool) -> list[str]:

@@ -4,7 +4,9 @@ A Kafka group's committed offsets are kera's coordinator's (kera.coordinator.kaf
 its members live on the broker that coordinates it (kera.broker.kafka.group_admin), which
 this asks over kera's protocol: no Kafka port, client or SASL user needed. Offsets are record
 numbers; a partition's start and end come from its owning broker (`numbers`), so lag is
-Kafka's: the partition's end (its next record number) minus the committed offset.
+Kafka's: the partition's end (its next record number) minus the committed offset. Partition
+p of a stream with Q active groups is slot p % Q of streamlet p // Q
+(kera.broker.kafka.slots).
 
 A reset is refused while the group has live members, as kafka-consumer-groups refuses one:
 the coordinating broker checks and writes in one step (`kafka_group_reset`). Targets are
@@ -29,10 +31,12 @@ US_PER_MS = 1000
 
 # ---------------------------------------------------------------------- sans-IO
 def reset_offset(span: tuple[int, int], to: str | None, number: int | None,
-                 at_time: int | None = None) -> int:
+                 at_time: int | None = None, committed: int | None = None,
+                 shift_by: int | None = None) -> int:
     """The offset a reset gives a partition whose retained records are `span` (start, end):
-    `to` earliest/latest, else `number` clamped to the span, else the record found at a time
-    (`at_time`, None: none at or after it, so the end)."""
+    `to` earliest/latest, else `number` clamped to the span, else the `committed` offset
+    moved `shift_by` (clamped to the span), else the record found at a time (`at_time`,
+    None: none at or after it, so the end)."""
     start, end = span
     if to == "earliest":
         return start
@@ -40,6 +44,8 @@ def reset_offset(span: tuple[int, int], to: str | None, number: int | None,
         return end
     if number is not None:
         return min(max(number, start), end)
+    if shift_by is not None:
+        return min(max(committed + shift_by, start), end)
     return end if at_time is None else at_time
 
 
@@ -98,9 +104,10 @@ def group_members(args, brokers: dict[int, str]) -> dict | None:
                     retriable=True)
 
 
-def spans(args, admin, parts, at_ms: int | None = None) -> dict:
+def spans(args, admin, parts, at_ms: int | None = None, errors: list | None = None) -> dict:
     """{(topic, partition): (start, end[, found at time])} from each owning broker; a
-    partition whose broker does not answer, or a deleted topic's, is left out."""
+    partition whose broker does not answer, or a deleted topic's, is left out (its error
+    appended to `errors`, if given)."""
     from kera.codec import schema
     out, infos = {}, {}
     for topic, p in parts:
@@ -108,14 +115,23 @@ def spans(args, admin, parts, at_ms: int | None = None) -> dict:
             if topic not in infos:
                 infos[topic] = schema.stream_descriptor(admin.describe_stream(topic))
             info = infos[topic]
-            fields = {"sid": info.id, "sl": p}
+            sl, slot = divmod(p, info.active_groups)   # kera.broker.kafka.slots' numbering
+            fields = {"sid": info.id, "sl": sl, "slot": slot}
             if at_ms is not None:
                 fields["timestamp_us"] = max(at_ms, 0) * US_PER_MS
-            r = _rpc(args, info.owner(p), "numbers", **fields)
-        except KeraError:
+            r = _rpc(args, info.owner(sl), "numbers", **fields)
+        except KeraError as err:
+            if errors is not None:
+                errors.append(err)
             continue
         out[(topic, p)] = (r["start"], r["end"], r.get("at_time"))
     return out
+
+
+def _partitions(admin, stream: str) -> int:
+    """A stream's Kafka partitions: one per streamlet and active group slot."""
+    d = admin.describe_stream(stream)
+    return d["streamlets"] * d.get("active_groups", 1)
 
 
 # ---------------------------------------------------------------------- commands
@@ -148,20 +164,29 @@ def _row(r: dict) -> list:
             m.get("member_id", "-"), m.get("host", "-"), m.get("client_id", "-")]
 
 
-def reset(args, at_ms: int | None) -> int:
+def reset(args, at_ms: int | None, committed: list) -> int:
     """Set the group's offsets on every partition of `args.streams`; refused while the group
     has members."""
     with _admin(args) as admin:
-        parts = [(s, p) for s in args.streams
-                 for p in range(admin.describe_stream(s)["streamlets"])]
-        found = spans(args, admin, parts, at_ms)
+        parts = [(s, p) for s in args.streams for p in range(_partitions(admin, s))]
+        current = {(t, p): off for t, p, off, _meta in committed}
+        metadata = {(t, p): meta for t, p, _off, meta in committed}
+        if args.to_current or args.shift_by is not None:
+            parts = [part for part in parts if part in current]   # the committed ones only
+            if not parts:
+                raise KeraError(f"group '{args.group}' has no committed offsets on "
+                                f"{', '.join(args.streams)}: nothing to shift or keep")
+        errors: list = []
+        found = spans(args, admin, parts, at_ms, errors)
         missing = [part for part in parts if part not in found]
         if missing:
             raise KeraError(f"no answer for partitions {missing[:10]} from their brokers "
-                            f"(a failover under way?): nothing was reset; retry",
-                            retriable=True)
-        offsets = [[t, p, reset_offset(found[(t, p)][:2], args.to, args.to_offset,
-                                       found[(t, p)][2]), ""] for t, p in parts]
+                            f"({errors[0].message if errors else 'a failover under way?'}): "
+                            f"nothing was reset; retry", retriable=True)
+        offsets = [[t, p, current[(t, p)], metadata[(t, p)]] if args.to_current else
+                   [t, p, reset_offset(found[(t, p)][:2], args.to, args.to_offset,
+                                       found[(t, p)][2], current.get((t, p)), args.shift_by), ""]
+                   for t, p in parts]
         view = group_members(args, _kafka_brokers(admin))
     if not args.execute:
         print(table(["TOPIC", "PARTITION", "NEW-OFFSET"], [o[:3] for o in offsets]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -75,15 +76,34 @@ class ClusterError(RuntimeError):
     """A local daemon failed to start or register."""
 
 
+# Ports kera picks for its daemons lie below the kernel's ephemeral range: a port from inside it
+# (the kernel's own pick for a bind to port 0) can be taken by any outgoing connection between
+# the pick and the daemon's bind, which failed about one `kera local` start in ten.
+PICKED_PORT_LOW = 20_000
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+EPHEMERAL_LOW_DEFAULT = 32_768   # Linux's default, when the range cannot be read
+PORT_PICK_ATTEMPTS = 200         # random tries before giving up: the range holds ~12,000 ports
+
+
+def ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections' local ports)."""
+    try:
+        low = int(Path(EPHEMERAL_RANGE_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_LOW_DEFAULT
+    return low if low > PICKED_PORT_LOW + 1000 else EPHEMERAL_LOW_DEFAULT
+
+
 def free_port(host: str = HOST, exclude: set[int] | frozenset = frozenset()) -> int:
-    """A port nobody listens on right now (the kernel's pick, minus `exclude`)."""
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port not in exclude:
+    """A port nobody listens on right now, outside the ephemeral range and `exclude`, chosen
+    at random so that concurrent pickers (parallel tests) rarely meet."""
+    rng, high = random.SystemRandom(), ephemeral_low() - 1
+    for _ in range(PORT_PICK_ATTEMPTS):
+        port = rng.randint(PICKED_PORT_LOW, high)
+        if port not in exclude and port_free(host, port):
             return port
-    raise ClusterError("no free port found")
+    raise ClusterError(f"no free port found in {PICKED_PORT_LOW}..{high} on {host} "
+                       f"after {PORT_PICK_ATTEMPTS} tries")
 
 
 def port_free(host: str, port: int) -> bool:

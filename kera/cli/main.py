@@ -22,7 +22,9 @@ import time
 import kera
 from kera import config
 from kera.codec import cleanup
+from kera.codec.partitioner import PARTITIONERS
 from kera.cli import groups as cli_groups
+from kera.cli import transactions as cli_transactions
 from kera.cli import security as cli_security
 from kera.daemon import file_limit
 from kera.daemon import gc_policy
@@ -105,6 +107,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     _add_produce(sub)
     _add_consume(sub)
     cli_groups.add_parser(sub, _admin_options)
+    cli_transactions.add_parser(sub, _admin_options)
     cli_security.add_parsers(sub, _admin_options)
     cli_outbox.add_parser(sub, _client_options)
     cli_deliver.add_parser(sub, _client_options)
@@ -199,6 +202,9 @@ def _add_stream(sub) -> None:
                    help="virtual logs the stream may use, 0 = all (default: %(default)s)")
     _retention_arguments(c, default=0)
     _cleanup_arguments(c)
+    c.add_argument("--partitioner", default=None, choices=sorted(PARTITIONERS),
+                   help="how clients that name no partitioner place keys: crc32c (the default) "
+                        "or murmur2 (as Kafka's clients do); fixed for the stream's life")
     c.add_argument("--no-wait", action="store_true",
                    help="return once created, without waiting for the brokers")
     c.set_defaults(func=cmd_stream_create)
@@ -299,14 +305,20 @@ def _add_produce(sub) -> None:
                         "(a line without SEP has no key)")
     p.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
                    help="producer option, e.g. -o linger_ms=20 (repeatable)")
-    p.add_argument("--partitioner", default="crc32c", choices=["crc32c", "murmur2"],
-                   help="how keys map to streamlets: crc32c (kera's default) or murmur2 (as "
-                        "Kafka's clients do, so a key lands where a Kafka producer puts it)")
+    p.add_argument("--partitioner", default=None, choices=sorted(PARTITIONERS),
+                   help="how keys map to streamlets: crc32c or murmur2 (as Kafka's clients do, "
+                        "so a key lands where a Kafka producer puts it); default: the "
+                        "stream's own (kera stream describe)")
     p.add_argument("--quiet", action="store_true", help="do not print the record count")
     p.add_argument("-H", "--header", action="append", default=[], metavar="KEY=VALUE",
                    help="a header on every record (repeatable; kcat's -H)")
     p.add_argument("-z", "--compression", choices=["lz4", "zstd"], default=None,
                    help="compress chunks (consumers decompress transparently)")
+    p.add_argument("-f", "--format", default=None, metavar="FMT",
+                   help="how each line is read, as kera consume -f prints it: %%s value, "
+                        "%%k key, %%T timestamp (ms since the epoch; empty: now), %%h headers "
+                        "(k=v,k=v), text between fields, \\t tab; the last field takes the "
+                        "rest of the line. E.g. -f '%%T\\t%%h\\t%%k\\t%%s'")
     p.set_defaults(func=cmd_produce)
 
 
@@ -404,7 +416,8 @@ def _create_stream(args) -> int:
             segment_size_bytes=args.segment_size_bytes, durability=args.durability,
             replication_capacity=args.replication_capacity, retention_ms=args.retention_ms,
             retention_bytes=args.retention_bytes, wait_ready=not args.no_wait,
-            retain_until_consumed=args.retain_until_consumed, **_cleanup_options(args))
+            retain_until_consumed=args.retain_until_consumed, partitioner=args.partitioner,
+            **_cleanup_options(args))
     if args.json:
         _print_json(stream)
     else:
@@ -642,21 +655,17 @@ def _options(pairs: list[str]) -> dict:
 
 def cmd_produce(args) -> int:
     from kera.producer import Producer
-    sep = args.key_sep.encode() if args.key_sep else None
+    parse = _line_reader(args)
     count = 0
-    headers = [_header(h) for h in args.header]
     producer = Producer(args.bootstrap, compression=args.compression,
                         **{"partitioner": args.partitioner, **_options(args.option)})
     try:
         for line in sys.stdin.buffer:
             if line.endswith(b"\n"):
                 line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
-            key = None
-            if sep is not None:
-                k, found, v = line.partition(sep)
-                if found:
-                    key, line = k, v
-            producer.send(args.stream, line, key=key, headers=headers)
+            record = parse(line)
+            producer.send(args.stream, record.value, key=record.key, headers=record.headers,
+                          timestamp_ms=record.timestamp_ms)
             count += 1
         producer.flush()
     finally:
@@ -666,6 +675,30 @@ def cmd_produce(args) -> int:
     return 0
 
 
+def _line_reader(args):
+    """How one line becomes a record: --format, else [KEY<sep>]VALUE; -H headers on each."""
+    from kera.cli.line_format import ParsedLine, compile_parser
+    headers = [_header(h) for h in args.header]
+    if args.format is not None:
+        if args.key_sep is not None:
+            raise CliError("give --format or --key-sep, not both (%k in the format is the key)")
+        parse = compile_parser(args.format)
+
+        def read(line: bytes) -> ParsedLine:
+            record = parse(line)
+            return record._replace(headers=headers + record.headers)
+        return read
+    sep = args.key_sep.encode() if args.key_sep else None
+
+    def split(line: bytes) -> ParsedLine:
+        if sep is not None:
+            k, found, v = line.partition(sep)
+            if found:
+                return ParsedLine(v, k, None, headers)
+        return ParsedLine(line, None, None, headers)
+    return split
+
+
 def _header(pair: str) -> tuple[str, bytes]:
     key, sep, value = pair.partition("=")
     if not sep or not key:
@@ -673,42 +706,10 @@ def _header(pair: str) -> tuple[str, bytes]:
     return key, value.encode()
 
 
-# kcat's -f fields that a kera record has (%p is kcat's partition: kera's streamlet, %S).
-FORMAT_FIELDS = {
-    "s": lambda r: r.value or b"", "k": lambda r: r.key or b"", "t": lambda r: r.stream.encode(),
-    "S": lambda r: b"%d" % r.streamlet, "p": lambda r: b"%d" % r.streamlet,
-    "g": lambda r: b"%d" % r.group, "o": lambda r: b"%d" % r.offset,
-    "n": lambda r: b"" if r.number is None else b"%d" % r.number,
-    "T": lambda r: b"%d" % (r.timestamp // 1000),
-    "h": lambda r: b",".join(k.encode() + b"=" + v for k, v in r.headers),
-}
-FORMAT_ESCAPES = {"n": b"\n", "t": b"\t", "r": b"\r", "\\": b"\\"}
-
-
-def compile_format(fmt: str):
-    """A function record -> bytes for a kcat-style format; CliError names an unknown field."""
-    parts, i = [], 0
-    while i < len(fmt):
-        ch, nxt = fmt[i], fmt[i + 1:i + 2]
-        if ch == "%" and nxt == "%":
-            parts.append(lambda r: b"%")
-        elif ch == "%" and nxt in FORMAT_FIELDS:
-            parts.append(FORMAT_FIELDS[nxt])
-        elif ch == "%":
-            raise CliError(f"--format: unknown field %{nxt} (known: "
-                           f"{', '.join('%' + k for k in FORMAT_FIELDS)}, %%)")
-        elif ch == "\\" and nxt in FORMAT_ESCAPES:
-            parts.append(lambda r, b=FORMAT_ESCAPES[nxt]: b)
-        else:
-            parts.append(lambda r, b=ch.encode(): b)
-            i -= 1
-        i += 2
-    return lambda record: b"".join(part(record) for part in parts)
-
-
 def _line_writer(args):
     """How one record is written: --format, else [KEY<sep>]VALUE and a newline."""
     if args.format is not None:
+        from kera.cli.line_format import compile_format
         return compile_format(args.format)
     sep = args.key_sep.encode()
     if args.print_key:

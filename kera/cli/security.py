@@ -175,6 +175,9 @@ def _entry_arguments(p) -> None:
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--stream", help="a stream name (or prefix, with --prefixed)")
     target.add_argument("--group", help="a consumer group name (or prefix)")
+    target.add_argument("--transactional-id",
+                        help="a transactional producer's id (or prefix): write to use it, "
+                             "describe to see it")
     target.add_argument("--cluster", action="store_true", help="the cluster itself")
     p.add_argument("--prefixed", action="store_true",
                    help="the name is a prefix: the entry covers every name starting with it")
@@ -183,7 +186,9 @@ def _entry_arguments(p) -> None:
 
 def _entries(args) -> list[Acl]:
     rtype, name = (("stream", args.stream) if args.stream is not None else
-                   ("group", args.group) if args.group is not None else ("cluster", CLUSTER_NAME))
+                   ("group", args.group) if args.group is not None else
+                   ("transactional_id", args.transactional_id)
+                   if args.transactional_id is not None else ("cluster", CLUSTER_NAME))
     pattern = "prefixed" if args.prefixed else "literal"
     permission = "deny" if args.deny else "allow"
     return [Acl.parse([args.principal, permission, op, rtype, name, pattern])

@@ -2,7 +2,8 @@
 about, each group headed by a one-line legend, with a unit column and one column per daemon.
 
 Pure: `render(stats)` takes what `Admin.stats()` returns ({"coordinator": {...}, "brokers":
-{id: {...}}, "backups": {id: {...}}}) and returns the text; `render_streams` takes
+{id: {...}}, "backups": {id: {...}}}) and returns the text, ending with one row per compacted
+stream (the brokers' `compaction_streams`, added up); `render_streams` takes
 `Admin.stream_traffic()["streams"]` (`kera stats --streams`): one row per stream. Nothing here
 talks to a daemon.
 """
@@ -32,7 +33,8 @@ GROUPS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
          ("memory_", "tier", "segments_", "retention_")),
         ("recovery", "recovery of dead brokers' streamlets run by this broker",
          ("recovery_",)),
-        ("compaction", "passes over compacted streams swapped in, record bytes before and after",
+        ("compaction", "passes over compacted streams swapped in, record bytes before and after, "
+         "their time (per stream: below)",
          ("compaction_",)),
         ("metadata", "streams this broker serves and the metadata version it applied",
          ("streams", "metadata_")),
@@ -57,12 +59,67 @@ KIB = 1024
 
 def render(stats: dict) -> str:
     """Every daemon kind present in `stats` as grouped tables (see the module docstring)."""
+    compacted = compaction_streams(stats.get("brokers") or {})
+    stats = {**stats, "brokers": {b: _without(s, COMPACTION_STREAMS)
+                                  for b, s in (stats.get("brokers") or {}).items()}}
     sections = []
     for key, kind in KIND_TITLES.items():
         columns = _columns(key, stats.get(key))
         if columns:
             sections.append(_section(kind, columns))
+    if compacted:
+        sections.append(render_compaction(compacted))
     return "\n\n".join(sections)
+
+
+def _without(d, key: str):
+    return {k: v for k, v in d.items() if k != key} if isinstance(d, dict) else d
+
+
+# The brokers' per compacted stream counters (kera.broker.compaction_service.stats): summed
+# over brokers, since a stream's streamlets may live on several; the ratio is recomputed from
+# the summed clean and dirty bytes.
+COMPACTION_STREAMS = "compaction_streams"
+COMPACTION_SUMMED = ("clean_bytes", "dirty_bytes", "passes", "bytes_before", "bytes_after",
+                     "seconds")
+COMPACTION_COLUMNS = (("dirty_ratio", "dirty ratio"), ("dirty_bytes", "dirty"),
+                      ("clean_bytes", "clean"), ("passes", "passes"),
+                      ("bytes_before", "bytes before"), ("bytes_after", "bytes after"),
+                      ("seconds", "pass time s"))
+
+
+def compaction_streams(brokers: dict) -> dict[str, dict]:
+    """{stream: summed counters and its dirty ratio} over the brokers' stats."""
+    out: dict[str, dict] = {}
+    for s in brokers.values():
+        rows = s.get(COMPACTION_STREAMS) if isinstance(s, dict) else None
+        for name, row in (rows or {}).items():
+            into = out.setdefault(name, dict.fromkeys(COMPACTION_SUMMED, 0))
+            for f in COMPACTION_SUMMED:
+                value = row.get(f, 0)
+                into[f] += value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+    for row in out.values():
+        total = row["clean_bytes"] + row["dirty_bytes"]
+        row["dirty_ratio"] = row["dirty_bytes"] / total if total else 0.0
+    return out
+
+
+def render_compaction(streams: dict[str, dict]) -> str:
+    """One row per compacted stream, by name."""
+    legend = ("per compacted stream, over the live brokers: dirty share of what a pass may "
+              "reach now; passes since start, bytes they rewrote before/after, their time")
+    header = ["stream", *(title for _, title in COMPACTION_COLUMNS)]
+    rows = [[name, *(_compaction_cell(f, streams[name][f]) for f, _ in COMPACTION_COLUMNS)]
+            for name in sorted(streams)]
+    return "== compacted streams ==\n\n" + legend + "\n" + _table(header, rows, left=1)
+
+
+def _compaction_cell(field: str, value) -> str:
+    if field == "dirty_ratio":
+        return f"{value:.3f}"
+    if field == "seconds":
+        return f"{value:,.2f}"
+    return format_value(field, value)
 
 
 def _columns(key: str, part) -> dict[str, dict]:
@@ -104,7 +161,7 @@ def unit_of(name: str, value) -> str:
         return "bytes"
     if name.endswith(("_ms", "_ms_total")):
         return "ms"
-    if name.endswith("_s"):
+    if name.endswith(("_s", "_seconds")):
         return "s"
     if "_per_" in name:
         return "ratio"
@@ -152,11 +209,11 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    """Name and unit left-aligned, values right-aligned."""
+def _table(header: list[str], rows: list[list[str]], left: int = 2) -> str:
+    """The first `left` columns (name and unit) left-aligned, values right-aligned."""
     cells = [header, *rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+    return "\n".join("  ".join(c.ljust(w) if i < left else c.rjust(w)
                                for i, (c, w) in enumerate(zip(row, widths))).rstrip()
                      for row in cells)
 

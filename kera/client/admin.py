@@ -66,14 +66,16 @@ class Admin:
                       replication_capacity: int = 0, wait_ready: bool = True,
                       retention_ms: int = 0, retention_bytes: int = 0,
                       retain_until_consumed: bool = False, cleanup_policy: str | None = None,
-                      **compaction) -> dict:
+                      partitioner: str | None = None, **compaction) -> dict:
         """Create a stream and return its descriptor; with `wait_ready`, once every owning
         broker has picked it up (raises Timeout after `timeout_s`). `retention_ms` /
         `retention_bytes` (per streamlet): whole groups beyond them are deleted (0: keep).
         `retain_until_consumed`: by age only once every consumer group committed past them
         (kera.broker.retention). `cleanup_policy` "delete", "compact" or "compact,delete" and
         the `compaction` settings min_cleanable_dirty_ratio, delete_retention_ms,
-        min_compaction_lag_ms, max_compaction_lag_ms (kera.codec.cleanup; None: default)."""
+        min_compaction_lag_ms, max_compaction_lag_ms (kera.codec.cleanup; None: default).
+        `partitioner`: how clients that name none place keys, "crc32c" (None: the default) or
+        "murmur2" (as Kafka's clients; kera.codec.partitioner); fixed for the stream's life."""
         deadline = time.monotonic() + self.timeout_s
         fields = {
             "name": name, "streamlets": streamlets, "active_groups": active_groups,
@@ -86,6 +88,8 @@ class Admin:
             fields["retention_bytes"] = retention_bytes
         if retain_until_consumed:
             fields["retain_until_consumed"] = True
+        if partitioner is not None:
+            fields["partitioner"] = partitioner
         fields.update(_cleanup_fields(cleanup_policy, compaction))
         stream = self._call("create_stream", fields)["stream"]
         if wait_ready:

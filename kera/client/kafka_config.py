@@ -61,6 +61,13 @@ def _start(value) -> str:
     return name
 
 
+def _isolation(value) -> str:
+    name = str(value)
+    if name not in ("read_committed", "read_uncommitted"):
+        raise BadRequest(f"isolation.level={value!r}: use read_committed or read_uncommitted")
+    return name
+
+
 def _always(*allowed) -> Callable[[Any], None]:
     """A property kera accepts only with the value it always behaves by."""
     def check(value) -> None:
@@ -90,6 +97,8 @@ PRODUCER_PROPERTIES: dict[str, tuple[str | None, Callable]] = {
     "retries": ("retries_max", _count),
     "metadata.max.age.ms": ("metadata_max_age_ms", _count),
     "partitioner": ("partitioner", _partitioner),
+    "transactional.id": ("transactional_id", _text),
+    "transaction.timeout.ms": ("transaction_timeout_ms", _count),
     "acks": (None, _always("all", "-1")),
     "enable.idempotence": (None, _always("true", "1")),
     "client.id": (None, _ignored),
@@ -106,6 +115,7 @@ CONSUMER_PROPERTIES: dict[str, tuple[str | None, Callable]] = {
     "fetch.wait.max.ms": ("fetch_max_wait_ms", _count),
     "fetch.max.wait.ms": ("fetch_max_wait_ms", _count),
     "metadata.max.age.ms": ("metadata_max_age_ms", _count),
+    "isolation.level": ("isolation_level", _isolation),
     "enable.auto.commit": (None, _ignored),   # read in kera_arguments
     "client.id": (None, _ignored),
 }

@@ -92,6 +92,13 @@ FLAG_SPARSE = 0x80
 SPARSE_TRAILER = struct.Struct("<QQ")
 # The producer id of compacted chunks: the producer table never records it.
 COMPACTED_PRODUCER_ID = 2**64 - 2
+# The producer id of a transaction's control chunk (a marker, kera.codec.txn: a FLAG_KAFKA chunk
+# holding a Kafka control batch, its sequence the transaction's number), written by a broker on
+# its coordinator's order only: the producer table never records it, and a client's chunk that
+# claims it is refused.
+MARKER_PRODUCER_ID = 2**64 - 3
+# Producer ids only a broker writes: a produced chunk naming one is refused.
+RESERVED_PRODUCER_IDS = frozenset((COMPACTED_PRODUCER_ID, MARKER_PRODUCER_ID))
 # A compacted chunk's sequence field carries what a broker needs from its header alone (brokers
 # never look inside chunks; recovery places chunks by offset): the offsets it covers (its span,
 # bits 0-31), whether it is the last chunk of its rewrite (bit 32), its place in the rewrite

@@ -131,9 +131,10 @@ def read_header(buf, at: int = 0) -> BatchHeader:
     return BatchHeader._make(HEADER.unpack_from(buf, at))
 
 
-def check(buf) -> BatchHeader:
-    """The header of `buf`, which must be exactly one well-formed batch as a producer sends it;
-    CorruptChunk says what is wrong. Per-batch work only: the records are not decoded."""
+def check(buf, control: bool = False) -> BatchHeader:
+    """The header of `buf`, which must be exactly one well-formed batch as a producer sends it
+    (or, with `control`, a control batch as a broker writes it: kera.codec.txn); CorruptChunk
+    says what is wrong. Per-batch work only: the records are not decoded."""
     h = read_header(buf)
     if h.magic != MAGIC:
         raise CorruptChunk(f"Kafka batch magic {h.magic}: only magic {MAGIC} batches are accepted")
@@ -143,15 +144,15 @@ def check(buf) -> BatchHeader:
     crc = _crc32c.crc32c(memoryview(buf)[CRC_FROM:])
     if crc != h.crc:
         raise CorruptChunk(f"Kafka batch CRC mismatch: 0x{h.crc:08x} stored, 0x{crc:08x} computed")
-    _check_fields(h, len(buf))
+    _check_fields(h, len(buf), control)
     return h
 
 
-def _check_fields(h: BatchHeader, size: int) -> None:
+def _check_fields(h: BatchHeader, size: int, control: bool = False) -> None:
     if h.count < 1 or h.last_offset_delta + 1 != h.count:
         raise CorruptChunk(f"Kafka batch of {h.count} records has last offset delta "
                            f"{h.last_offset_delta}: want count >= 1 and delta count - 1")
-    if h.control:
+    if h.control and not control:
         raise CorruptChunk("Kafka control batches are written by brokers, not produced")
     if h.codec not in CODECS:
         raise CorruptChunk(f"Kafka batch compression codec {h.codec} is unknown")
@@ -162,15 +163,15 @@ def _check_fields(h: BatchHeader, size: int) -> None:
 
 # --------------------------------------------------------------------------- decoding
 
-def records(buf) -> list[KafkaRecord]:
+def records(buf, control: bool = False) -> list[KafkaRecord]:
     """Every record of the batch `buf` (checked as by `check`), decompressed."""
-    return list(map(KafkaRecord._make, zip(*columns(buf))))
+    return list(map(KafkaRecord._make, zip(*columns(buf, control))))
 
 
-def columns(buf) -> KafkaColumns:
+def columns(buf, control: bool = False) -> KafkaColumns:
     """The records of the batch `buf` (checked as by `check`) as columns; CorruptChunk on a
     malformed record, a bad compressed block or records past MAX_PLAIN_BYTES."""
-    h = check(buf)
+    h = check(buf, control)
     data = plain_records(buf, h)
     append_ms = h.max_timestamp_ms if h.attributes & LOG_APPEND_TIME else None
     try:
@@ -376,21 +377,25 @@ _DECOMPRESS = {"gzip": _gunzip, "snappy": _snappy, "lz4": _lz4, "zstd": _zstd}
 
 def build(rows: Sequence, base_offset: int = 0, producer_id: int = -1, producer_epoch: int = -1,
           base_sequence: int = -1, leader_epoch: int = -1, offset_deltas: Sequence | None = None,
-          last_offset_delta: int | None = None) -> bytes:
+          last_offset_delta: int | None = None, attributes: int = 0) -> bytes:
     """An uncompressed batch (create-time timestamps, CRC set) of `rows`, each (timestamp_ms,
     key bytes or None, value bytes or None, headers: a sequence of (str, bytes or None)).
+    `attributes`: TRANSACTIONAL and CONTROL (a broker's control batch, kera.codec.txn); the
+    codec bits must stay 0 (nothing is compressed).
     `offset_deltas` (ascending) and `last_offset_delta`: a compacted range's, whose records
     are not every offset it covers (default: 0, 1, ... and the last row's); such a range may
     have no record left, a batch Kafka's consumers step over to its last offset + 1."""
     if not rows and last_offset_delta is None:
         raise ValueError("a Kafka batch holds at least one record")
+    if attributes & ~(TRANSACTIONAL | CONTROL):
+        raise ValueError(f"batch attributes 0x{attributes:x}: only TRANSACTIONAL and CONTROL")
     base_ms = rows[0][0] if rows else NO_TIMESTAMP_MS
     out = bytearray(HEADER_SIZE)
     _append_records(out, rows, base_ms, offset_deltas)
     last = len(rows) - 1 if last_offset_delta is None else last_offset_delta
     max_ms = max(r[0] for r in rows) if rows else NO_TIMESTAMP_MS
-    HEADER.pack_into(out, 0, base_offset, len(out) - LENGTH_AFTER, leader_epoch, MAGIC, 0, 0,
-                     last, base_ms, max_ms, producer_id,
+    HEADER.pack_into(out, 0, base_offset, len(out) - LENGTH_AFTER, leader_epoch, MAGIC, 0,
+                     attributes, last, base_ms, max_ms, producer_id,
                      producer_epoch, base_sequence, len(rows))
     _CRC.pack_into(out, CRC_AT, _crc32c.crc32c(memoryview(out)[CRC_FROM:]))
     return bytes(out)

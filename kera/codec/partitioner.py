@@ -8,16 +8,22 @@ Two hashes, both stable across processes, machines and Python versions (never Py
   `murmur2_random`): the positive half of Kafka's murmur2 of the key. A keyed stream written by
   Kafka clients through the Kafka listener and by kera's clients puts a key in one streamlet
   when kera's side uses it too.
+
+A stream has a default partitioner (its `partitioner` setting, chosen at creation: crc32c unless
+asked, murmur2 for a topic created through the Kafka listener); a client given none uses it, an
+explicit one wins.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-import numpy as np
 from crc32c import crc32c
 
 from kera.errors import BadRequest
+
+if TYPE_CHECKING:
+    import numpy as np
 
 KeyHash = Callable[[bytes], int]
 
@@ -55,6 +61,7 @@ def _kafka_murmur2(key: bytes) -> int:
 
 PARTITIONERS: dict[str, KeyHash] = {"crc32c": crc32c, "murmur2": _kafka_murmur2}
 DEFAULT_PARTITIONER = "crc32c"
+PARTITIONER_CHARS_MAX = 16   # the longest name above, with room for another
 
 
 def key_hash(partitioner: str) -> KeyHash:
@@ -73,5 +80,6 @@ def streamlet_for_key(key: bytes, streamlets: int, hash_of: KeyHash = crc32c) ->
 def streamlets_for_keys(keys: Sequence[bytes | None], streamlets: int,
                         hash_of: KeyHash = crc32c) -> np.ndarray:
     """int64 streamlet per key; -1 for a None key (the caller places keyless records)."""
+    import numpy as np   # here: the stream descriptor (kera.codec.schema) needs only the names
     return np.fromiter((-1 if k is None else hash_of(k) % streamlets for k in keys),
                        dtype=np.int64, count=len(keys))

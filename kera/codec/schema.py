@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from kera import errors
 from kera.errors import BadRequest, KeraError
+from kera.codec.partitioner import DEFAULT_PARTITIONER, PARTITIONER_CHARS_MAX, key_hash
 from kera.codec.wire import Fields
 
 # ---------------------------------------------------------------------- bounds
@@ -224,6 +225,9 @@ class StreamInfo:
     brokers: dict               # broker id -> "host:port"
     version: int
     ready: bool
+    # How keys map to streamlets when a client names no partitioner (kera.codec.partitioner);
+    # a descriptor without it is of a stream from before the setting: crc32c.
+    partitioner: str = DEFAULT_PARTITIONER
 
     def address_of(self, streamlet: int) -> str | None:
         """The owning broker's "host:port", or None when the streamlet has no live owner."""
@@ -269,7 +273,18 @@ def stream_descriptor(descriptor) -> StreamInfo:
                       active_groups=f.int("active_groups", 1, lo=1, hi=ACTIVE_GROUPS_MAX),
                       replication=f.int("replication", 1, lo=1, hi=REPLICATION_MAX),
                       placement=tuple(placement), brokers=brokers,
-                      version=f.int("version", 0, hi=VERSION_MAX), ready=f.bool("ready", True))
+                      version=f.int("version", 0, hi=VERSION_MAX), ready=f.bool("ready", True),
+                      partitioner=_partitioner(f, name))
+
+
+def _partitioner(f: Fields, stream: str) -> str:
+    name = f.str("partitioner", DEFAULT_PARTITIONER, hi=PARTITIONER_CHARS_MAX)
+    try:
+        key_hash(name)
+    except BadRequest as bad:
+        raise BadRequest(f"stream '{stream}': {bad} (a newer coordinator? upgrade this "
+                         f"client)") from None
+    return name
 
 
 # ---------------------------------------------------------------------- results

@@ -116,6 +116,28 @@ def error_reply(req_id: Any, err: KeraError) -> bytes:
                  "message": err.message, "retriable": err.retriable})
 
 
+def request_id_of(header) -> int | None:
+    """A request header's id; None when missing or not an integer (no reply can name it)."""
+    req_id = header.get("id") if isinstance(header, dict) else None
+    return req_id if isinstance(req_id, int) and not isinstance(req_id, bool) else None
+
+
+def request_envelope(header: dict, handlers: dict) -> tuple["Fields", str, Any]:
+    """(fields, op, handler) of a decoded request header, checked the same way by every
+    daemon's shell (and the simulation's): BadRequest for a missing or non-integer id,
+    another protocol version, or an op `handlers` does not have."""
+    if request_id_of(header) is None:
+        raise BadRequest("missing or non-integer request id")
+    fields = Fields(header)
+    if fields.int("v", lo=0, hi=255) != PROTOCOL_VERSION:
+        raise BadRequest(f"protocol version {header['v']} is not {PROTOCOL_VERSION}")
+    op = fields.str("op", hi=64)
+    handler = handlers.get(op)
+    if handler is None:
+        raise BadRequest(f"unknown op '{op}'")
+    return fields, op, handler
+
+
 def raise_for_reply(header: dict) -> dict:
     """Return the reply header, or raise the KeraError it carries (kera.codec.schema.error_reply)."""
     if header.get("ok") is True:

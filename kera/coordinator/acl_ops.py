@@ -72,6 +72,27 @@ def check_binding(kind: str, member_id: int, bound: str | None, caller: Principa
                             f"bound to principal {bound!r}")
 
 
+def check_one_id(kind: str, member_id: int, table: dict, caller: Principal | None) -> None:
+    """Refuse a key that is bound to another `kind` id already: one daemon key is one daemon
+    (a broker key registering ids at will could take ids meant for other brokers)."""
+    if caller is None:
+        return
+    for other_id, member in table.items():
+        if other_id != member_id and member.principal == caller.name:
+            raise NotAuthorized(f"principal {caller} is {kind} {other_id} already and cannot "
+                                f"register as {kind} {member_id}: give each {kind} a key of "
+                                f"its own (kera keys create NAME --role {kind})")
+
+
+def bound_id(table: dict, caller: Principal | None, otherwise: int) -> int:
+    """The id in `table` bound to the caller's key, else `otherwise`."""
+    if caller is not None:
+        for member_id, member in table.items():
+            if member.principal == caller.name:
+                return member_id
+    return otherwise
+
+
 def _acls(f) -> list[Acl]:
     return [Acl.parse(v) for v in f.list("acls", [], 1000)]
 

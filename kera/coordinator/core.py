@@ -42,7 +42,8 @@ from kera import config
 from kera.codec import cleanup, schema
 
 from kera.codec import wire
-from kera.coordinator import acl_ops, groups, kafka_offsets, validate
+from kera.coordinator import acl_ops, groups, kafka_offsets, transactions, validate
+from kera.coordinator.txn_positions import TxnPositions
 from kera.coordinator.rebalance import Rebalancer
 from kera.coordinator.recovery import Failover, parse_streamlets
 from kera.coordinator.validate import KINDS, StreamSpec
@@ -112,6 +113,9 @@ ISOLATION_HOLD_DEAD_WINDOWS = 5
 # retain-until-consumed streams, ~4 bytes each: ~1 MiB, under the 4 MiB header limit). Streams
 # past it get no mark, which only keeps their data longer.
 CONSUMED_MARKS_MAX = 262_144
+# Between transaction expiry passes (Transactions.expire scans every id): a timeout is at least
+# transactions.TIMEOUT_MS_MIN (1 s), so a pass a second ends a transaction at most a second late.
+TXN_EXPIRY_CHECK_S = 1.0
 
 
 @dataclass(slots=True)
@@ -208,6 +212,11 @@ class Coordinator:
         # Kafka-protocol groups' committed offsets (kera.coordinator.kafka_offsets), likewise.
         self.kafka_offsets = kafka_offsets.KafkaOffsets(lambda: self.groups.groups.keys())
         self.groups.foreign_names = lambda: self.kafka_offsets.groups.keys()
+        # Transactions (kera.coordinator.transactions): their state persists with the rest, and
+        # a commit decision's positions go to the group stores in the same change.
+        self.transactions = transactions.Transactions()
+        self._txn_expired_s = now
+        self.now = now     # the clock of the latest request or tick (for stream deletions)
         # ACLs and their version (kera.coordinator.acl_ops); `caller` is the principal of the
         # request being handled (None in plaintext).
         self.access = acl_ops.AccessState()
@@ -240,6 +249,9 @@ class Coordinator:
         ops.update(groups.ops(self.groups, self._caller_may_read))
         ops.update(kafka_offsets.ops(self.kafka_offsets))
         ops.update(acl_ops.ops(self.access, self._bump))
+        positions = TxnPositions(self.groups, self.kafka_offsets, self.transactions,
+                                 self._caller_may)
+        ops.update(transactions.ops(self.transactions, positions.apply, positions.check))
         return ops
 
     OPS = ("register", "heartbeat", "cluster", "create_stream", "describe_stream",
@@ -247,7 +259,9 @@ class Coordinator:
            "recovery_status", "deregister", "rebalance", "group_heartbeat", "group_commit", "group_offsets",
            "group_list", "group_describe", "group_reset", "group_delete",
            "acl_add", "acl_remove", "acl_list", "quota_set", "quota_list",
-           "kafka_offset_commit", "kafka_offset_fetch", "kafka_offset_delete", "kafka_group_list")
+           "kafka_offset_commit", "kafka_offset_fetch", "kafka_offset_delete", "kafka_group_list",
+           "txn_init", "txn_add_parts", "txn_add_positions", "txn_end", "txn_verify",
+           "txn_resolve", "txn_describe", "txn_list")
 
     def _caller_may_read(self):
         """For the request being handled: whether its principal may read a stream (None in
@@ -256,6 +270,15 @@ class Coordinator:
         if principal is None:
             return None
         return lambda stream: acls.allowed(principal, "read", "stream", stream)
+
+    def _caller_may(self, operation: str, resource_type: str):
+        """For the request being handled: whether its principal may do `operation` to a
+        resource of `resource_type` by name; None when nothing is checked (plaintext, admins,
+        and brokers, whose Kafka listeners check the Kafka user's own grants)."""
+        principal, acls = self.caller, self.access.acls
+        if principal is None or principal.role in ("admin", "broker"):
+            return None
+        return lambda name: acls.allowed(principal, operation, resource_type, name)
 
     def _streamlets_of(self, name: str) -> int | None:
         stream = self.streams.get(name)
@@ -269,6 +292,7 @@ class Coordinator:
             raise BadRequest(f"unknown op '{op}'")
         f = header if isinstance(header, Fields) else Fields(header)
         self.caller = principal
+        self.now = max(self.now, now)
         try:
             return fn(f, now)
         finally:
@@ -525,12 +549,13 @@ class Coordinator:
         """Admit a daemon, or re-admit one under the identity it asks for (a restart): a live
         identity only to the process presenting its token. Issues a new token."""
         table = self.members[kind]
-        if member_id is None:
-            member_id = self.next_member_id[kind]
+        if member_id is None:   # a key's own id when it has one (one key is one daemon)
+            member_id = acl_ops.bound_id(table, self.caller, self.next_member_id[kind])
         member = table.get(member_id)
         if member is None and len(table) >= validate.DAEMONS_MAX:
             raise NotReady(f"{validate.DAEMONS_MAX} {kind}s are registered already")
         acl_ops.check_binding(kind, member_id, member and member.principal, self.caller)
+        acl_ops.check_one_id(kind, member_id, table, self.caller)
         if member is not None and not self._may_claim(member, token, address, now):
             self._refuse_claim(member, address, now)
         if kind == "broker":
@@ -596,6 +621,10 @@ class Coordinator:
             self._expiry_checked_s = now
             self.expire_members(now)
         self.groups.expire(now)
+        self.now = max(self.now, now)
+        if now - self._txn_expired_s >= TXN_EXPIRY_CHECK_S:
+            self._txn_expired_s = now
+            self.transactions.expire(now)   # its abort markers go out once persisted
         return dead
 
     def _overdue(self, member: Member, now: float) -> bool:
@@ -877,6 +906,7 @@ class Coordinator:
         del self.streams[name]
         self.failover.stream_deleted(stream.id)
         self.kafka_offsets.forget_topic(name)
+        self.transactions.forget_stream(name, self.now)
         self._bump()
         self.tombstones[stream.id] = self.version   # brokers drop exactly this stream
         while len(self.tombstones) > TOMBSTONES_MAX:
@@ -912,7 +942,7 @@ class Coordinator:
             "durability": spec.durability, "replication_capacity": spec.replication_capacity,
             "retention_ms": spec.retention_ms, "retention_bytes": spec.retention_bytes,
             "retain_until_consumed": spec.retain_until_consumed,
-            **cleanup.descriptor_fields(spec),
+            **cleanup.descriptor_fields(spec), "partitioner": spec.partitioner,
             "placement": list(stream.placement),
             "brokers": {str(b): brokers[b].address for b in owners},
             "version": stream.version,
@@ -925,6 +955,15 @@ class Coordinator:
         if stream.floors:
             d["floors"] = _floors_to_wire(stream.floors)
         return d
+
+    def marker_owner(self, part) -> str | None:
+        """The address of the live broker owning `part` (stream, streamlet), where its
+        transaction markers go; None while it has none (dead owner, deleted stream)."""
+        stream = self.streams.get(part[0])
+        if stream is None or not 0 <= part[1] < len(stream.placement):
+            return None
+        member = self.members["broker"].get(stream.placement[part[1]])
+        return member.address if member is not None and member.alive else None
 
     def _streamlet_states(self, stream: Stream, recovering: set) -> list[str]:
         """Per streamlet: `recovering` (its owner rebuilds it from backups), `offline` (its
@@ -987,6 +1026,7 @@ class Coordinator:
                          "retention_bytes": s.spec.retention_bytes,
                          "retain_until_consumed": s.spec.retain_until_consumed,
                          **cleanup.descriptor_fields(s.spec),
+                         "partitioner": s.spec.partitioner,
                          "floors": _floors_to_wire(s.floors)}
                         for _, s in sorted(self.streams.items())],
             "recovery": self.failover.to_state(),
@@ -994,6 +1034,7 @@ class Coordinator:
             "kafka_offsets": self.kafka_offsets.to_state(),
             "groups_session_max_ms": self.groups.session_max_ms,
             "acls": self.access.to_state(),
+            "transactions": self.transactions.to_state(),
         }
 
     def _load(self, state: dict) -> None:
@@ -1049,6 +1090,8 @@ class Coordinator:
                              state.get("groups_session_max_ms"))
             # Absent in files written before ACLs existed.
             self.access.load(state.get("acls"))
+            # Absent in files written before transactions existed.
+            self.transactions.load(state.get("transactions", []), self.started_s)
             # Absent in files written before the replica map existed.
             for bid, entries in state.get("replicas", {}).items():
                 broker_id = _nonneg(int(bid))

@@ -6,6 +6,14 @@ no leader (an election, a partition), tries the next, until ETCD_CALL_DEADLINE_S
 large, too many operations) is not retried. Failures are kera.errors.StorageError, so the
 coordinator fail-stops as it does when its disk fails.
 
+With `etcds://` every request is TLS (the CA and client certificate of an EtcdAccess, from the
+`--etcd-*` flags: kera.coordinator.etcd_access). With an etcd user, the client logs in through
+the gateway (/v3/auth/authenticate) and sends the token it gets with every request; etcd3gw has
+no login of its own. A token etcd no longer takes (expired: `--auth-token-ttl`; or older than
+a change to etcd's users and roles) is replaced by a new login within the same call. What etcd refuses because of the
+flags (a wrong password, a CA that did not sign etcd's certificate, a role without the prefix)
+is an EtcdAccessError naming the flag to fix, raised at once: no retry can mend it.
+
 Only what the metadata store and the leader election need: a consistent paged read of a
 prefix, one key, a transaction, and leases.
 A retried transaction may have been applied already; the store's transactions set values and
@@ -19,8 +27,10 @@ import time
 from urllib.parse import urlsplit
 
 import etcd3gw
+import requests
 from etcd3gw import exceptions as etcd_errors
 
+from kera.coordinator.etcd_access import EtcdAccess, EtcdAccessError
 from kera.errors import StorageError
 
 # One request to one member: a write commits within a few heartbeats of etcd's raft (100 ms by
@@ -40,7 +50,18 @@ ETCD_RETRY_PAUSE_S = 0.1          # after a round in which every member failed
 ETCD_ATTEMPTS_MAX = 400
 RANGE_PAGE_KEYS = 1000            # keys per read: bounds one response
 DEFAULT_PORT = 2379
-URL_SCHEME = "etcd"
+URL_SCHEMES = ("etcd", "etcds")   # plaintext, TLS
+# What etcd's gateway answers (its "error" text) when the flags, not a failure, are at fault.
+# A token to replace by a new login: expired or unknown, or (a JWT token, `--auth-token jwt`)
+# issued before users or roles changed, which etcd then refuses writes with.
+TOKEN_STALE = ("invalid auth token", "revision of auth store is old")
+AUTH_REQUIRED = "user name is empty"
+AUTH_FAILED = "authentication failed"
+AUTH_NOT_ENABLED = "authentication is not enabled"
+PERMISSION_DENIED = "permission denied"
+CERT_NAME_REFUSED = "CommonName of client"
+CERT_UNTRUSTED = "CERTIFICATE_VERIFY_FAILED"
+PLAINTEXT_REFUSED = "RemoteDisconnected"   # how a TLS-only etcd answers plain HTTP
 
 KeyValue = tuple[str, str, int]   # key, value, mod revision
 
@@ -49,10 +70,12 @@ _RETRIABLE = (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutEr
 
 
 def parse_url(url: str) -> list[tuple[str, int]]:
-    """`etcd://host:port[,host:port...]` -> [(host, port)]. Raises ValueError."""
+    """`etcd://host:port[,host:port...]` (or etcds:// for TLS) -> [(host, port)].
+    Raises ValueError."""
     parts = urlsplit(url)
-    if parts.scheme != URL_SCHEME or not parts.netloc or parts.path not in ("", "/"):
-        raise ValueError(f"metadata URL {url!r}: expected etcd://HOST:PORT[,HOST:PORT...]")
+    if parts.scheme not in URL_SCHEMES or not parts.netloc or parts.path not in ("", "/"):
+        raise ValueError(f"metadata URL {url!r}: expected etcd://HOST:PORT[,HOST:PORT...] "
+                         f"(etcds:// for TLS)")
     endpoints = []
     for item in parts.netloc.split(","):
         host, _, port = item.rpartition(":")
@@ -62,6 +85,22 @@ def parse_url(url: str) -> list[tuple[str, int]]:
             raise ValueError(f"metadata URL {url!r}: bad endpoint {item!r} (HOST:PORT)")
         endpoints.append((host, int(port)))
     return endpoints
+
+
+def _text(exc: Exception | None) -> str:
+    return getattr(exc, "detail_text", None) or str(exc)
+
+
+def _tls_hint(exc: Exception | None, access: EtcdAccess) -> str:
+    """A hint when etcd closed the connection: it wants TLS, or a client certificate."""
+    if exc is None:
+        return ""
+    if not access.tls and PLAINTEXT_REFUSED in _text(exc):
+        return "; if etcd serves TLS (https client URLs), use --metadata etcds://..."
+    if access.cert or not isinstance(exc.__context__, requests.exceptions.SSLError):
+        return ""
+    return "; etcd closed the TLS connection: if it asks for client certificates " \
+           "(--client-cert-auth), give --etcd-cert and --etcd-key"
 
 
 def b64(text: str) -> str:
@@ -78,16 +117,33 @@ def prefix_end(prefix: str) -> str:
     return raw[:-1].decode() + chr(raw[-1] + 1)
 
 
-class EtcdClient:
-    """Requests to the members at `endpoints` ([(host, port)]), one at a time."""
+def _session(access: EtcdAccess) -> requests.Session:
+    session = requests.Session()
+    # Not from the environment: $REQUESTS_CA_BUNDLE would replace --etcd-ca, and a proxy
+    # variable would send the metadata (and the password) through a proxy.
+    session.trust_env = False
+    session.verify = access.ca or True
+    if access.cert:
+        session.cert = (access.cert, access.key)
+    return session
 
-    def __init__(self, endpoints: list[tuple[str, int]], *, clock=time):
+
+class EtcdClient:
+    """Requests to the members at `endpoints` ([(host, port)]), one at a time, reached and
+    logged in to as `access` says."""
+
+    def __init__(self, endpoints: list[tuple[str, int]], access: EtcdAccess = EtcdAccess(), *,
+                 clock=time):
         assert endpoints, "at least one etcd endpoint"
         self.clock = clock
+        self.access = access
         timeout = (ETCD_CONNECT_TIMEOUT_S, ETCD_REQUEST_TIMEOUT_S)
-        self.members = [etcd3gw.Etcd3Client(host=h, port=p, timeout=timeout, api_path="/v3/")
+        protocol = "https" if access.tls else "http"
+        self.members = [etcd3gw.Etcd3Client(host=h, port=p, protocol=protocol, timeout=timeout,
+                                            api_path="/v3/", session=_session(access))
                         for h, p in endpoints]
         self.current = 0    # the member that answered last: asked first
+        self.token: str | None = None   # etcd's auth token, once logged in
 
     def names(self) -> str:
         return ",".join(f"{m.host}:{m.port}" for m in self.members)
@@ -101,22 +157,76 @@ class EtcdClient:
         for attempt in range(ETCD_ATTEMPTS_MAX):
             member = self.members[self.current]
             try:
-                return member.post(member.get_url(path), json=body)
+                return member.post(member.get_url(path), json=body,
+                                   headers=self._auth_header(member))
             except _RETRIABLE as exc:
+                self._check_tls(member, exc)
                 last = exc
             except etcd_errors.Etcd3Exception as exc:
-                raise StorageError(f"etcd {member.host}:{member.port} refused {path}: "
-                                   f"{exc.detail_text or exc}") from None
+                if not any(marker in _text(exc) for marker in TOKEN_STALE):
+                    raise self._refused(member, path, exc) from None
+                self.token, last = None, exc   # log in again on the next attempt
             self.current = (self.current + 1) % len(self.members)
             if self.clock.monotonic() >= deadline:
                 break
             if self.current == 0:
                 self.clock.sleep(ETCD_RETRY_PAUSE_S)
-        raise StorageError(f"etcd at {self.names()} did not answer {path} in "
+        raise StorageError(f"etcd at {self.names()} ({self.access.describe()}) did not "
+                           f"answer {path} in "
                            f"{self.clock.monotonic() - started:.1f} s, {attempt + 1} attempts "
-                           f"({type(last).__name__}: "
-                           f"{getattr(last, 'detail_text', None) or last}): check that a "
-                           f"majority of its members is up (etcdctl endpoint health)")
+                           f"({type(last).__name__}: {_text(last)}): check that a "
+                           f"majority of its members is up (etcdctl endpoint health)"
+                           f"{_tls_hint(last, self.access)}")
+
+    def _auth_header(self, member) -> dict:
+        """{"Authorization": token} when logging in as an etcd user (logging in first)."""
+        if self.access.user is None:
+            return {}
+        if self.token is None:
+            reply = member.post(member.get_url("auth/authenticate"),
+                                json={"name": self.access.user, "password": self.access.password})
+            self.token = reply["token"]
+        return {"Authorization": self.token}
+
+    def _check_tls(self, member, exc: Exception) -> None:
+        """Raise EtcdAccessError when `member`'s certificate is not one the CA vouches for."""
+        if isinstance(exc.__context__, requests.exceptions.SSLError) and \
+                CERT_UNTRUSTED in _text(exc):
+            if self.access.ca:
+                given = f"--etcd-ca {self.access.ca} did not sign it, or it does not name " \
+                        f"{member.host}"
+            else:
+                given = "give --etcd-ca FILE, the CA that signed it"
+            raise EtcdAccessError(f"etcd {member.host}:{member.port}'s TLS certificate is not "
+                                  f"trusted ({given}): {_text(exc)}") from None
+
+    def _refused(self, member, path: str, exc: Exception) -> StorageError:
+        """The error for an answer no retry mends; an EtcdAccessError when the flags are why."""
+        text, where = _text(exc), f"etcd {member.host}:{member.port}"
+        user = self.access.user
+        fixes = [
+            (AUTH_REQUIRED, "requires authentication: give --etcd-user NAME and its password "
+                            "(--etcd-password-file FILE or $KERA_ETCD_PASSWORD)"),
+            (AUTH_FAILED, f"refused the login of etcd user {user!r}: a wrong password or no "
+                          f"such user (etcdctl user get {user})"),
+            (AUTH_NOT_ENABLED, "has authentication off, so whoever reaches it may rewrite "
+                               "kera's metadata: turn it on (etcdctl auth enable; "
+                               "docs/SECURITY.md) or drop --etcd-user"),
+            (PERMISSION_DENIED, f"refused {path} to etcd user {user!r}: grant its role "
+                                f"readwrite on kera's keys (etcdctl role grant-permission "
+                                f"ROLE readwrite /kera/ --prefix)"),
+            (CERT_NAME_REFUSED, "refuses a client certificate with a common name while "
+                                "authentication is on: issue --etcd-cert without one")]
+        for marker, fix in fixes:
+            if marker in text:
+                return EtcdAccessError(f"{where} {fix} ({text.strip()})")
+        return StorageError(f"{where} refused {path}: {text}")
+
+    def check_access(self, prefix: str, deadline_s: float) -> None:
+        """Read one key of `prefix` as this client will: raises EtcdAccessError when etcd
+        refuses the flags, StorageError when it does not answer within `deadline_s`."""
+        self.call("kv/range", {"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
+                               "limit": 1, "keys_only": True}, deadline_s)
 
     def read_prefix(self, prefix: str, revision: int = 0) -> tuple[list[KeyValue], int]:
         """Every (key, value, mod revision) under `prefix` at one revision (`revision`, or

@@ -7,6 +7,7 @@ is its JSON:
                                    next ids, tombstones, recovery, acls, ...)
     members/<kind>/<id>            one daemon
     streams/<name>                 one stream (descriptor + placement)
+    transactions/<id>              one transactional id (kera.coordinator.transactions)
     groups/<name>                  one consumer group (committed positions)
     replicas/<broker>/<vlog>/<vseg>  [seq, backups]: who holds one virtual segment (seq below)
 
@@ -19,8 +20,8 @@ coordinator loads: scalars (the next ids, the metadata version) before the membe
 that sit below them, members before the streams and replica entries that name them, and the
 deletions last, entries before the members they name. A crash between two batches keeps such a
 prefix of a commit nobody was answered for, as a file store keeps a synced record whose replies
-were never sent. `meta/format` comes after every other put: a first snapshot cut short is no
-state at all.
+were never sent. Transactions come before groups (kera.coordinator.store.SECTIONS says why).
+`meta/format` comes after every other put: a first snapshot cut short is no state at all.
 
 A replica entry's position in its broker's table (oldest first: the order eviction forgets
 them in) is kept in its value, `[seq, backups]`: `seq` grows with every put (a put is written
@@ -118,7 +119,7 @@ def _stored_tables(stored: dict[str, str]) -> dict[int, list[tuple[str, list]]]:
 def load_state(kvs: list[tuple[str, str]]) -> tuple[dict | None, int]:
     """The state stored as `kvs` ((key below the prefix, value)), in Coordinator.to_state
     shape, None when it holds no state (a first start); and the next replica `seq`."""
-    replay = Replay({"members": {}, "streams": [], "groups": []})
+    replay = Replay({"members": {}, "streams": [], "groups": [], "transactions": []})
     replicas = []
     for key, value in kvs:
         namespace, _, rest = key.partition("/")

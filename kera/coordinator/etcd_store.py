@@ -22,6 +22,7 @@ import secrets
 import socket
 
 from kera.coordinator import etcd_keys
+from kera.coordinator.etcd_access import EtcdAccess
 from kera.coordinator.etcd_client import EtcdClient, b64, parse_url
 from kera.coordinator.metadata import DEFAULT_PREFIX_NAME
 from kera.errors import Fenced
@@ -53,12 +54,15 @@ class EtcdStore:
         self._seq = etcd_keys.ReplicaSeq()
 
     @classmethod
-    def from_url(cls, url: str, name: str = DEFAULT_PREFIX_NAME) -> "EtcdStore":
-        """The store for `etcd://host:port[,...]`, keys under /kera/<name>/."""
-        return cls(EtcdClient(parse_url(url)), prefix_for(name))
+    def from_url(cls, url: str, name: str = DEFAULT_PREFIX_NAME,
+                 access: EtcdAccess = EtcdAccess()) -> "EtcdStore":
+        """The store for `etcd[s]://host:port[,...]`, keys under /kera/<name>/, reached as
+        `access` says (TLS, an etcd user)."""
+        return cls(EtcdClient(parse_url(url), access), prefix_for(name))
 
     def describe(self) -> str:
-        return f"etcd://{self.client.names()} under {self.prefix}"
+        scheme = "etcds" if self.client.access.tls else "etcd"
+        return f"{scheme}://{self.client.names()} under {self.prefix}"
 
     # ------------------------------------------------------------------ fencing
     def claim_fence(self) -> int:

@@ -149,6 +149,26 @@ class Groups:
         self._reconcile(group, member, now)
         return self._reply(group, member)
 
+    def check_committer(self, name: str, member_id: str | None, member_epoch: int,
+                        positions) -> None:
+        """Whether `member_id` at `member_epoch` may commit `positions` (parts) for the group
+        now (a commit's checks, also those of positions joining a transaction): its current
+        epoch and parts; without a member id, only while the group has no live member."""
+        group = self.groups.get(name)
+        if member_id:
+            member = self._member(group, name, member_id)
+            if member_epoch != member.epoch:
+                raise StaleMemberEpoch(f"positions from member {member_id} of group '{name}' at "
+                                       f"epoch {member_epoch}; its epoch is {member.epoch}: "
+                                       f"heartbeat, then send them again")
+            foreign = sorted(p for p in positions if p not in member.holds())
+            if foreign:
+                raise StaleMemberEpoch(f"member {member_id} of group '{name}' does not hold "
+                                       f"{foreign} (revoked or never assigned)")
+        elif group is not None and group.members:
+            raise GroupNotEmpty(f"group '{name}' has {len(group.members)} live members: only "
+                                f"they commit; pass their member id, or stop them first")
+
     def _member(self, group: Group | None, name: str, member_id: str) -> GroupMember:
         member = group.members.get(member_id) if group is not None else None
         if member is None:
@@ -278,20 +298,7 @@ class Groups:
     # ------------------------------------------------------------------ commits
     def commit(self, name: str, member_id: str | None, member_epoch: int, positions) -> None:
         """Record `positions` ({part: [[group, offset, epoch], ...]}) for the group."""
-        group = self.groups.get(name)
-        if member_id:
-            member = self._member(group, name, member_id)
-            if member_epoch != member.epoch:
-                raise StaleMemberEpoch(f"commit from member {member_id} of group '{name}' at "
-                                       f"epoch {member_epoch}; its epoch is {member.epoch}: "
-                                       f"heartbeat, then commit again")
-            foreign = sorted(p for p in positions if p not in member.holds())
-            if foreign:
-                raise StaleMemberEpoch(f"member {member_id} of group '{name}' does not hold "
-                                       f"{foreign} (revoked or never assigned)")
-        elif group is not None and group.members:
-            raise GroupNotEmpty(f"group '{name}' has {len(group.members)} live members: only "
-                                f"they commit; pass their member id, or stop them first")
+        self.check_committer(name, member_id, member_epoch, positions)
         group = self._group_for_writes(name)
         group.committed.update(positions)
         self.dirty = True

@@ -24,11 +24,14 @@ import zmq
 from kera import config
 from kera.net import security as daemon_security
 from kera.coordinator.core import Coordinator
+from kera.coordinator.markers import MARKER_REQUEST_TIMEOUT_S, MarkerChannel
+from kera.coordinator.transactions import MARKER_RETRY_S
 from kera.coordinator.metadata import DEFAULT_LEADER_LEASE_TTL_S, DEFAULT_PREFIX_NAME
+from kera.coordinator import etcd_access
 from kera.codec import wire
 from kera.errors import Fenced, KeraError, StorageError
 from kera.coordinator.group_lag import GroupLagExporter
-from kera.daemon.metrics import Counters, serve_metrics
+from kera.daemon.metrics import Counters, add_stream_labels_argument, serve_metrics
 from kera.daemon.env import DaemonEnv, real_if_none
 from kera.daemon.flags import add_common_arguments, setup_logging
 from kera.net.server import DEFERRED, FAILURE_REPLY_LINGER_MS, Request
@@ -90,6 +93,9 @@ class CoordinatorServer:
         for op in Coordinator.OPS:
             self.server.on(op, self._handle)
         self.server.after_batch.append(self._commit_turn)
+        # Transaction markers to the brokers (kera.coordinator.markers), after every turn.
+        self.markers = MarkerChannel(self.core.transactions, self.core.marker_owner)
+        self.server.after_turn.append(self._send_markers)
         self.server.on("stats", self._stats)
         self.server.every(heartbeat_interval_s, self._tick)
         if leadership is not None:
@@ -147,6 +153,29 @@ class CoordinatorServer:
             else:
                 self.server.reply(req, outcome)
 
+    def _send_markers(self) -> None:
+        """Persist what marker acknowledgements (or an expiry) changed, then send the markers
+        due: only decisions on disk are marked (kera.coordinator.markers)."""
+        if self.stepped_down or self.exit_code:
+            return
+        if self.leadership is not None and not self._still_leading():
+            return
+        if self.core.transactions.dirty:
+            self._persist()
+        if not self.core.transactions.prepared:
+            return
+        for address, batch in self.markers.due(self.clock.monotonic()):
+            self.server.peer(address).request(
+                "txn_markers", MarkerChannel.request(batch), (), MARKER_REQUEST_TIMEOUT_S,
+                lambda header, _frames, err, batch=batch: self._markers_replied(batch, header, err))
+
+    def _markers_replied(self, batch, header: dict | None, err: KeraError | None) -> None:
+        if err is not None:
+            self.markers.failed(batch)
+            log.debug("txn_markers: %s (resent in %.1f s)", err.message, MARKER_RETRY_S)
+        else:
+            self.markers.replied(batch, header, self.clock.monotonic())
+
     def _stats(self, req: Request) -> dict:
         self._refresh_snapshot()
         return {"stats": dict(self.snapshot)}
@@ -175,6 +204,7 @@ class CoordinatorServer:
                 # Group commits change persisted state without moving the metadata version
                 # (daemons need not refetch metadata for them).
                 moved = (self.core.groups.take_dirty() | self.core.kafka_offsets.take_dirty()
+                         | self.core.transactions.take_dirty()
                          or self.core.version != self._saved_version)
                 if not self.store.commit(self.core.base_state() if moved else None, journal):
                     return
@@ -213,6 +243,9 @@ class CoordinatorServer:
     def _refresh_snapshot(self) -> None:
         # Replaced whole so the metrics thread never sees a dict being written.
         snap = dict(self.counters)
+        snap.update(self.markers.counters)
+        snap.update(transactional_ids=len(self.core.transactions.txns),
+                    transactions_prepared=len(self.core.transactions.prepared))
         snap.update(metadata_version=self.core.version, streams=len(self.core.streams),
                     brokers=len(self.core.members["broker"]),
                     brokers_alive=len(self.core.live("broker")),
@@ -258,6 +291,7 @@ class CoordinatorServer:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser, default_port=DEFAULT_PORT, coordinator=False)
+    add_stream_labels_argument(parser, "consumer-group lag gauges (kera_group_lag_*)")
     parser.add_argument("--dir",
                         help="data directory (required unless --metadata); metadata is kept in "
                              "DIR/coordinator.json (snapshot) "
@@ -271,7 +305,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: %(default)s)")
     parser.add_argument("--metadata", metavar="URL",
                         help="keep the metadata on etcd instead of in --dir: "
-                             "etcd://HOST:PORT[,HOST:PORT...] (the members' client URLs)")
+                             "etcd://HOST:PORT[,HOST:PORT...] (the members' client URLs), "
+                             "etcds://... for TLS (see the etcd access flags)")
     parser.add_argument("--leader-lease-s", type=int, default=DEFAULT_LEADER_LEASE_TTL_S, metavar="S",
                         help="with --metadata: run this command on two or three hosts; one leads "
                              "and the others stand by (answering not_leader). A dead leader is "
@@ -286,6 +321,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "replicated streamlets over; `kera cluster rebalance` does it on "
                              "demand)")
     daemon_security.add_arguments(parser)
+    etcd_access.add_arguments(parser)
 
 
 def open_store(args: argparse.Namespace):
@@ -293,8 +329,8 @@ def open_store(args: argparse.Namespace):
     if not args.metadata:
         return None
     # Imported only then: the etcd client library is not needed for the file store.
-    from kera.coordinator.etcd_store import EtcdStore
-    return EtcdStore.from_url(args.metadata, args.metadata_prefix)
+    from kera.coordinator.etcd_store import EtcdStore, prefix_for
+    return EtcdStore(etcd_access.open_client(args), prefix_for(args.metadata_prefix))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -365,14 +401,16 @@ def _bind_retrying(make):
 
 
 def _serve(coord: CoordinatorServer, args: argparse.Namespace, stop: _StopOnSignal) -> int:
-    httpd = None
+    metrics = None
     if args.metrics_port:
-        coord.export_group_lag = True
-        lag = GroupLagExporter(coord.address, lambda: coord.group_view[0],
-                               lambda: coord.group_view[1],
-                               str(args.key_file) if args.key_file else None)
-        httpd = serve_metrics(args.metrics_port, "kera_coordinator", lambda: coord.snapshot,
-                              host=args.metrics_host, extra=lag.text)
+        lag = None
+        if args.metrics_stream_labels:   # group lag names groups and streams
+            coord.export_group_lag = True
+            lag = GroupLagExporter(coord.address, lambda: coord.group_view[0],
+                                   lambda: coord.group_view[1],
+                                   str(args.key_file) if args.key_file else None).text
+        metrics = serve_metrics(args.metrics_port, "kera_coordinator", lambda: coord.snapshot,
+                                host=args.metrics_host, extra=lag)
     stop.server = coord.server
     if stop.requested:
         coord.stop()
@@ -380,9 +418,8 @@ def _serve(coord: CoordinatorServer, args: argparse.Namespace, stop: _StopOnSign
         coord.run()
     finally:
         stop.server = None
-        if httpd is not None:
-            httpd.shutdown()
-            httpd.server_close()
+        if metrics is not None:
+            metrics.shutdown()
     persist_failed = coord.counters.get("persist_errors", 0) > 0
     log.info("coordinator %s", "stepped down" if coord.stepped_down else "stopped")
     # Non-zero when the metadata could not be written, the core halted, or a bug stopped it
@@ -392,14 +429,14 @@ def _serve(coord: CoordinatorServer, args: argparse.Namespace, stop: _StopOnSign
 
 def _run_elected(args: argparse.Namespace, stop: _StopOnSignal) -> int:
     """Stand by until elected, lead until stopped or deposed, and stand by again."""
-    from kera.coordinator.etcd_client import EtcdClient, parse_url
     from kera.coordinator.etcd_store import prefix_for
     from kera.coordinator.leadership import Leadership, serve_standby
     from kera.net.server import Server
 
     me = args.advertise or f"{args.host}:{args.port}"
     try:
-        leadership = Leadership(EtcdClient(parse_url(args.metadata)), prefix_for(args.metadata_prefix),
+        prefix = prefix_for(args.metadata_prefix)
+        leadership = Leadership(etcd_access.open_client(args, check_prefix=prefix), prefix,
                                 me, args.leader_lease_s)
         security = daemon_security.from_args(args, "coordinator")
     except (KeraError, ValueError) as exc:

@@ -28,6 +28,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from pathlib import Path
 
 from kera.codec.chunk import crc32c
@@ -43,7 +44,16 @@ STATE_BYTES_MAX = 256 * 1024 * 1024  # refuse to parse anything absurd
 SNAPSHOT_LOG_BYTES = 64 * 1024 * 1024
 RECORD_BYTES_MAX = STATE_BYTES_MAX   # one commit's record, at most (a whole state's worth)
 _RECORD_HEADER = struct.Struct("<II")   # payload length, crc32c of the payload
-SECTIONS = ("members", "streams", "groups")   # keyed sections of the state; the rest is `scalars`
+# Keyed sections of the state; the rest is `scalars`. Transactions before groups: etcd writes
+# sections in this order (kera.coordinator.etcd_keys), and should a commit decision's change be
+# split across etcd batches, a crash between them keeps the decision without its positions
+# (the consumer's input is read again: duplicates) rather than positions without a decision
+# (a timeout would abort the output while its input counts as consumed: loss).
+SECTIONS = ("members", "streams", "transactions", "groups")
+# A snapshot written off the loop encodes the replica map this many entries per json call,
+# yielding between calls: json's C encoder holds the GIL for a whole call, and one call over the
+# map at its limit held the coordinator's loop ~320 ms. Each call now takes a few ms.
+SNAPSHOT_ENCODE_ENTRIES = 5_000
 
 
 def log_name(generation: int) -> str:
@@ -55,12 +65,14 @@ def log_name(generation: int) -> str:
 def split(state: dict) -> dict:
     """A state (Coordinator.to_state shape, replicas aside) as keyed sections, so two states
     compare section by section: {"scalars": {...}, "members": {"kind/id": m},
-    "streams": {name: s}}."""
+    "streams": {name: s}, "groups": {name: g}, "transactions": {id: t}}."""
     out = {"scalars": {k: v for k, v in state.items() if k not in SECTIONS and k != "replicas"},
            "members": {f"{kind}/{m['id']}": m for kind, ms in state["members"].items() for m in ms},
            "streams": {s["name"]: s for s in state["streams"]},
            # Consumer groups' committed positions: absent in states written before groups.
-           "groups": {g["name"]: g for g in state.get("groups", [])}}
+           "groups": {g["name"]: g for g in state.get("groups", [])},
+           # Transactional ids (kera.coordinator.transactions): absent before transactions.
+           "transactions": {t["id"]: t for t in state.get("transactions", [])}}
     return out
 
 
@@ -115,6 +127,7 @@ class Replay:
         state["members"] = members
         state["streams"] = [s for _, s in sorted(self.parts["streams"].items())]
         state["groups"] = [g for _, g in sorted(self.parts["groups"].items())]
+        state["transactions"] = [t for _, t in sorted(self.parts["transactions"].items())]
         state["replicas"] = {str(bid): [[vlog, vseg, b] for (vlog, vseg), b in table.items()]
                              for bid, table in sorted(self.replicas.items()) if table}
         return state
@@ -202,10 +215,7 @@ class MetadataStore:
 
     def _write_snapshot(self, base: dict, replica_tables: dict, generation: int) -> None:
         try:
-            state = {**base, "log_generation": generation,
-                     "replicas": {str(bid): [[vlog, vseg, b] for (vlog, vseg), b in t.items()]
-                                  for bid, t in sorted(replica_tables.items()) if t}}
-            data = json.dumps(state, separators=(",", ":"), sort_keys=True).encode()
+            data = encode_snapshot({**base, "log_generation": generation}, replica_tables)
             write_atomic(self.dir / STATE_FILE, data)
             unlink_durable(self.dir / log_name(generation - 1))
             log.info("metadata snapshot %d written (%d bytes)", generation, len(data))
@@ -264,6 +274,25 @@ class MetadataStore:
         for path in self.dir.glob("coordinator-*.log"):
             if path.name != log_name(keep):
                 unlink_durable(path)
+
+
+def encode_snapshot(base: dict, replica_tables: dict) -> bytes:
+    """The snapshot file of `base` plus its `replicas` ({broker id: {(vlog, vseg): backups}}),
+    the map encoded in steps of SNAPSHOT_ENCODE_ENTRIES that let the loop's thread run between
+    them (the same JSON as one json.dumps of the whole, but for where `replicas` stands)."""
+    tables = []
+    for bid, table in sorted(replica_tables.items()):
+        entries = [[vlog, vseg, b] for (vlog, vseg), b in table.items()]
+        steps = []
+        for i in range(0, len(entries), SNAPSHOT_ENCODE_ENTRIES):
+            steps.append(json.dumps(entries[i:i + SNAPSHOT_ENCODE_ENTRIES],
+                                    separators=(",", ":"))[1:-1])
+            time.sleep(0)   # yield the GIL to the loop
+        if entries:
+            tables.append(f'"{bid}":[' + ",".join(steps) + "]")
+    head = json.dumps(base, separators=(",", ":"), sort_keys=True)
+    replicas = '"replicas":{' + ",".join(tables) + "}"
+    return (head[:-1] + ("," if len(head) > 2 else "") + replicas + "}").encode()
 
 
 def _create_log(path: Path) -> int:

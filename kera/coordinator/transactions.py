@@ -32,7 +32,9 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from kera.errors import BadRequest, KeraError
+from kera.errors import (BadRequest, ConcurrentTransactions, InvalidTransactionTimeout,
+                         InvalidTxnState, ProducerFenced, TransactionTimedOut,
+                         UnknownTransactionalId)
 
 # --------------------------------------------------------------------------- states
 EMPTY = "Empty"
@@ -110,48 +112,7 @@ Part = tuple[str, int]
 
 
 # --------------------------------------------------------------------------- errors
-# New KeraError classes (kera.errors is being edited by others): the lead registers them in
-# kera.errors._BY_CODE and maps them to Kafka codes in kera.broker.kafka.errors.
-
-class ProducerFenced(KeraError):
-    """A newer instance of this transactional producer started (init_transactions with the same
-    transactional id bumped the epoch): this one may do nothing more. Close it; the newer one
-    carries on (what this one left open was aborted). Kafka: PRODUCER_FENCED."""
-    code = "producer_fenced"
-
-
-class TransactionTimedOut(ProducerFenced):
-    """The transaction was open longer than its timeout, so the cluster aborted it and bumped
-    the producer's epoch. Abort it (abort_transaction succeeds), then init_transactions again
-    and redo its work; or raise transaction_timeout_ms. Kafka: INVALID_PRODUCER_EPOCH."""
-    code = "transaction_timed_out"
-
-
-class ConcurrentTransactions(KeraError):
-    """The id's previous transaction is still completing (its markers are being written):
-    retry shortly. Kafka: CONCURRENT_TRANSACTIONS."""
-    code = "concurrent_transactions"
-    retriable = True
-
-
-class InvalidTxnState(KeraError):
-    """The op does not fit the transaction's state (commit without a transaction, a commit of
-    one being aborted, a chunk for a streamlet not added). Kafka: INVALID_TXN_STATE."""
-    code = "invalid_txn_state"
-
-
-class UnknownTransactionalId(KeraError):
-    """No producer holds this transactional id (it expired, or init_transactions was never
-    called): call init_transactions. Kafka: INVALID_PRODUCER_ID_MAPPING."""
-    code = "invalid_producer_id_mapping"
-
-
-class InvalidTransactionTimeout(BadRequest):
-    """The transaction timeout asked for is outside what the coordinator allows.
-    Kafka: INVALID_TRANSACTION_TIMEOUT."""
-    code = "invalid_transaction_timeout"
-
-
+# The classes live in kera.errors (they cross the wire); ERRORS names them for this module's users.
 ERRORS = (ProducerFenced, TransactionTimedOut, ConcurrentTransactions, InvalidTxnState,
           UnknownTransactionalId, InvalidTransactionTimeout)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from kera import config
 
-from kera.codec import cleanup, schema
+from kera.codec import cleanup, partitioner, schema
 from kera.errors import BadRequest
 from kera.codec.wire import Fields
 
@@ -71,6 +71,9 @@ class StreamSpec:
     delete_retention_ms: int = cleanup.DEFAULT_DELETE_RETENTION_MS
     min_compaction_lag_ms: int = cleanup.DEFAULT_MIN_COMPACTION_LAG_MS
     max_compaction_lag_ms: int = cleanup.DEFAULT_MAX_COMPACTION_LAG_MS
+    # How clients place keys when they name no partitioner (kera.codec.partitioner); fixed at
+    # creation, since changing it would move every key.
+    partitioner: str = partitioner.DEFAULT_PARTITIONER
 
     def __post_init__(self):
         stream_name(self.name)
@@ -88,6 +91,9 @@ class StreamSpec:
         if self.durability not in DURABILITIES:
             raise BadRequest(f"durability must be one of {', '.join(DURABILITIES)}, "
                              f"not {self.durability!r}")
+        if not isinstance(self.partitioner, str):
+            raise BadRequest(f"partitioner must be a string, not {self.partitioner!r}")
+        partitioner.key_hash(self.partitioner)   # BadRequest naming the choices
         self._check_cleanup()
 
     def _check_cleanup(self) -> None:
@@ -121,6 +127,8 @@ class StreamSpec:
             retention_bytes=f.int("retention_bytes", 0),
             retain_until_consumed=f.bool("retain_until_consumed", False),
             **cleanup_fields(f, defaults=True),
+            partitioner=f.str("partitioner", partitioner.DEFAULT_PARTITIONER,
+                              hi=partitioner.PARTITIONER_CHARS_MAX),
         )
 
 

@@ -79,6 +79,21 @@ RULES: dict[str, Rule] = {
     "kafka_offset_fetch": _cluster("broker", "admin"),
     "kafka_offset_delete": _cluster("broker", "admin"),
     "kafka_group_list": _cluster("broker", "admin"),
+    # coordinator: transactions (kera.coordinator.transactions), as Kafka's TransactionalId
+    # resource: Write to use an id, Describe to see it. Brokers too, for their Kafka listeners,
+    # which check the Kafka user's own grants. Positions also need the group's read grant, as
+    # group_commit: checked in the handler (kera.coordinator.txn_positions).
+    "txn_init": Rule(frozenset({"broker"}), "write", "transactional_id", "transactional_id"),
+    "txn_add_parts": Rule(frozenset({"broker"}), "write", "transactional_id", "transactional_id"),
+    "txn_add_positions": Rule(frozenset({"broker"}), "write", "transactional_id",
+                              "transactional_id"),
+    "txn_end": Rule(frozenset({"broker"}), "write", "transactional_id", "transactional_id"),
+    "txn_describe": Rule(frozenset({"broker"}), "describe", "transactional_id",
+                         "transactional_id"),
+    "txn_list": Rule(frozenset({"broker"}), "describe", "cluster", None),
+    # coordinator: brokers' questions about the transactions they hold
+    "txn_verify": _cluster(*BROKERS),
+    "txn_resolve": _cluster(*BROKERS),
     # coordinator: ACLs themselves
     "acl_add": _acl("alter", "cluster", None),
     "acl_remove": _acl("alter", "cluster", None),
@@ -92,6 +107,9 @@ RULES: dict[str, Rule] = {
     "offsets_for_time": _acl("describe", "stream"),   # Kafka's ListOffsets needs Describe too
     "offsets_for_number": _acl("describe", "stream"),
     "numbers": _acl("describe", "stream"),
+    # broker: transaction markers, from the coordinator only (its marker channel,
+    # kera.coordinator.markers)
+    "txn_markers": _cluster("coordinator"),
     # broker: Kafka groups it coordinates, for `kera group` (kera.broker.kafka.group_admin)
     "kafka_group_members": _acl("describe", "group", "group"),
     "kafka_group_reset": _acl("alter", "group", "group"),
@@ -146,7 +164,7 @@ class Guard:
         raise NotAuthorized(f"principal {principal} is not allowed to {operation} "
                             f"{resource_type} {name!r}: ask an admin for "
                             f"`kera acl add --principal {principal.name} --operation "
-                            f"{operation} --{resource_type} {name}`")
+                            f"{operation} --{resource_type.replace('_', '-')} {name}`")
 
     def checker(self, principal: Principal | None, operation: str, op: str | None = None,
                 resource_type: str = "stream") -> Callable[[str], None] | None:

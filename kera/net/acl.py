@@ -18,7 +18,9 @@ from kera.errors import BadRequest
 from kera.net.keys import Principal, check_name
 
 OPERATIONS = ("read", "write", "describe", "create", "delete", "alter", "all")
-RESOURCE_TYPES = ("stream", "group", "cluster")
+# `transactional_id`: Kafka's TransactionalId (kera.coordinator.transactions): write to use one,
+# describe to see it.
+RESOURCE_TYPES = ("stream", "group", "cluster", "transactional_id")
 PERMISSIONS = ("allow", "deny")
 PATTERNS = ("literal", "prefixed")
 ANY_PRINCIPAL = "*"

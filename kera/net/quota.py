@@ -65,11 +65,19 @@ class Quotas:
             return own[kind]
         return self.rates.get(DEFAULT_PRINCIPAL, {}).get(kind)
 
-    def admit(self, name: str, kind: str, now: float) -> None:
-        """Raise Throttled while `name` owes bytes of `kind`."""
+    def admit(self, name: str, kind: str, now: float, nbytes: int = 0) -> None:
+        """Raise Throttled while `name` owes bytes of `kind`; BadRequest for a request of
+        `nbytes` larger than the bucket holds, which would put it ever deeper in debt with
+        one request (the bucket bounds what one request may take: rate x QUOTA_BURST_S)."""
         rate = self.rate(name, kind)
         if rate is None:
             return
+        capacity = rate * QUOTA_BURST_S
+        if nbytes > capacity:
+            raise BadRequest(f"a {kind} request of {nbytes} bytes is larger than principal "
+                             f"{name!r}'s quota allows in one burst ({rate} bytes/s x "
+                             f"{QUOTA_BURST_S:g} s = {capacity:.0f} bytes): send smaller "
+                             f"batches, or raise the quota (kera quota set)")
         tokens = self._refill(name, kind, rate, now)
         if tokens < 0:
             wait_ms = max(1, round(-tokens / rate * 1000))

@@ -41,6 +41,11 @@ MAX_BATCH_MESSAGES = 256
 # requests in flight (producers 4 per broker), so this is far above need, and it bounds what a
 # flooding client can park in the daemon to HWM x wire.MESSAGE_BYTES_MAX.
 ROUTER_HWM_MESSAGES = 1000
+# How long a connection may take to finish its CURVE handshake before the daemon closes it.
+# The handshake is four short messages (well under a second even across regions); until it
+# completes a connection is unauthenticated yet holds a descriptor, for zmq's default 30 s,
+# which let one host park thousands of silent connections.
+CURVE_HANDSHAKE_MS = 5000
 PEER_HWM_MESSAGES = 1000
 # Outgoing connections a daemon keeps at once. A broker talks to the coordinator and to the
 # backups of its virtual logs; each connection costs file descriptors and zmq buffers, so an
@@ -310,6 +315,7 @@ class Server:
         self.zap = ZapHandler(self.ctx, self.security.keyring())
         self.zap.start()
         keys.secure_server(self.router, self.security.server)
+        self.router.setsockopt(zmq.HANDSHAKE_IVL, CURVE_HANDSHAKE_MS)
         self.guard = Guard(daemon=self.name)
         log.info("%s: CURVE on, as %s; callers must hold a key under %s", self.name,
                  self.security.identity.name, self.security.keys_dir)
@@ -507,12 +513,12 @@ class Server:
                     self.name, frames_total, wire.MAX_FRAMES, wire.MESSAGE_BYTES_MAX)
         req_id = None
         try:
-            req_id = wire.unpack_header(parts[1].buffer).get("id")
+            req_id = wire.request_id_of(wire.unpack_header(parts[1].buffer))
         except BadRequest:
             pass
         err = BadRequest(f"message of {frames_total} frames is over the limit of "
                          f"{wire.MAX_FRAMES} payload frames and {wire.MESSAGE_BYTES_MAX} bytes")
-        self._send(parts[0].bytes, wire.error_reply(req_id if _is_int(req_id) else None, err), ())
+        self._send(parts[0].bytes, wire.error_reply(req_id, err), ())
 
     def _dispatch(self, parts: list) -> None:
         if len(parts) < 2:
@@ -521,17 +527,8 @@ class Server:
         req_id = None
         try:
             header = wire.unpack_header(parts[1].buffer, wire.REQUEST_CONTAINERS_MAX)
-            req_id = header.get("id")
-            if not _is_int(req_id):
-                req_id = None
-                raise BadRequest("missing or non-integer request id")
-            fields = wire.Fields(header)
-            if fields.int("v", lo=0, hi=255) != wire.PROTOCOL_VERSION:
-                raise BadRequest(f"protocol version {header['v']} is not {wire.PROTOCOL_VERSION}")
-            op = fields.str("op", hi=64)
-            handler = self.handlers.get(op)
-            if handler is None:
-                raise BadRequest(f"unknown op '{op}'")
+            req_id = wire.request_id_of(header)
+            fields, op, handler = wire.request_envelope(header, self.handlers)
             req = Request(identity, req_id, op, fields, parts[2:])
             if self.guard is not None:
                 req.principal = principal_of(parts[1])
@@ -598,10 +595,6 @@ def _check_current(zap: ZapHandler | None, frame, principal) -> None:
     if key is None or not zap.keyring.holds(key, principal):
         raise NotAuthorized(f"the key of {principal} was revoked: this connection is no "
                             f"longer served; connect again with a current key")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _name(fn) -> str:

@@ -29,10 +29,10 @@ import time
 
 from kera.codec import chunk as chunkcodec
 from kera.net import rpc
-from kera.codec import schema
+from kera.codec import schema, wire
 from kera.errors import KeraError, LockConflict, Timeout
 from kera.client.metadata import Metadata
-from kera.codec.partitioner import streamlet_for_key
+from kera.codec.partitioner import KeyHash, key_hash as partitioner_hash, streamlet_for_key
 from kera.producer.delivery import RecordMetadata
 from kera.producer.producer import new_producer_id
 
@@ -42,6 +42,10 @@ DEFAULT_APPEND_TIMEOUT_S = 30.0   # one append, retries across a failover includ
 APPEND_ATTEMPTS_MAX = 100
 RETRY_BACKOFF_S = 0.05
 RETRY_BACKOFF_MAX_S = 1.0
+# While an append waits for its reply, how often the writer asks whether its streamlet moved: a
+# broker killed mid-request never answers, and its failover (~2-3 s) ends long before the
+# request timeout (10 s), after which the append goes to the new owner at once.
+OWNER_CHECK_S = 0.5
 
 
 def lock_id(lock: int | str | bytes) -> int:
@@ -63,8 +67,10 @@ class ConditionalAppender:
     """Conditional appends from the calling thread (thread-safe: one call at a time)."""
 
     def __init__(self, bootstrap: str, *, timeout_s: float = DEFAULT_APPEND_TIMEOUT_S,
-                 key_file: str | None = None, request_timeout_s: float = rpc.DEFAULT_TIMEOUT_S):
+                 key_file: str | None = None, request_timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
+                 key_hash: KeyHash | None = None):
         self.timeout_s = timeout_s
+        self.key_hash = key_hash   # places `key` (kera.codec.partitioner); None: the stream's own
         self.request_timeout_s = request_timeout_s
         self.key_file = key_file
         self._meta = Metadata(bootstrap, timeout_s=request_timeout_s, key_file=key_file)
@@ -98,10 +104,12 @@ class ConditionalAppender:
         return RecordMetadata(stream, sl, result[0], result[2], len(values),
                               result[3] if len(result) > 3 else None)
 
-    @staticmethod
-    def _streamlet(info, streamlet: int | None, key: bytes | None) -> int:
-        if streamlet is None:
-            streamlet = 0 if key is None else streamlet_for_key(key, info.streamlets)
+    def _streamlet(self, info, streamlet: int | None, key: bytes | None) -> int:
+        if streamlet is None and key is not None:
+            streamlet = streamlet_for_key(key, info.streamlets,
+                                          self.key_hash or partitioner_hash(info.partitioner))
+        elif streamlet is None:
+            streamlet = 0
         if not 0 <= streamlet < info.streamlets:
             raise ValueError(f"streamlet {streamlet} of {info.name!r}, which has {info.streamlets}")
         if info.active_groups != 1:
@@ -147,11 +155,14 @@ class ConditionalAppender:
         if conn is None:
             conn = self._conns[address] = rpc.Connection(address, timeout_s=timeout_s,
                                                          key_file=self.key_file)
+        moved = lambda: self._moved(stream, sl, address)   # noqa: E731
         try:
-            header, _ = conn.call("produce", {}, [data], timeout_s=timeout_s)
-        except Timeout:
+            req_id = _in_slices(lambda t: conn.send("produce", {}, [data], t), timeout_s, moved)
+            header = _in_slices(lambda t: _reply_to(conn, req_id, t), timeout_s, moved)
+        except KeraError:
             self._conns.pop(address).close()   # a late reply must not answer the next call
             raise
+        wire.raise_for_reply(header)
         results = header.get("results")
         if not isinstance(results, list) or len(results) != 1:
             raise KeraError(f"malformed produce reply from {address}", retriable=True)
@@ -162,6 +173,16 @@ class ConditionalAppender:
             raise KeraError(f"produce reply from {address} gives no position for the chunk "
                             f"just sent", retriable=False)
         return out
+
+    def _moved(self, stream: str, sl: int, address: str) -> bool:
+        """Whether the coordinator now places streamlet `sl` elsewhere (False when it cannot
+        say: the wait goes on)."""
+        try:
+            return self._meta.refresh(stream).owner(sl) != address
+        except KeraError as err:
+            if not err.retriable:
+                raise
+            return False
 
     def close(self) -> None:
         for conn in self._conns.values():
@@ -174,3 +195,29 @@ class ConditionalAppender:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _in_slices(step, timeout_s: float, moved):
+    """`step(slice_s)` (a send or a wait for a reply) tried in slices of OWNER_CHECK_S until it
+    returns or `timeout_s` passes (Timeout); a retriable KeraError as soon as `moved()` says
+    the streamlet has another owner: the append is idempotent, so sending it there is safe."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Timeout(f"no answer within {timeout_s:.1f} s")
+        try:
+            return step(min(left, OWNER_CHECK_S))
+        except Timeout:
+            if moved():
+                raise KeraError("the streamlet moved to another broker while an append waited "
+                                "for its owner", retriable=True) from None
+
+
+def _reply_to(conn: rpc.Connection, req_id: int, timeout_s: float) -> dict:
+    """The reply header to `req_id` (earlier requests' late replies dropped), or Timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        header, _ = conn.recv(max(0.0, deadline - time.monotonic()))
+        if header.get("id") == req_id:
+            return header

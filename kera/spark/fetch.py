@@ -38,6 +38,8 @@ EMPTY_PAUSE_MAX_S = 0.1
 # works while Spark consumes, in bounded memory.
 READ_AHEAD_BATCHES = 4
 IDLE_POLL_MS = 200
+# The fetch isolation (kera.consumer.consumer.ISOLATION_LEVELS): committed transactions only.
+ISOLATION = "read_committed"
 
 
 class GroupRange(InputPartition):
@@ -80,7 +82,10 @@ class GroupReader:
     def fetch_fields(self) -> dict:
         p = self.part
         cursor = {"low": p.group, "offsets": {**self.others, p.group: self.position}}
-        return {"reads": [[p.stream_id, p.streamlet, cursor, p.fetch_max_bytes]]}
+        # Spark's Kafka source reads committed data only (a transaction's records once it
+        # commits, never aborted ones), as kera's consumer does by default.
+        return {"reads": [[p.stream_id, p.streamlet, cursor, p.fetch_max_bytes]],
+                "isolation": ISOLATION}
 
     def on_reply(self, header: dict, frames: list) -> pa.RecordBatch | None:
         """Rows of one fetch reply (None if it held none of ours); raises the read's error."""

@@ -11,7 +11,7 @@ import logging
 
 from kera import config
 from kera.codec.name_pattern import NamePattern
-from kera.codec.partitioner import DEFAULT_PARTITIONER, key_hash
+from kera.codec.partitioner import key_hash
 from kera.errors import BadRequest
 from kera.codec.timestamps import ms_to_us
 from kera.coordinator.groups import GROUP_NAME_CHARS_MAX
@@ -49,7 +49,7 @@ class Options:
     pattern: str | None = None            # source: read every stream whose whole name matches
     key_file: str | None = None           # CURVE key (kera.net.keys) on driver and executors
     group: str | None = None              # streaming source: commit progress to this group
-    partitioner: str = DEFAULT_PARTITIONER   # sink: key placement (kera.codec.partitioner)
+    partitioner: str | None = None   # sink: key placement (kera.codec.partitioner); None: the stream's
     # Source: start at the first record at or after a time (µs; given in ms like Kafka's), for
     # every streamlet, or per stream and streamlet ({stream: {sl: µs}}); over startingOffsets.
     starting_timestamp_us: int | None = None
@@ -109,8 +109,10 @@ def _check_sink_sizes(opts: Options) -> Options:
     return opts
 
 
-def _partitioner(opts: Mapping[str, str]) -> str:
-    name = opts.get("partitioner", DEFAULT_PARTITIONER)
+def _partitioner(opts: Mapping[str, str]) -> str | None:
+    name = opts.get("partitioner")
+    if name is None:
+        return None   # each stream's own (its descriptor's `partitioner`)
     try:
         key_hash(name)
     except BadRequest as bad:

@@ -1,8 +1,9 @@
 """The kera sink: `df.write.format("kera")` and `df.writeStream.format("kera")`.
 
 Input columns: `value` (binary or string, required), `key` (binary or string, optional: rows
-with the same key go to the same streamlet: crc32c(key) mod streamlets, or Kafka's murmur2
-with option `partitioner` = murmur2), `stream` (string,
+with the same key go to the same streamlet: the stream's partitioner (`kera stream describe`)
+of the key mod streamlets, unless option `partitioner` names one: crc32c, or Kafka's murmur2),
+`stream` (string,
 optional; the `stream` option overrides it), `timestamp` (optional; otherwise every row gets
 the time the write was planned) and `headers` (optional, array<struct<key string, value binary
 or string>>, kept in order; Kafka's sink column). Other columns are ignored, so rows read from
@@ -262,7 +263,8 @@ class _TaskWriter:
             info = self.producer.stream_info(stream)
             planner = self.planners[stream] = ChunkPlanner(info.streamlets, self.opts.chunk_size_bytes,
                                                            keyless_seed=self.partition_id,
-                                                           partitioner=self.opts.partitioner)
+                                                           partitioner=self.opts.partitioner
+                                                           or info.partitioner)
         self._send(stream, planner.add(values, keys, ts, headers))
 
     def _send(self, stream: str, planned) -> None:

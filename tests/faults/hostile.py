@@ -19,11 +19,18 @@ member would, on live state:
   - valid chunks with checksums to the streams holding the data (a producer may write).
 Everything else, including a forged `register` or `heartbeat` of a live daemon id (issue 10
 item 1: incarnation tokens refuse it), must be refused by validation and lose nothing.
+
+Against a secure cluster the attacker holds a key (issue 37), and `Rights` says which of the acts
+above its role may legitimately do: only those are still left out. A client key may do none of
+them, so every one is sent, aimed at live state (live replicas, live epochs, the streams holding
+the data) and must be refused; a broker key may still write and drop its own broker's replicas
+and administer streams (for its Kafka listener), but fences and other brokers' replicas are sent.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import msgpack
 
@@ -88,11 +95,20 @@ COORDINATOR_OPS = {
     "kafka_offset_fetch": ["group"],
     "kafka_offset_delete": ["group", "partitions"],
     "kafka_group_list": [],
+    "txn_init": ["transactional_id", "timeout_ms", "producer_id", "epoch"],
+    "txn_add_parts": ["transactional_id", "producer_id", "epoch", "parts"],
+    "txn_add_positions": ["transactional_id", "producer_id", "epoch", "group", "positions",
+                          "member_id", "member_epoch", "kafka"],
+    "txn_end": ["transactional_id", "producer_id", "epoch", "commit"],
+    "txn_verify": ["producer_id", "epoch", "part", "add"],
+    "txn_resolve": ["producer_id", "epoch", "part"],
+    "txn_describe": ["transactional_id"],
+    "txn_list": [],
 }
 BROKER_OPS = {"produce": ["acks"], "fetch": ["reads"], "offsets": ["sid", "sl", "at"], "stats": [],
               "offsets_for_time": ["sid", "sl", "timestamp_us"],
               "offsets_for_number": ["sid", "sl", "number"],
-              "numbers": ["sid", "sl", "timestamp_us"]}
+              "numbers": ["sid", "sl", "timestamp_us"], "txn_markers": ["markers"]}
 BACKUP_OPS = {
     "replicate": ["broker_id", "vlog", "vseg", "offset", "durability", "close", "reset"],
     "list_replicas": ["broker_id", "fence"],
@@ -102,13 +118,47 @@ BACKUP_OPS = {
 }
 OPS_BY_KIND = {"coordinator": COORDINATOR_OPS, "broker": BROKER_OPS, "backup": BACKUP_OPS}
 LIST_FIELDS = {"vsegs", "floors", "held", "streamlets", "reads", "fence", "streams", "owned",
-               "positions", "acls", "offsets", "partitions"}
+               "positions", "acls", "offsets", "partitions", "parts", "part", "markers"}
 MAP_FIELDS = {"stats", "at"}
 
 FAMILIES = ("envelope", "types", "huge_numbers", "huge_counts", "unknown_ids", "forged_ids",
             "bogus_address", "zero_byte_replicate", "payload")
 # Ops a family changes nothing for are drawn with the "types" family instead.
 UNKNOWN_ID = 7_777_777
+# Request ids the "envelope" family gives its messages (1 to 4): a reply with one of these ids
+# may answer a well-formed message of the same id as well.
+ENVELOPE_IDS_MAX = 4
+
+
+@dataclass(frozen=True)
+class Rights:
+    """Acts on live state the attacker's key may legitimately do, so the generator leaves them
+    out (the module docstring's list). The default, an anonymous plaintext caller, is left out
+    of all of them: nothing but authentication could tell its acts from the real member's."""
+    replicas_of: frozenset | None = None   # brokers whose live replicas it may write or drop; None: all
+    fence: bool = True                     # fence live or future incarnations of live brokers
+    recovered: bool = True                 # report a live incarnation recovered
+    rebalance: bool = True                 # move streamlets
+    streams: bool = True                   # create, alter or delete the streams holding the data
+
+    @property
+    def anonymous(self) -> bool:
+        return self == Rights()
+
+    def owns_replicas_of(self, broker_id) -> bool:
+        return self.replicas_of is None or broker_id in self.replicas_of
+
+
+# A client key may do none of them: its role has no cluster op (kera.net.access) and no grant.
+CLIENT_RIGHTS = Rights(frozenset(), fence=False, recovered=False, rebalance=False, streams=False)
+
+
+def broker_rights(broker_id: int) -> Rights:
+    """A broker key: its own broker's replicas, and stream administration (the Kafka
+    listener's, docs/SECURITY.md); fences need the coordinator's token, `recovered` the
+    incarnation's token, `rebalance` an operator's grant."""
+    return Rights(frozenset({broker_id}), fence=False, recovered=False, rebalance=False,
+                  streams=True)
 
 
 class LiveState:
@@ -116,7 +166,7 @@ class LiveState:
 
     def __init__(self, brokers: list[int], backups: list[int], epochs: dict[int, int],
                  protected_streams: dict[str, int], junk_stream_id: int, live_replicas: set,
-                 dead_ports: list[int]):
+                 dead_ports: list[int], rights: Rights = Rights(), cluster_id: str | None = None):
         self.brokers, self.backups, self.epochs = brokers, backups, epochs
         self.protected_streams = protected_streams          # name -> stream id
         self.junk_stream_id = junk_stream_id
@@ -124,6 +174,8 @@ class LiveState:
         # Ports the test holds bound (on every address) and never listens on: an address made
         # of one reaches nobody, not even another test's daemon on this shared machine.
         self.dead_ports = dead_ports
+        self.rights = rights
+        self.cluster_id = cluster_id   # what a real member's `register` names
 
 
 class HostileMessages:
@@ -134,11 +186,14 @@ class HostileMessages:
         self._req_id = 0
         self._big: dict[str, object] = {}
         self.huge_left = HUGE_MESSAGES_MAX
+        self.last_id: int | None = None   # the id of the last message, unless its envelope is broken
+        self.last_aimed = False           # whether it acts on live state (secure clusters only)
 
     # ---------------------------------------------------------------- entry point
     def next(self, kind: str, op: str) -> tuple[str, list]:
         family = self.rng.choice(self.families)
         fields = self.template(kind, op)
+        self.last_id = None
         if family == "envelope":
             return family, [self.envelope(op, fields)]
         if family == "payload":
@@ -148,6 +203,8 @@ class HostileMessages:
 
     def header(self, op: str, fields: dict) -> bytes:
         self._req_id += 1
+        self.last_id = self._req_id
+        self.last_aimed = not self.live.rights.anonymous and self.aimed(op, fields)
         return msgpack.packb({"v": wire.PROTOCOL_VERSION, "op": op, "id": self._req_id, **fields},
                              use_bin_type=True)
 
@@ -160,7 +217,8 @@ class HostileMessages:
             "kind": rng.choice(["broker", "backup"]), "address": self._fresh_address(),
             "node": f"fuzz-{rng.randrange(1000)}", "daemon_id": UNKNOWN_ID + rng.randrange(100),
             "metadata_version": rng.randrange(1, 50), "epoch": rng.randrange(1, 50),
-            "name": f"fuzz-unknown-{rng.randrange(10**6)}", "streamlets": 1, "active_groups": 1,
+            # (no "streamlets" count here: the key is the list below, in every op using it)
+            "name": f"fuzz-unknown-{rng.randrange(10**6)}", "active_groups": 1,
             "replication": 1, "group_segments": 1, "segment_size_bytes": 65536,
             "durability": "memory", "replication_capacity": 0, "retention_ms": 0,
             "retention_bytes": 0, "broker_id": UNKNOWN_ID, "backup_id": UNKNOWN_ID,
@@ -201,6 +259,17 @@ class HostileMessages:
                          rng.choice([0, 5, 2**63 - 1, -1]), rng.choice(["", "m" * 5000])]],
             "partitions": [[f"fuzz-{rng.randrange(10)}", rng.randrange(4)]],
             "kafka_address": self._fresh_address(),
+            # Transactions: fuzz ids and random producer ids, which no live producer holds
+            "transactional_id": f"fuzz-txn-{rng.randrange(100)}",
+            "timeout_ms": rng.choice([1000, 60000, 0, 2**40]),
+            "producer_id": rng.randrange(1, 2**55), "commit": rng.random() < 0.5,
+            "add": rng.random() < 0.5, "kafka": rng.random() < 0.5,
+            "parts": [[rng.choice(list(live.protected_streams)), rng.randrange(4)]],
+            "part": [rng.choice(list(live.protected_streams)), rng.randrange(4)],
+            # Markers of producer ids nothing holds open: a broker writes none of them
+            "markers": [[f"fuzz-txn-{rng.randrange(100)}", rng.randrange(1, 2**55),
+                         rng.randrange(5), rng.randrange(1, 9), rng.random() < 0.5,
+                         rng.choice(list(live.protected_streams)), rng.randrange(4)]],
         }
         if op == "list_streams":
             t["after"] = f"fuzz-{rng.randrange(10**6)}"
@@ -213,7 +282,50 @@ class HostileMessages:
             t["broker_id"], t["vlog"], t["vseg"] = rng.choice(sorted(live.live_replicas))
         if op == "create_stream":
             t["name"] = f"fuzz-junk-{rng.randrange(10**9)}"
+        if not live.rights.anonymous:
+            self._aim_at_live_state(op, t)
+            self._keep_protected_safe(kind, op, t)
         return {name: t[name] for name in OPS_BY_KIND[kind][op]}
+
+    def _aim_at_live_state(self, op: str, t: dict) -> None:
+        """Half the time, aim an act at live state (secure clusters only): its role, not
+        validation, must refuse it; `_keep_protected_safe` then undoes what the key may do."""
+        rng, live = self.rng, self.live
+        if rng.random() < 0.5:
+            return
+        if op in ("replicate", "drop_replica") and live.live_replicas:
+            t["broker_id"], t["vlog"], t["vseg"] = rng.choice(sorted(live.live_replicas))
+        elif op == "list_replicas":
+            t["broker_id"] = broker = rng.choice(live.brokers)
+            epoch = live.epochs.get(broker, 0)
+            t["fence"] = [epoch, epoch + 1, epoch + rng.randrange(2, 50)]
+        elif op == "recovered":
+            t["broker_id"], t["epoch"] = rng.choice(sorted(live.epochs.items()))
+        elif op == "rebalance":
+            t["dry_run"] = False
+        elif op == "register" and live.cluster_id is not None:
+            t["cluster_id"] = live.cluster_id   # a new daemon id, asked as a real member asks
+        elif op in ("delete_stream", "alter_stream", "create_stream"):
+            t["name"] = rng.choice(list(live.protected_streams))
+
+    def aimed(self, op: str, fields: dict) -> bool:
+        """Whether a message's final fields act on live state (the acts of the module
+        docstring's list, and a `register` naming the cluster's id): only a key whose `Rights`
+        allow the act may be answered `ok`."""
+        live, get = self.live, fields.get
+        if op in ("replicate", "drop_replica"):
+            return any((get("broker_id"), get("vlog"), get("vseg")) == r for r in live.live_replicas)
+        if op == "list_replicas":
+            return get("broker_id") in live.brokers and isinstance(get("fence"), list) and \
+                bool(get("fence"))
+        if op == "recovered":
+            return any((get("broker_id"), get("epoch")) == e for e in live.epochs.items())
+        if op == "rebalance":
+            return get("dry_run") is False
+        if op in ("delete_stream", "alter_stream", "create_stream"):
+            return any(get("name") == name for name in live.protected_streams)
+        return op == "register" and live.cluster_id is not None and \
+            get("cluster_id") == live.cluster_id
 
     def _fresh_address(self) -> str:
         """A valid address nobody answers at (a registered fake member is unreachable, as a
@@ -352,17 +464,20 @@ class HostileMessages:
     def _keep_protected_safe(self, kind: str, op: str, fields: dict) -> dict:
         """Undo what would be a legitimate member's or admin's act on live state (the list in
         the module docstring): those need authentication, not validation, to refuse."""
+        rights = self.live.rights
         key = (fields.get("broker_id"), fields.get("vlog"), fields.get("vseg"))
-        if op in ("replicate", "drop_replica") and key in map(tuple, self.live.live_replicas):
+        if op in ("replicate", "drop_replica") and key in map(tuple, self.live.live_replicas) \
+                and rights.owns_replicas_of(key[0]):
             fields["broker_id"] = UNKNOWN_ID
-        if op == "list_replicas" and isinstance(fields.get("fence"), list):
+        if op == "list_replicas" and isinstance(fields.get("fence"), list) and rights.fence:
             fields["broker_id"] = UNKNOWN_ID
-        if op == "recovered" and any(fields.get("broker_id") == b and fields.get("epoch") == e
-                                     for b, e in self.live.epochs.items()):
+        if op == "recovered" and rights.recovered and \
+                any(fields.get("broker_id") == b and fields.get("epoch") == e
+                    for b, e in self.live.epochs.items()):
             fields["epoch"] = 0
-        if op == "rebalance" and isinstance(fields.get("dry_run"), bool):
+        if op == "rebalance" and isinstance(fields.get("dry_run"), bool) and rights.rebalance:
             fields["dry_run"] = True
-        if op in ("delete_stream", "alter_stream", "create_stream") and \
+        if op in ("delete_stream", "alter_stream", "create_stream") and rights.streams and \
                 any(fields.get("name") == name for name in self.live.protected_streams):
             fields["name"] = f"nobody-{self.rng.randrange(10**6)}"
         return fields

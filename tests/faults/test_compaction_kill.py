@@ -2,7 +2,8 @@
 run as the writes go on, so a kill at a random moment after them lands before, during or after
 a pass's replication and swap; the broker taking over rebuilds each segment wholly original or
 wholly rewritten from the backups, compacts on, and a consumer from the beginning then reads
-exactly one record per key, its latest value, in number order. The delay prints with the
+exactly one record per key, its latest value, in number order. An R=1 broker with a data dir
+killed so is restarted from its --dir instead, with the same answer. The delay prints with the
 failure and reproduces the round."""
 
 from __future__ import annotations
@@ -58,6 +59,30 @@ def test_kill_9_while_compacting_keeps_each_key_latest_value(fresh_cluster, seed
     passes = rpc.call(owner, "stats", timeout_s=5.0)[0]["stats"]["compaction_passes"]
     print(f"passes before the kill: {passes}")
     cluster.kill_broker([d.address for d in cluster.brokers].index(owner))
+    with cluster.admin() as admin:
+        admin.wait_ready(stream, 30.0)
+    got = read_until(cluster, stream, latest, time.monotonic() + WAIT_S)
+    assert {r.key: r.value for r in got} == latest and len(got) == len(latest)
+    assert [r.number for r in got] == sorted(r.number for r in got)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_kill_9_of_an_r1_broker_while_compacting_restarts_from_its_dir(fresh_cluster, seed):
+    """R=1 with a data dir: the passes replace segment files (`.cleaned`, `.swap`, rename); a
+    kill at a seeded moment lands before, during or after one, and the restart from the same
+    --dir finishes or drops each rewrite whole (kera.broker.tier_files)."""
+    delay_s = random.Random(seed).uniform(0.0, 2.5)
+    print(f"seed {seed}: kill {delay_s:.2f} s after the writes")
+    cluster = fresh_cluster(brokers=1, backups=0, log_level="WARNING")
+    stream = f"compact-r1-kill-{seed}"
+    with cluster.admin() as admin:
+        admin.create_stream(stream, streamlets=1, replication=1, segment_size_bytes=32 * KiB,
+                            group_segments=2, cleanup_policy="compact",
+                            min_cleanable_dirty_ratio=0.01)
+    latest = write(cluster, stream)
+    time.sleep(delay_s)
+    cluster.kill_broker(0)
+    cluster.restart_broker(0)
     with cluster.admin() as admin:
         admin.wait_ready(stream, 30.0)
     got = read_until(cluster, stream, latest, time.monotonic() + WAIT_S)

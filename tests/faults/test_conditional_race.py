@@ -189,3 +189,33 @@ def test_a_conditional_append_rides_out_a_coordinator_outage_and_a_failover(fres
     cluster.restart_broker(owner)
     records = read_back(cluster.bootstrap, 2)
     assert sorted(n for n, _, _ in records) == [0, 1]
+
+
+LONG_REQUEST_TIMEOUT_S = 60.0   # far longer than a failover (~3 s here)
+
+
+def test_an_append_to_a_killed_owner_goes_to_the_new_owner_without_waiting_out_its_timeout(
+        fresh_cluster):
+    """The owner dies with the writer connected to it: the writer notices the streamlet moved
+    (it asks while it waits) and appends at the new owner, long before its request timeout."""
+    cluster = fresh_cluster(brokers=2, backups=2, heartbeat_interval_ms=100, log_level="INFO",
+                            extra_coordinator_args=["--heartbeat-missed-max", "30"])
+    with cluster.admin() as admin:
+        admin.create_stream(STREAM, streamlets=1, replication=2)
+    appender = ConditionalAppender(cluster.bootstrap, timeout_s=2 * LONG_REQUEST_TIMEOUT_S,
+                                   request_timeout_s=LONG_REQUEST_TIMEOUT_S)
+    try:
+        first = appender.append(STREAM, [b"%d-0-0" % PROBE], locks=[1], high_water_mark=-1)
+        owner = call(cluster.bootstrap, "describe_stream",
+                     {"name": STREAM})["stream"]["placement"][0]
+        cluster.kill_broker(owner)
+        started = time.monotonic()
+        second = appender.append(STREAM, [b"%d-1-0" % PROBE], locks=[1],
+                                 high_water_mark=first.number)
+        waited_s = time.monotonic() - started
+    finally:
+        appender.close()
+    assert second.number == first.number + 1
+    assert waited_s < LONG_REQUEST_TIMEOUT_S / 2, f"waited {waited_s:.1f} s for a dead owner"
+    cluster.restart_broker(owner)
+    assert sorted(n for n, _, _ in read_back(cluster.bootstrap, 2)) == [0, 1]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +21,7 @@ import pytest
 import zmq
 
 from kera.codec import chunk
+from kera.cli.local import free_port
 
 from kera.net import rpc
 
@@ -31,12 +32,6 @@ from kera.backup.meta import Meta
 from kera.errors import BadRequest, CorruptChunk, KeraError, StorageError
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
@@ -365,7 +360,7 @@ def test_metrics_endpoint(backup):
             text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
         except OSError:
             return None
-        return text if "kera_backup_replicate_writes" in text and " 1\n" in text else None
+        return text if re.search(r"^kera_backup_replicate_writes\{.*\} 1\.0$", text, re.M) else None
 
     text = wait_for(scrape, what="metrics")
     assert "kera_backup_unflushed_bytes" in text

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kera.cli import main as cli
-from kera.cli.local import LocalCluster
+from kera.cli.local import LocalCluster, free_port
 from kera.net.probe import PROBE_TIMEOUT_S
 
 LOW_SOFT_OPEN_FILES = 256   # a daemon started under a soft limit well below any hard one
@@ -175,14 +175,10 @@ def test_errors_are_one_line(coordinator, fake_daemons, args, message):
 WRONG_ADDRESS_BUDGET_S = PROBE_TIMEOUT_S + 3.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("address,expected", [
-    (lambda c: f"127.0.0.1:{_free_port()}", "connection refused"),
+    (lambda c: f"127.0.0.1:{free_port()}", "connection refused"),
     (lambda c: "no-such-host.invalid:7000", "unknown host"),
     (lambda c: c.backups[0].address, "not the coordinator"),
 ], ids=["refused", "unknown-host", "daemon-not-coordinator"])
@@ -196,7 +192,7 @@ def test_wrong_address_told_apart_quickly(coordinator, address, expected):
 
 @pytest.mark.parametrize("command", [["stream", "list"], ["group", "list"], ["cluster"]])
 def test_a_bootstrap_list_goes_on_past_a_dead_address(coordinator, command):
-    dead = f"127.0.0.1:{_free_port()}"
+    dead = f"127.0.0.1:{free_port()}"
     proc = kera(*command, "--bootstrap", f"{dead},{coordinator.bootstrap}")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip(), "the live coordinator answered"

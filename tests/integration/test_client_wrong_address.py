@@ -1,23 +1,19 @@
 """A library client given a wrong bootstrap says why at once, as the CLI does, instead of
 waiting out its request timeout with a hint about CURVE keys."""
 
-import socket
 import time
 
 import pytest
 
 from kera import Admin, Consumer, Producer
 from kera.errors import PeerUnreachable
+from kera.cli.local import free_port
 
 REQUEST_TIMEOUT_S = 10.0
 # The answer must come from the probe, well inside the request timeout it replaces.
 ANSWER_WITHIN_S = REQUEST_TIMEOUT_S / 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _first_call(kind: str, bootstrap: str) -> None:
@@ -33,7 +29,7 @@ def _first_call(kind: str, bootstrap: str) -> None:
 
 @pytest.mark.parametrize("kind", ["producer", "consumer", "admin"])
 def test_a_refused_port_is_named_before_the_request_timeout(kind):
-    bootstrap = f"127.0.0.1:{_free_port()}"
+    bootstrap = f"127.0.0.1:{free_port()}"
     started = time.monotonic()
     with pytest.raises(PeerUnreachable, match="connection refused") as exc:
         _first_call(kind, bootstrap)
@@ -42,7 +38,7 @@ def test_a_refused_port_is_named_before_the_request_timeout(kind):
 
 
 def test_every_unreachable_coordinator_is_named_with_its_reason():
-    dead = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}", "no-such-host.invalid:7000"]
+    dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", "no-such-host.invalid:7000"]
     with pytest.raises(PeerUnreachable) as exc:
         _first_call("admin", ",".join(dead))
     message = exc.value.message

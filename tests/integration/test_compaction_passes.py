@@ -3,7 +3,8 @@ are each updated many times, some then deleted, is compacted by its broker in th
 (the new chunks replicated through the group's virtual log, swapped in once durable); a
 consumer from the beginning then reads exactly one record per key, its latest value (a
 tombstone for a deleted key), in number order; a consumer reading while passes run sees every
-key's latest value."""
+key's latest value; a consumer group committing while passes run resumes from its committed
+positions (which a swap never moves) with no record twice and every key's latest value."""
 
 from __future__ import annotations
 
@@ -110,6 +111,58 @@ def test_compacted_stream_reads_one_latest_record_per_key(cluster):
     reader.join(10)
     assert seen == latest
     assert numbers == sorted(set(numbers)), "the reader saw a record twice or out of order"
+
+
+def poll_n(c, n: int, deadline: float) -> list:
+    """The next `n` records `c` hands out (fewer if the deadline passes)."""
+    out = []
+    while len(out) < n and time.monotonic() < deadline:
+        r = c.poll(timeout_s=0.2)
+        if r is not None:
+            out.append(r)
+    return out
+
+
+def test_a_group_committing_while_passes_run_resumes_where_it_committed(cluster):
+    """A member reads and commits, passes swap compacted segments in under its positions, it
+    reads and commits again; a new member of the group resumes at the committed position,
+    inside the compacted range: no record twice, each in number order, every key's latest
+    value seen by one of them."""
+    stream = "compacted-group"
+    with cluster.admin() as admin:   # min.compaction.lag.ms: the first commit comes first
+        admin.create_stream(stream, streamlets=1, replication=2, segment_size_bytes=32 * KiB,
+                            group_segments=2, cleanup_policy="compact",
+                            min_cleanable_dirty_ratio=0.01, min_compaction_lag_ms=2000)
+    latest = write(cluster, stream)
+    broker = cluster.brokers[0].address
+    deadline = time.monotonic() + WAIT_S
+    with Consumer(cluster.bootstrap, stream, group="g-compacted",
+                  auto_commit_interval_ms=None) as a:
+        first = poll_n(a, KEYS * UPDATES // 4, deadline)
+        a.commit()
+        passes = lambda: rpc.call(broker, "stats", timeout_s=5.0)[0]["stats"][
+            "compaction_streams"][stream]["passes"]
+        while passes() < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        first += poll_n(a, KEYS * UPDATES // 4, deadline)
+        a.commit()
+        committed = {(p.stream, p.streamlet): p for p in a.committed()}
+    assert passes() >= 1, "no pass ran while the group read"
+    with Consumer(cluster.bootstrap, stream, group="g-compacted") as b:
+        rest = []
+        while b"pad%05d" % (PADDING - 1) not in {r.key for r in rest[-1:]}:
+            more = poll_n(b, 1, deadline)
+            assert more, "the second member did not reach the end"
+            rest += more
+    assert len(first) == KEYS * UPDATES // 2 and committed
+    numbers = [r.number for r in first + rest]
+    assert numbers == sorted(set(numbers)), "a record twice or out of order across the resume"
+    seen = {}
+    for r in first + rest:
+        seen[r.key] = r.value
+    assert seen == latest
+    # Uncompacted, the records after the committed position outnumber the keys 3 to 1.
+    assert len(rest) <= len(latest), "the second member did not read compacted segments"
 
 
 def read_until(cluster, stream, want: dict, deadline: float) -> list:

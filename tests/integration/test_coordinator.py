@@ -246,8 +246,9 @@ def test_metrics_endpoint_and_clean_stop(tmp_path):
                            extra_coordinator_args=["--metrics-port", str(port)])
     try:
         body = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        assert "kera_coordinator_metadata_version" in body
-        assert "kera_coordinator_streams 0" in body
+        assert "# TYPE kera_coordinator_metadata_version gauge" in body
+        assert "kera_coordinator_streams 0.0" in body
+        assert "kera_group_lag" not in body   # names groups: only with --metrics-stream-labels
     finally:
         cluster.stop()
     assert cluster.coordinator.proc.returncode == 0     # SIGTERM is a clean stop

@@ -20,7 +20,7 @@ import pytest
 from kera import Consumer, Producer
 
 from kera.net import rpc
-from kera.errors import GroupNotEmpty, StaleMemberEpoch, UnknownMember
+from kera.errors import BadRequest, GroupNotEmpty, StaleMemberEpoch, UnknownMember
 
 STREAMLETS = 4
 SETTLE_TIMEOUT_S = 30.0
@@ -197,6 +197,20 @@ def test_the_group_command_shows_lag_resets_and_deletes(cluster):
     assert code == 0 and "NEW-OFFSET" in out, out
     code, out = kera_cli(cluster, "group", "describe", group, "--json")
     assert code == 0 and sum(n for _s, _sl, n in json.loads(out)["lag"]) == 40, out
+    lags = {(s, sl): n for s, sl, n in json.loads(out)["lag"]}
+    ahead = {k: max(n - 3, 0) for k, n in lags.items()}     # clamped at the end
+    lags = {k: n + 3 for k, n in ahead.items()}             # 100 records before: no clamp
+    for shift, want in ((3, ahead), (-3, lags)):
+        code, out = kera_cli(cluster, "group", "reset-positions", group, "--stream", stream,
+                             "--shift-by", str(shift), "--execute")
+        assert code == 0, out
+        code, out = kera_cli(cluster, "group", "describe", group, "--json")
+        assert {(s, sl): n for s, sl, n in json.loads(out)["lag"]} == want, shift
+    code, out = kera_cli(cluster, "group", "reset-positions", group, "--stream", stream,
+                         "--to-current", "--execute")
+    assert code == 0 and "their committed positions" in out, out
+    code, out = kera_cli(cluster, "group", "describe", group, "--json")
+    assert {(s, sl): n for s, sl, n in json.loads(out)["lag"]} == lags
     code, out = kera_cli(cluster, "group", "reset-positions", group, "--all-streams",
                          "--to", "earliest", "--execute")
     assert code == 0, out
@@ -255,7 +269,7 @@ def gauges(text: str, name: str, group: str) -> dict:
         if line.startswith(f'{name}{{group="{group}"'):
             labels, value = line.rsplit(" ", 1)
             stream = labels.split('stream="')[1].split('"')[0]
-            out[(stream, int(labels.split('streamlet="')[1].split('"')[0]))] = int(value)
+            out[(stream, int(labels.split('streamlet="')[1].split('"')[0]))] = int(float(value))
     return out
 
 
@@ -263,7 +277,8 @@ def test_the_coordinator_exports_each_committed_parts_lag(fresh_cluster):
     from kera.cli.local import free_port
     port = free_port()
     cluster = fresh_cluster(brokers=1, backups=1, log_level="WARNING",
-                            extra_coordinator_args=["--metrics-port", str(port)])
+                            extra_coordinator_args=["--metrics-port", str(port),
+                                                    "--metrics-stream-labels"])
     stream = new_stream(cluster, records=100)
     values: list[int] = []
     with Consumer(cluster.bootstrap, stream, group="lagging", auto_commit_interval_ms=None) as c:
@@ -340,3 +355,23 @@ def test_a_member_reading_through_a_failover_commits_positions_a_successor_resum
         assert b.poll(timeout_s=0.5) is None
     assert not set(again) & set(values), "no record before the last commit is read again"
     assert sorted(values + again) == list(range(400))
+
+
+def test_commit_of_a_message_and_an_asynchronous_commit_as_confluent_kafka_has_them(cluster):
+    stream = new_stream(cluster, records=40)
+    group = f"g-{stream}"
+    with Consumer(cluster.bootstrap, stream, group=group, auto_commit_interval_ms=None) as c:
+        until(lambda: len(c.assignment()) == STREAMLETS, "assignment")
+        records = []
+        while len(records) < 40:
+            r = c.poll(timeout_s=0.5)
+            if r is not None:
+                records.append(r)
+        target = records[10]
+        c.commit(message=target)      # that record's streamlet: resume right after it
+        mine = [p for p in c.committed([(stream, target.streamlet)])]
+        assert [(p.group, p.offset) for p in mine] == [(target.group, target.offset + 1)]
+        c.commit(asynchronous=True)   # everything handed out, without waiting
+        until(lambda: sum(c.lag_of(c.committed()).values()) == 0, "the asynchronous commit")
+        with pytest.raises(BadRequest, match="positions or message"):
+            c.commit(c.positions(), message=target)

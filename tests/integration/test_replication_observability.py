@@ -158,7 +158,8 @@ def test_per_stream_traffic_in_kera_stats_streams_and_prometheus(fresh_cluster):
     from kera.producer import Producer
     broker_port = free_port()
     cluster = fresh_cluster(brokers=1, log_level="WARNING",
-                            extra_broker_args=["--metrics-port", str(broker_port)])
+                            extra_broker_args=["--metrics-port", str(broker_port),
+                                               "--metrics-stream-labels"])
     create(cluster, "busy", streamlets=2, replication=1)
     create(cluster, "quiet", replication=1)
     with Producer(cluster.bootstrap, linger_ms=1) as p:

@@ -23,7 +23,7 @@ from kera.codec import chunk
 from kera.net import rpc
 from kera.client.admin import Admin
 from kera.consumer import Consumer
-from kera.errors import NotAuthorized, Timeout
+from kera.errors import KeraError, NotAuthorized, Timeout
 from kera.net.keys import KEY_FILE_ENV, create_key
 from kera.producer import Producer
 
@@ -282,6 +282,13 @@ def test_a_principal_over_its_quotas_is_slowed_not_dropped(cluster, admin):
     throttled = sum(rpc.call(b.address, "stats", key_file=str(cluster.keys.admin))[0]["stats"]
                     .get("quota_throttled_produce", 0) for b in cluster.brokers)
     assert throttled > 0, "the producer never hit its quota"
+    # One request larger than the bucket (rate x 1 s) is refused, not let into deep debt.
+    with Producer(cluster.bootstrap, key_file=str(cluster.keys.client),
+                  send_timeout_s=30.0) as p:
+        future = p.send(name, b"x" * (rate + 64 * 1024))
+        with pytest.raises(KeraError, match="larger than principal 'client'"):
+            p.flush()
+        assert future.exception() is not None
     got = consume(cluster, name, len(values), key="admin")
     assert sorted(got) == sorted(values)          # every record, once
     admin.set_quota("client", produce_bytes_per_s=0, fetch_bytes_per_s=rate)
@@ -416,3 +423,18 @@ def test_a_pattern_subscription_holds_only_streams_the_member_may_read(cluster, 
             c.poll(timeout_s=0.2)
         assigned = {s for s, _sl in c.assignment()}
     assert readable in assigned and hidden not in assigned, assigned
+
+
+@pytest.mark.parametrize("daemon_kind", ["coordinator", "broker"])
+def test_a_connection_that_never_finishes_its_handshake_is_closed(cluster, daemon_kind):
+    """A silent connection holds a descriptor only CURVE_HANDSHAKE_MS, not zmq's 30 s."""
+    from kera.net.server import CURVE_HANDSHAKE_MS
+    daemon = cluster.coordinator if daemon_kind == "coordinator" else cluster.brokers[0]
+    host, port = daemon.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5.0) as silent:
+        silent.settimeout(CURVE_HANDSHAKE_MS / 1000 + 10.0)
+        started = time.monotonic()
+        while silent.recv(4096):   # the server's greeting, then EOF when it gives up on us
+            pass
+        waited_s = time.monotonic() - started
+    assert waited_s < CURVE_HANDSHAKE_MS / 1000 + 5.0

@@ -107,6 +107,12 @@ def _resets(cluster, topic: str, group: str, first: dict, later: dict) -> None:
     code, out = kera_cli(cluster, "group", "reset-positions", group, "--stream", topic,
                          "--to-datetime", str(int(time.time() * 1000) + 3_600_000), "--execute")
     assert code == 0 and committed(cluster, group) == ends, out
+    for args, want in ((["--shift-by", "-2"], {p: end - 2 for p, end in ends.items()}),
+                       (["--to-current"], {p: end - 2 for p, end in ends.items()}),
+                       (["--shift-by", "99"], ends)):
+        code, out = kera_cli(cluster, "group", "reset-positions", group, "--stream", topic,
+                             *args, "--execute")
+        assert code == 0 and committed(cluster, group) == want, (args, out)
     code, out = kera_cli(cluster, "group", "reset-positions", group, "--all-streams",
                          "--to-offset", "4")   # a dry run: prints, changes nothing
     assert code == 0 and committed(cluster, group) == ends, out

@@ -2,7 +2,8 @@
 without credentials, with a wrong password, and as a user without ACL grants a client is
 refused with Kafka's errors; with credentials and grants it produces and consumes; a user
 removed from the users file is refused at its next request; quotas come back as throttle
-times; and no plaintext Kafka port is ever open.
+times; a transactional producer needs write on its transactional id; and no plaintext Kafka
+port is ever open.
 
 One secure cluster (`kera local --secure --kafka-port 0`: LocalCluster) for the module, its
 Kafka user `client` given grants per test topic by the admin key.
@@ -332,3 +333,30 @@ def test_no_plaintext_kafka_port_is_open(secure_cluster):
         with socket.create_connection((host, int(port)), timeout=5) as raw, \
                 ctx.wrap_socket(raw, server_hostname=host) as s:
             assert s.version() in ("TLSv1.2", "TLSv1.3")
+
+
+def test_transactions_need_write_on_the_transactional_id(secure_cluster):
+    topic, tid = "secure-txn", "secure-txn-id"
+    _grant(secure_cluster, KAFKA_USER, f"create:stream:{topic}", f"write:stream:{topic}",
+           f"read:stream:{topic}", f"read:group:{topic}-r")
+    assert _produce_error(_config(secure_cluster), topic) is None     # creates the topic
+    conf = _config(secure_cluster, **{"transactional.id": tid,
+                                      "transaction.timeout.ms": 2 * CLIENT_TIMEOUT_MS})
+    with pytest.raises(KafkaException) as refused:
+        Producer(conf).init_transactions(REFUSAL_WAIT_S)
+    assert refused.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    _grant(secure_cluster, KAFKA_USER, f"write:transactional_id:{tid}")
+    producer = Producer(conf)
+    producer.init_transactions(WAIT_S)
+    producer.begin_transaction()
+    producer.produce(topic, b"in-a-transaction")
+    producer.commit_transaction(WAIT_S)
+    consumer = Consumer(_config(secure_cluster, **{"group.id": f"{topic}-r",
+                                                   "auto.offset.reset": "earliest",
+                                                   "isolation.level": "read_committed"}))
+    try:
+        consumer.subscribe([topic])
+        got = consume_confluent(consumer, 2)
+    finally:
+        consumer.close()
+    assert sorted(m.value() for m in got) == [b"in-a-transaction", b"v"]

@@ -265,16 +265,8 @@ class SimServer(Node, kera_server.Server):
                 raise BadRequest(f"{len(parts) - 1} payload frames exceed {wire.MAX_FRAMES}")
             if isinstance(header, BadRequest):
                 raise header
-            req_id = header.get("id")
-            if not isinstance(req_id, int) or isinstance(req_id, bool):
-                raise BadRequest("missing or non-integer request id")
-            fields = wire.Fields(header)
-            if fields.int("v", lo=0, hi=255) != wire.PROTOCOL_VERSION:
-                raise BadRequest(f"protocol version {header['v']} is not {wire.PROTOCOL_VERSION}")
-            op = fields.str("op", hi=64)
-            handler = self.handlers.get(op)
-            if handler is None:
-                raise BadRequest(f"unknown op '{op}'")
+            req_id = wire.request_id_of(header)
+            fields, op, handler = wire.request_envelope(header, self.handlers)
             req = SimRequest(src, src_inc, req_id, op, fields, [Frame(memoryview(p)) for p in parts[1:]])
             result = self._guarded(handler, req, kera_errors_pass=True)
         except KeraError as err:

@@ -133,3 +133,21 @@ def test_binding_refuses_another_key_for_a_bound_id():
     with pytest.raises(NotAuthorized, match="role is client"):
         acl_ops.check_binding("broker", 1, None, ALICE)
     acl_ops.check_binding("broker", 0, "broker-0", None)          # plaintext
+
+
+def test_one_broker_key_registers_one_broker_id():
+    from kera.coordinator.core import Coordinator
+
+    def register(principal, member_id=None, port=1):
+        fields = {"kind": "broker", "address": f"10.0.0.1:{port}", "node": "n"}
+        if member_id is not None:
+            fields["daemon_id"] = member_id
+        return c.handle("register", fields, 0.0, principal)["daemon_id"]
+
+    c = Coordinator(0.0)
+    assert register(BROKER0, 0) == 0
+    with pytest.raises(NotAuthorized, match="is broker 0 already.*kera keys create"):
+        register(BROKER0, 7, port=2)                      # an id of its choosing
+    assert register(BROKER0, port=1) == 0                 # no id given: its own again
+    assert register(Principal("broker-1", "broker"), port=3) == 1
+    assert register(None, 9, port=4) == 9                 # plaintext: ids are not bound

@@ -10,6 +10,7 @@ import pytest
 
 from kera.broker import compactor
 from kera.broker.rebuild import StreamletRebuild
+from kera.broker.tier import TierConfig
 from kera.codec import chunk
 from kera.consumer.cursor import FetchCursor, cursors_with_epochs
 
@@ -199,7 +200,7 @@ def test_a_pass_maps_a_bounded_number_of_dirty_segments_and_the_next_goes_on(mon
     assert rows(b) == latest(written, ends[-1])
 
 
-def test_min_compaction_lag_and_policy_choose_what_is_compacted():
+def test_min_compaction_lag_and_policy_choose_what_is_compacted(tmp_path):
     backups = FakeBackups()
     b = broker(desc(min_compaction_lag_ms=5000))
     b.set_wall_clock(1000)
@@ -207,10 +208,30 @@ def test_min_compaction_lag_and_policy_choose_what_is_compacted():
     c = compactor.Compactor(b)
     assert c.next_pass(3000) is None          # every group appended to less than 5 s ago
     assert c.next_pass(7000) is not None
-    for other in (desc(cleanup_policy="delete"), {**desc(), "replication": 1}):
-        b = broker(other)
-        produce(b, backups)
-        assert compactor.Compactor(b).next_pass(10**9) is None
+    b = broker(desc(cleanup_policy="delete"))   # not compacted: a delete-policy stream
+    produce(b, backups)
+    assert compactor.Compactor(b).next_pass(10**9) is None
+    # An R=1 stream of a broker with a data dir: its segments' files are rewritten
+    # (tests/unit/test_compaction_files.py).
+    b = broker({**desc(), "replication": 1}, tier=TierConfig(root=tmp_path))
+    produce(b, backups)
+    job = compactor.Compactor(b).next_pass(10**9)
+    assert job is not None and job.on_file and not job.replicated
+
+
+def test_an_r1_stream_without_a_data_dir_is_swapped_as_soon_as_built():
+    backups = FakeBackups()
+    b = broker({**desc(), "replication": 1})
+    written = produce(b, backups)
+    c = compactor.Compactor(b)
+    end = finished_end(b)
+    job = c.next_pass(1000)
+    assert job is not None and not job.replicated
+    c.built(compactor.run_pass(job), None)
+    assert c.pending is None and c.passes == 1   # nothing to wait for
+    got = rows(b)
+    assert got == latest(written, end) and len(got) < len(written)
+    assert not backups.replicas                  # no virtual log carried the rewrite
 
 
 def test_the_pass_reads_the_memory_it_was_given_even_once_its_segment_lets_it_go():

@@ -119,3 +119,24 @@ def test_an_unknown_compression_code_is_refused():
     buf[4:8] = chunk.header_crc(buf).to_bytes(4, "little")
     with pytest.raises(CorruptChunk, match="unknown compression"):
         chunk.read_header(buf)
+
+
+def test_a_conflict_over_a_record_not_yet_durable_is_retriable_until_it_is():
+    """The lock table takes a lock at append; a refusal is final only once the record that
+    took it is durable (a failed-over broker's last appends may never be)."""
+    from kera.broker.core import Broker, BrokerConfig
+    from kera.errors import NotReady
+    from tests.unit.test_broker_core import ME
+    from tests.unit.test_broker_replication import FakeBackups, ack, backup_list
+    b = Broker("n1", BrokerConfig(replication_timeout_s=2.0), broker_id=ME)
+    b.apply_metadata([desc(R=2)], 1)
+    b.set_backups(backup_list(1), 0.0)
+    fb = FakeBackups()
+    b.produce("first", [cond([7], -1)], 0.0)           # record 0 takes lock 7, not durable yet
+    r = answer(b, cond([7], -1))
+    assert r[0] == "not_ready" and r[2] is True        # retriable: not a conflict yet
+    ack(b, fb, b.sync(0.0))
+    b.take_replies()
+    err = from_reply(*answer(b, cond([7], -1)))
+    assert isinstance(err, LockConflict) and (err.lock, err.number) == (7, 0)
+    assert not isinstance(err, NotReady)

@@ -2,6 +2,7 @@
 state they described, a torn last record is ignored with a warning, damage is refused, and the
 log folds into a snapshot when long."""
 
+import json
 import logging
 import random
 
@@ -190,3 +191,17 @@ def test_crash_before_the_background_snapshot_is_written_loses_nothing(tmp_path,
     # The old snapshot and both logs: replayed one after the other.
     assert len(list(tmp_path.glob("*.log"))) == 2
     assert store.load(tmp_path) == c.to_state()
+
+
+def test_a_snapshot_encoded_in_steps_is_the_state_encoded_at_once(monkeypatch):
+    """The off-loop snapshot encodes the replica map in bounded steps; what it writes loads
+    as the one-call encoding does."""
+    monkeypatch.setattr(store, "SNAPSHOT_ENCODE_ENTRIES", 7)
+    rng = random.Random(5)
+    tables = {bid: {(rng.randrange(4), v): sorted(rng.sample(range(9), 2)) for v in range(n)}
+              for bid, n in ((0, 30), (1, 7), (2, 0), (3, 1))}
+    base = {"version": 9, "streams": {"s": {"id": 1}}, "log_generation": 4}
+    whole = {**base, "replicas": {str(bid): [[vl, vs, b] for (vl, vs), b in t.items()]
+                                  for bid, t in tables.items() if t}}
+    assert json.loads(store.encode_snapshot(base, tables)) == whole
+    assert json.loads(store.encode_snapshot({}, {})) == {"replicas": {}}

@@ -64,13 +64,31 @@ def test_records_numbered_right_after_the_last_applied_are_fresh_across_groups()
 def test_a_hole_in_the_numbers_is_a_delivery_gap_naming_them():
     cursor = TargetCursor("t")
     cursor.resumed({("s", 0): Applied("s", 0, 0, 8, 8)})
-    with pytest.raises(DeliveryGap, match=r"numbers 9..11 were deleted.*number to 11"):
-        cursor.fresh([numbered(0, 12)])
+    # Retention deletes whole groups: its holes span at least one (here group 1).
+    with pytest.raises(DeliveryGap, match=r"numbers 9..24 were deleted.*number to 24"):
+        cursor.fresh([numbered(0, 25)])
     with pytest.raises(DeliveryGap, match="went backwards"):   # newer position, lower number
         cursor.fresh([rec(0, 5, 0, number=3)])
     with pytest.raises(DeliveryGap):                           # a hole inside one batch
-        cursor.fresh([numbered(0, 9), numbered(0, 11)])
+        cursor.fresh([numbered(0, 9), numbered(0, 21)])
     assert cursor.fresh([numbered(1, 40)]) == [numbered(1, 40)]   # nothing applied there yet
+
+
+def test_numbers_the_broker_steps_over_are_not_a_gap():
+    """Transaction markers and aborted transactions' chunks take record numbers the broker
+    never serves (docs/TRANSACTIONS.md): holes inside the applied record's group, or at the
+    end of it, that only the broker's skipping can leave."""
+    cursor = TargetCursor("t")
+    cursor.resumed({("s", 0): Applied("s", 0, 0, 3, 3)})
+    marker_skipped = rec(0, 0, 5, number=5)                 # number 4 was a marker
+    assert cursor.fresh([marker_skipped]) == [marker_skipped]
+    cursor.acknowledged([marker_skipped])
+    aborted_then_next_group = [rec(0, 0, 9, number=9), rec(0, 1, 0, number=11)]
+    assert cursor.fresh(aborted_then_next_group) == aborted_then_next_group
+    number_only = TargetCursor("t")                          # no position: cannot tell
+    number_only.resumed({("s", 0): Applied("s", 0, None, None, 3)})
+    with pytest.raises(DeliveryGap):
+        number_only.fresh([marker_skipped])
 
 
 def test_a_target_keeping_only_the_number_resumes_and_deduplicates_by_it():

@@ -153,3 +153,9 @@ def test_group_admin_names_the_coordinator_refuses_a_reset_with_members_and_writ
     assert (op, fields) == ("kafka_offset_commit", {"group": "g", "offsets": offsets})
     reply({}, None)
     assert done == [None]
+
+
+@pytest.mark.parametrize("committed,shift,expected", [
+    (30, 5, 35), (30, -5, 25), (12, -5, 10), (48, 5, 50)])
+def test_shift_by_moves_the_committed_offset_within_what_is_retained(committed, shift, expected):
+    assert reset_offset((10, 50), None, None, None, committed, shift) == expected

@@ -14,6 +14,11 @@ the last record it applied and/or its position (group, offset). kera's own targe
 - Checking: a record newer than the last applied must be numbered exactly one more. Anything
   else is a `DeliveryGap` (records deleted by retention before the target got them, or
   numbering that restarted): the target is given up with that message, never fed past a hole.
+  Except numbers the broker steps over (`_skipped`): transaction markers, aborted
+  transactions' records (docs/TRANSACTIONS.md) and compacted-away records. The broker skips
+  whole chunks, so those holes lie inside the applied record's group or at the start of the
+  next one; retention deletes whole groups, so its holes span at least a group. A hole of a
+  target known by its number only (no position) cannot be told apart: it stays a gap.
 - Streams with Q>1 are refused (`check_orderable`): their streamlets hold Q sequences in
   parallel, and one last-applied record does not say what of the others was applied.
 Targets written before numbers may return plain Positions: they resume and deduplicate by
@@ -103,10 +108,17 @@ def _newer(record: Record, done: Applied) -> bool:
     return record.number is None or record.number > done.number
 
 
+def _skipped(record: Record, done: Applied) -> bool:
+    """Whether numbers between `done` and `record` may be ones the broker steps over (see the
+    module doc): a forward jump within the applied record's group or into the next group."""
+    return (done.group is not None and record.number > done.number
+            and done.group <= record.group <= done.group + 1)
+
+
 def _check_next(record: Record, done: Applied | None, target: str) -> None:
     if done is None or done.number is None or record.number is None:
         return
-    if record.number != done.number + 1:
+    if record.number != done.number + 1 and not _skipped(record, done):
         raise DeliveryGap(
             f"target {target}: after record number {done.number} of {record.stream}/"
             f"{record.streamlet} it was offered number {record.number} (group {record.group} "
