@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from kera.net.acl import Acl, Acls
 from kera.errors import NotAuthorized
-from kera.net.keys import Principal, check_name
+from kera.net.keys import Principal, check_principal
 from kera.net.quota import KINDS, Quotas
 
 PRINCIPAL_FIELD = "principal"
@@ -115,7 +115,7 @@ def ops(access: AccessState, bump) -> dict:
     def listing(f, now):
         principal = f.str(PRINCIPAL_FIELD, None, hi=255)
         if principal is not None and principal != "*":
-            check_name(principal)
+            check_principal(principal)
         return {"acls": access.acls.listing(principal, f.str("resource", None, hi=255)),
                 "acl_version": access.version}
 

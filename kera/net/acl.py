@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kera.errors import BadRequest
-from kera.net.keys import Principal, check_name
+from kera.net.keys import Principal, check_principal
 
 OPERATIONS = ("read", "write", "describe", "create", "delete", "alter", "all")
 # `transactional_id`: Kafka's TransactionalId (kera.coordinator.transactions): write to use one,
@@ -67,7 +67,7 @@ class Acl:
                              "resource, pattern], all strings")
         principal, permission, operation, rtype, resource, pattern = value
         if principal != ANY_PRINCIPAL:
-            check_name(principal)
+            check_principal(principal)
         for what, got, allowed in (("permission", permission, PERMISSIONS),
                                    ("operation", operation, OPERATIONS),
                                    ("resource type", rtype, RESOURCE_TYPES),

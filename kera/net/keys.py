@@ -78,6 +78,15 @@ def check_name(name: str) -> str:
     return name
 
 
+def check_principal(name: str) -> str:
+    """check_name for a principal named in a request (an ACL, a quota): bad_request, since no
+    key file is involved."""
+    try:
+        return check_name(name)
+    except KeyFileError as err:
+        raise BadRequest(err.message) from None
+
+
 def check_role(role: str) -> str:
     if role not in ROLES:
         raise KeyFileError(f"role {role!r} is not one of {', '.join(ROLES)}")

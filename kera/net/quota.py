@@ -12,7 +12,7 @@ dropped connection for going too fast. Quotas apply per broker, as Kafka's do.
 from __future__ import annotations
 
 from kera.errors import BadRequest, Throttled
-from kera.net.keys import check_name
+from kera.net.keys import check_principal
 
 KINDS = ("produce", "fetch")
 DEFAULT_PRINCIPAL = "*"
@@ -33,7 +33,7 @@ class Quotas:
 
     def set(self, principal: str, kind: str, bytes_per_s: int | None) -> None:
         if principal != DEFAULT_PRINCIPAL:
-            check_name(principal)
+            check_principal(principal)
         if kind not in KINDS:
             raise BadRequest(f"quota kind {kind!r} is not one of {', '.join(KINDS)}")
         if bytes_per_s is None:

@@ -2,8 +2,10 @@
 run as the writes go on, so a kill at a random moment after them lands before, during or after
 a pass's replication and swap; the broker taking over rebuilds each segment wholly original or
 wholly rewritten from the backups, compacts on, and a consumer from the beginning then reads
-exactly one record per key, its latest value, in number order. An R=1 broker with a data dir
-killed so is restarted from its --dir instead, with the same answer. The delay prints with the
+exactly one record per key, its latest value, in number order. A backup killed so (the pass's
+replication then goes on without it) and restarted gives the same answer, read from the broker
+and then, with the broker killed too, from the backups. An R=1 broker with a data dir killed
+so is restarted from its --dir instead, with the same answer. The delay prints with the
 failure and reproduces the round."""
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from kera import Producer
 from kera.net import rpc
 
+from faultkit import wait_for
 from tests.integration.test_compaction_passes import read_until
 
 KiB = 1024
@@ -58,6 +61,40 @@ def test_kill_9_while_compacting_keeps_each_key_latest_value(fresh_cluster, seed
     time.sleep(delay_s)
     passes = rpc.call(owner, "stats", timeout_s=5.0)[0]["stats"]["compaction_passes"]
     print(f"passes before the kill: {passes}")
+    cluster.kill_broker([d.address for d in cluster.brokers].index(owner))
+    with cluster.admin() as admin:
+        admin.wait_ready(stream, 30.0)
+    got = read_until(cluster, stream, latest, time.monotonic() + WAIT_S)
+    assert {r.key: r.value for r in got} == latest and len(got) == len(latest)
+    assert [r.number for r in got] == sorted(r.number for r in got)
+
+
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_kill_9_of_a_backup_while_compacting_keeps_each_key_latest_value(fresh_cluster, seed):
+    delay_s = random.Random(seed).uniform(0.0, 2.5)
+    print(f"seed {seed}: backup killed {delay_s:.2f} s after the writes")
+    cluster = fresh_cluster(brokers=2, backups=2, log_level="WARNING", heartbeat_interval_ms=100,
+                            extra_coordinator_args=["--heartbeat-missed-max", "30"])
+    stream = f"compact-backup-kill-{seed}"
+    with cluster.admin() as admin:
+        admin.create_stream(stream, streamlets=1, replication=2, segment_size_bytes=32 * KiB,
+                            group_segments=2, cleanup_policy="compact",
+                            min_cleanable_dirty_ratio=0.01)
+    latest = write(cluster, stream)
+    with Producer(cluster.bootstrap) as p:
+        owner = p._meta.address_of(p.stream_info(stream).id, 0)
+    time.sleep(delay_s)
+    victim = random.Random(seed).randrange(len(cluster.backups))
+    cluster.kill_backup(victim)
+    # Declared dead, its replicas are re-replicated (passes go on meanwhile); back, it serves
+    # again: then the broker's kill below is a second, separate fault.
+    wait_for(lambda: not rpc.call(cluster.bootstrap, "cluster", timeout_s=2.0)[0]["backups"]
+             [victim]["alive"], f"backup {victim} to be declared dead")
+    cluster.restart_backup(victim)
+    got = read_until(cluster, stream, latest, time.monotonic() + WAIT_S)
+    assert {r.key: r.value for r in got} == latest and len(got) == len(latest)
+    passes = rpc.call(owner, "stats", timeout_s=5.0)[0]["stats"]["compaction_passes"]
+    print(f"passes before the broker kill: {passes}")
     cluster.kill_broker([d.address for d in cluster.brokers].index(owner))
     with cluster.admin() as admin:
         admin.wait_ready(stream, 30.0)

@@ -151,3 +151,12 @@ def test_one_broker_key_registers_one_broker_id():
     assert register(BROKER0, port=1) == 0                 # no id given: its own again
     assert register(Principal("broker-1", "broker"), port=3) == 1
     assert register(None, 9, port=4) == 9                 # plaintext: ids are not bound
+
+
+def test_a_bad_principal_name_in_a_request_is_a_bad_request_not_a_key_file_error():
+    from kera.net.quota import Quotas
+    with pytest.raises(BadRequest) as acl_err:
+        Acl.parse(["a/b", "allow", "read", "stream", "s", "literal"])
+    with pytest.raises(BadRequest) as quota_err:
+        Quotas().set("a/b", "produce", 100)
+    assert acl_err.value.code == quota_err.value.code == "bad_request"
