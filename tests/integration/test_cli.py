@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from kera.cli import main as cli
-from kera.cli.local import LocalCluster, free_port
+from kera.cli.local import LocalCluster
+
+from test_client_wrong_address import refused_address
 from kera.net.probe import PROBE_TIMEOUT_S
 
 LOW_SOFT_OPEN_FILES = 256   # a daemon started under a soft limit well below any hard one
@@ -178,13 +180,15 @@ WRONG_ADDRESS_BUDGET_S = PROBE_TIMEOUT_S + 3.0
 
 
 @pytest.mark.parametrize("address,expected", [
-    (lambda c: f"127.0.0.1:{free_port()}", "connection refused"),
-    (lambda c: "no-such-host.invalid:7000", "unknown host"),
-    (lambda c: c.backups[0].address, "not the coordinator"),
+    (lambda c, refused: refused, "connection refused"),
+    (lambda c, refused: "no-such-host.invalid:7000", "unknown host"),
+    (lambda c, refused: c.backups[0].address, "not the coordinator"),
 ], ids=["refused", "unknown-host", "daemon-not-coordinator"])
 def test_wrong_address_told_apart_quickly(coordinator, address, expected):
     started = time.monotonic()
-    proc = kera("stream", "list", "--bootstrap", address(coordinator), "--timeout-s", "10")
+    with refused_address() as refused:
+        proc = kera("stream", "list", "--bootstrap", address(coordinator, refused),
+                    "--timeout-s", "10")
     elapsed_s = time.monotonic() - started
     assert proc.returncode == 1 and expected in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and elapsed_s < WRONG_ADDRESS_BUDGET_S
@@ -192,8 +196,8 @@ def test_wrong_address_told_apart_quickly(coordinator, address, expected):
 
 @pytest.mark.parametrize("command", [["stream", "list"], ["group", "list"], ["cluster"]])
 def test_a_bootstrap_list_goes_on_past_a_dead_address(coordinator, command):
-    dead = f"127.0.0.1:{free_port()}"
-    proc = kera(*command, "--bootstrap", f"{dead},{coordinator.bootstrap}")
+    with refused_address() as dead:
+        proc = kera(*command, "--bootstrap", f"{dead},{coordinator.bootstrap}")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip(), "the live coordinator answered"
 
