@@ -45,28 +45,38 @@ def write(cluster, stream) -> dict:
     return latest
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])
-def test_kill_9_while_compacting_keeps_each_key_latest_value(fresh_cluster, seed):
-    delay_s = random.Random(seed).uniform(0.0, 2.5)   # passes run every second
-    print(f"seed {seed}: kill {delay_s:.2f} s after the writes")
-    cluster = fresh_cluster(brokers=2, backups=2, log_level="WARNING")
-    stream = f"compact-kill-{seed}"
-    with cluster.admin() as admin:
-        admin.create_stream(stream, streamlets=1, replication=2, segment_size_bytes=32 * KiB,
-                            group_segments=2, cleanup_policy="compact",
-                            min_cleanable_dirty_ratio=0.01)
-    latest = write(cluster, stream)
-    with Producer(cluster.bootstrap) as p:
-        owner = p._meta.address_of(p.stream_info(stream).id, 0)
-    time.sleep(delay_s)
-    passes = rpc.call(owner, "stats", timeout_s=5.0)[0]["stats"]["compaction_passes"]
-    print(f"passes before the kill: {passes}")
+def kill_owner_then_read(cluster, stream: str, owner: str, latest: dict) -> None:
+    """kill -9 of the owner; the stream, failed over, gives each key's latest value once."""
     cluster.kill_broker([d.address for d in cluster.brokers].index(owner))
     with cluster.admin() as admin:
         admin.wait_ready(stream, 30.0)
     got = read_until(cluster, stream, latest, time.monotonic() + WAIT_S)
     assert {r.key: r.value for r in got} == latest and len(got) == len(latest)
     assert [r.number for r in got] == sorted(r.number for r in got)
+
+
+def compacted_stream(cluster, stream: str) -> tuple[dict, str]:
+    """An R=2 compacted stream written with `write`: (each key's latest value, its owner)."""
+    with cluster.admin() as admin:
+        admin.create_stream(stream, streamlets=1, replication=2, segment_size_bytes=32 * KiB,
+                            group_segments=2, cleanup_policy="compact",
+                            min_cleanable_dirty_ratio=0.01)
+    latest = write(cluster, stream)
+    with Producer(cluster.bootstrap) as p:
+        return latest, p._meta.address_of(p.stream_info(stream).id, 0)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_kill_9_while_compacting_keeps_each_key_latest_value(fresh_cluster, seed):
+    delay_s = random.Random(seed).uniform(0.0, 2.5)   # passes run every second
+    print(f"seed {seed}: kill {delay_s:.2f} s after the writes")
+    cluster = fresh_cluster(brokers=2, backups=2, log_level="WARNING")
+    stream = f"compact-kill-{seed}"
+    latest, owner = compacted_stream(cluster, stream)
+    time.sleep(delay_s)
+    passes = rpc.call(owner, "stats", timeout_s=5.0)[0]["stats"]["compaction_passes"]
+    print(f"passes before the kill: {passes}")
+    kill_owner_then_read(cluster, stream, owner, latest)
 
 
 @pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow)])
@@ -76,13 +86,7 @@ def test_kill_9_of_a_backup_while_compacting_keeps_each_key_latest_value(fresh_c
     cluster = fresh_cluster(brokers=2, backups=2, log_level="WARNING", heartbeat_interval_ms=100,
                             extra_coordinator_args=["--heartbeat-missed-max", "30"])
     stream = f"compact-backup-kill-{seed}"
-    with cluster.admin() as admin:
-        admin.create_stream(stream, streamlets=1, replication=2, segment_size_bytes=32 * KiB,
-                            group_segments=2, cleanup_policy="compact",
-                            min_cleanable_dirty_ratio=0.01)
-    latest = write(cluster, stream)
-    with Producer(cluster.bootstrap) as p:
-        owner = p._meta.address_of(p.stream_info(stream).id, 0)
+    latest, owner = compacted_stream(cluster, stream)
     time.sleep(delay_s)
     victim = random.Random(seed).randrange(len(cluster.backups))
     cluster.kill_backup(victim)
@@ -95,12 +99,7 @@ def test_kill_9_of_a_backup_while_compacting_keeps_each_key_latest_value(fresh_c
     assert {r.key: r.value for r in got} == latest and len(got) == len(latest)
     passes = rpc.call(owner, "stats", timeout_s=5.0)[0]["stats"]["compaction_passes"]
     print(f"passes before the broker kill: {passes}")
-    cluster.kill_broker([d.address for d in cluster.brokers].index(owner))
-    with cluster.admin() as admin:
-        admin.wait_ready(stream, 30.0)
-    got = read_until(cluster, stream, latest, time.monotonic() + WAIT_S)
-    assert {r.key: r.value for r in got} == latest and len(got) == len(latest)
-    assert [r.number for r in got] == sorted(r.number for r in got)
+    kill_owner_then_read(cluster, stream, owner, latest)
 
 
 @pytest.mark.parametrize("seed", [1, 2])
