@@ -742,7 +742,7 @@ class Consumer:
             raise BadRequest("commit() needs a consumer group: Consumer(..., group='name')")
         if message is not None and positions is not None:
             raise BadRequest("commit() takes positions or message, not both")
-        held = (self._after(message) if message is not None else
+        held = (self._position_after(message) if message is not None else
                 self.positions() if positions is None else list(positions))
         with self._state_lock:
             future = self._membership.commit(held)
@@ -752,15 +752,11 @@ class Consumer:
             return
         future.result(self.request_timeout_s if timeout_s is None else timeout_s)
 
-    def _after(self, record: Record) -> list[Position]:
-        """The position just after `record`: its group, the next offset. With one active group
-        per streamlet the groups below are finished once one of its records was read."""
+    def _position_after(self, record: Record) -> list[Position]:
         if self._info_of(record.stream).active_groups != 1:
             raise BadRequest(f"commit(message=) needs one active group per streamlet; "
                              f"'{record.stream}' has several: commit(positions) instead")
-        held = self.positions([(record.stream, record.streamlet)])   # the streamlet's history
-        return [Position(record.stream, record.streamlet, record.group, record.offset + 1,
-                         held[0].epoch if held else None)]
+        return position_after(record, self.positions([(record.stream, record.streamlet)]))
 
     def group_metadata(self) -> GroupMetadata:
         """This member's group, member id and epoch, for a transactional producer's
@@ -1040,3 +1036,11 @@ def _log_commit_failure(future) -> None:
     err = future.exception()
     if err is not None:
         log.warning("asynchronous commit failed: %s", err)
+
+
+def position_after(record: Record, held: list[Position]) -> list[Position]:
+    """The position just after `record` (its group, the next offset) in the streamlet history
+    of `held`, the consumer's positions there. With one active group per streamlet the groups
+    below are finished once one of its records was read."""
+    return [Position(record.stream, record.streamlet, record.group, record.offset + 1,
+                     held[0].epoch if held else None)]

@@ -59,7 +59,7 @@ def test_commit_and_abort_through_coordinator_and_broker(local_cluster):
         coord.call("txn_end", {**owner, "commit": False})
         _until(lambda: _read(broker, sid, "read_uncommitted"), [b"committed", b"aborted"],
                "read_uncommitted")
-        time.sleep(0.5)
+        time.sleep(0.5)   # the abort marker lands meanwhile: hidden open and once aborted
         assert _read(broker, sid, "read_committed") == [b"committed"]
     finally:
         coord.close()
