@@ -23,11 +23,18 @@ GROUPS_MAX = 1 << 20
 
 
 class GroupInfo(NamedTuple):
+    """One entry of a broker's group table (`offsets` and `fetch` replies), read by the
+    consumer and by the Spark connector (kera.spark.offsets)."""
     group: int
     slot: int
     start: int
     durable_end: int
     closed: bool
+
+    @property
+    def finished_at(self) -> int | None:
+        """The group's final offset when it can grow no more, else None."""
+        return self.durable_end if self.closed else None
 
 
 def parse_groups(groups) -> list[GroupInfo]:
@@ -37,7 +44,8 @@ def parse_groups(groups) -> list[GroupInfo]:
     out = []
     for entry in groups:
         if (not isinstance(entry, list) or len(entry) != 5 or not isinstance(entry[4], bool)
-                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in entry[:4])):
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in entry[:4])
+                or entry[2] > entry[3]):
             raise BadRequest(f"malformed group entry {entry!r}")
         out.append(GroupInfo(*entry))
     return out

@@ -22,9 +22,12 @@ from kera.codec import schema
 from kera.codec import wire
 from kera.config import STALL_PROBE_INTERVAL_S, STALL_PROBE_S
 from kera.errors import BadRequest, CorruptChunk, KeraError, PositionLost, Timeout, UnknownStream
+from kera.net.backoff import Backoff
 
-BACKOFF_MS_BASE = 5
 BACKOFF_MS_MAX = 1000
+# A failed read's wait before its part is fetched again (kera.net.backoff): after n failures in
+# a row, delay_s(n + 1), 10 ms after the first, doubling up to BACKOFF_MS_MAX.
+RETRY_BACKOFF = Backoff(first_ms=5, max_ms=BACKOFF_MS_MAX)
 # The broker's bound on reads in one fetch request (broker/core.py): a broker owning more parts
 # is read FETCH_READS_MAX of them per request, in turn.
 FETCH_READS_MAX = 4096
@@ -302,7 +305,7 @@ class FetchState:
             items.append(ErrorItem(err.__class__(
                 f"stream '{part[0]}' streamlet {part[1]}: {err.message}", retriable=False)))
             return
-        self.retry_at[part] = now + min(BACKOFF_MS_MAX, BACKOFF_MS_BASE << min(n, 10)) / 1000
+        self.retry_at[part] = now + RETRY_BACKOFF.delay_s(n + 1)
 
 
 def _parse_result(result):

@@ -39,14 +39,17 @@ from kera.codec import chunk as chunkcodec
 from kera.config import STALL_PROBE_INTERVAL_S, STALL_PROBE_S
 from kera.codec import schema
 from kera.codec.frame_pack import pack
+from kera.net.backoff import Backoff
 from kera.errors import KeraError, SequenceGap, Timeout, UnknownStream
 
 UNSENT, IN_FLIGHT, ACKED = 0, 1, 2
 U64 = 1 << 64
-BACKOFF_MS_BASE = 5
 # A lane's first unacknowledged chunk refused with sequence_gap this often: take a new identity.
 FRONT_GAP_ATTEMPTS_MAX = 8
 BACKOFF_MS_MAX = 1000
+# A retriable refusal's wait before the chunk is sent again (kera.net.backoff), by the chunk's
+# attempts so far + 1: 5 ms for a chunk not counted as sent, doubling per send.
+RETRY_BACKOFF = Backoff(first_ms=5, max_ms=BACKOFF_MS_MAX)
 
 
 def next_identity(producer_id: int, slot_stride: int) -> int:
@@ -424,8 +427,7 @@ class Pipeline:
                     lane.reidentify = True
         if error.retriable and c.attempts <= self.retries_max:
             self.stats["retries"] += 1
-            backoff_s = min(BACKOFF_MS_MAX, BACKOFF_MS_BASE << min(c.attempts, 10)) / 1000
-            lane.retry_at = max(lane.retry_at, now + backoff_s)
+            lane.retry_at = max(lane.retry_at, now + RETRY_BACKOFF.delay_s(c.attempts + 1))
         elif isinstance(error, UnknownStream) and not error.retriable:
             self._fail_stream(lane.stream_id, error)
         else:

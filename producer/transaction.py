@@ -28,6 +28,7 @@ kera.codec.txn.kera_producer_id) and sequences with TXN_SEQUENCE_BIT.
 from __future__ import annotations
 
 from kera.codec.txn import kera_producer_id
+from kera.net.backoff import Backoff
 from kera.errors import (BadRequest, InvalidTransactionTimeout, InvalidTxnState, KeraError,
                          ProducerFenced, TransactionTimedOut)
 
@@ -68,11 +69,12 @@ TRANSACTIONAL_ID_CHARS_MAX = 255
 # retry.backoff.ms is 100 ms): soon after the markers are durable, without spinning.
 RETRY_BACKOFF_MS_FIRST = 20
 RETRY_BACKOFF_MS_MAX = 500
+RETRY_BACKOFF = Backoff(RETRY_BACKOFF_MS_FIRST, RETRY_BACKOFF_MS_MAX)
 
 
 def retry_backoff_s(attempt: int) -> float:
     """The pause before retry number `attempt` (1, 2, ...) of a retriable coordinator call."""
-    return min(RETRY_BACKOFF_MS_MAX, RETRY_BACKOFF_MS_FIRST << min(attempt - 1, 16)) / 1000
+    return RETRY_BACKOFF.delay_s(attempt)
 
 
 def check_transactional_id(tid) -> str:

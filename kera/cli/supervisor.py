@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kera.net.backoff import Backoff
+
 # First wait before a restart; each restart that follows a short run doubles it, up to the max.
 RESTART_BACKOFF_MIN_S = 1.0
 RESTART_BACKOFF_MAX_S = 30.0
+RESTART_BACKOFF = Backoff(int(RESTART_BACKOFF_MIN_S * 1000), int(RESTART_BACKOFF_MAX_S * 1000))
 # A daemon that ran this long before exiting counts as healthy: its back-off starts over.
 STABLE_RUN_S = 60.0
 # Restarts after short runs in a row before giving up on a daemon (about 2.5 min of trying).
@@ -26,7 +29,6 @@ USAGE_EXIT_CODE = 2
 @dataclass
 class _Record:
     started_s: float
-    backoff_s: float = RESTART_BACKOFF_MIN_S
     quick_restarts: int = 0
     restart_at_s: float | None = None
     given_up: bool = False
@@ -50,14 +52,13 @@ class Supervisor:
             record.given_up = True
             return "not restarted: it refused its command line"
         if now - record.started_s >= STABLE_RUN_S:
-            record.backoff_s, record.quick_restarts = RESTART_BACKOFF_MIN_S, 0
+            record.quick_restarts = 0
         if record.quick_restarts >= QUICK_RESTARTS_MAX:
             record.given_up = True
             return f"not restarted: it failed {QUICK_RESTARTS_MAX} times in a row"
-        record.restart_at_s = now + record.backoff_s
         record.quick_restarts += 1
-        wait_s = record.backoff_s
-        record.backoff_s = min(2 * record.backoff_s, RESTART_BACKOFF_MAX_S)
+        wait_s = RESTART_BACKOFF.delay_s(record.quick_restarts)
+        record.restart_at_s = now + wait_s
         return f"restarting in {wait_s:.0f} s (attempt {record.quick_restarts})"
 
     def due(self, now: float) -> list[str]:

@@ -29,6 +29,7 @@ import time
 
 from kera.codec import chunk as chunkcodec
 from kera.net import rpc
+from kera.net.backoff import Backoff
 from kera.codec import schema, wire
 from kera.errors import KeraError, LockConflict, Timeout
 from kera.client.metadata import Metadata
@@ -38,10 +39,9 @@ from kera.producer.producer import new_producer_id
 
 DEFAULT_APPEND_TIMEOUT_S = 30.0   # one append, retries across a failover included
 # Attempts of one append: a broker failover takes a few (not_ready while recovering, not_owner
-# until the new placement is known), each after a backoff that doubles up to RETRY_BACKOFF_MAX_S.
+# until the new placement is known), each after a backoff that doubles up to a second.
 APPEND_ATTEMPTS_MAX = 100
-RETRY_BACKOFF_S = 0.05
-RETRY_BACKOFF_MAX_S = 1.0
+RETRY_BACKOFF = Backoff(first_ms=50, max_ms=1000)
 # While an append waits for its reply, how often the writer asks whether its streamlet moved: a
 # broker killed mid-request never answers, and its failover (~2-3 s) ends long before the
 # request timeout (10 s), after which the append goes to the new owner at once.
@@ -120,9 +120,8 @@ class ConditionalAppender:
     def _send(self, stream: str, sl: int, data: bytes) -> tuple:
         """Send until a definite answer: stored (its result) or refused for good (raised)."""
         deadline = time.monotonic() + self.timeout_s
-        backoff = RETRY_BACKOFF_S
         last: KeraError | None = None
-        for _ in range(APPEND_ATTEMPTS_MAX):
+        for attempt in range(1, APPEND_ATTEMPTS_MAX + 1):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -132,8 +131,7 @@ class ConditionalAppender:
                 if not err.retriable:
                     raise
                 last = err
-            time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
-            backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
+            time.sleep(min(RETRY_BACKOFF.delay_s(attempt), max(0.0, deadline - time.monotonic())))
             last = self._refresh(stream) or last
         raise Timeout(f"conditional append to {stream!r} streamlet {sl} not stored within "
                       f"{self.timeout_s} s (last error: {last})")

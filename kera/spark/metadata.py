@@ -12,6 +12,7 @@ import logging
 import time
 
 from kera.net import rpc
+from kera.net.backoff import Backoff
 
 from kera.codec import schema
 
@@ -23,15 +24,15 @@ from kera.spark.offsets import Cursor, GroupInfo, Groups, cursor_from_time, grou
 
 log = logging.getLogger(__name__)
 
-RETRY_PAUSE_S = 0.05
-RETRY_PAUSE_MAX_S = 1.0
+# Waits between attempts of one call (kera.net.backoff): 50 ms doubling to 1 s.
+RETRY_BACKOFF = Backoff(first_ms=50, max_ms=1000)
 
 
 StreamInfo = schema.StreamInfo
 
 
 def _pause(attempt: int) -> float:
-    return min(RETRY_PAUSE_MAX_S, RETRY_PAUSE_S * (2 ** min(attempt, 10)))
+    return RETRY_BACKOFF.delay_s(attempt + 1)
 
 
 class Metadata:

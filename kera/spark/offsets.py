@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, NamedTuple
+from typing import Mapping
 
+from kera.consumer.cursor import GroupInfo, parse_groups
 from kera.errors import KeraError
 
 EARLIEST = -2  # per-streamlet shorthand in user JSON, as in Spark's Kafka source
@@ -45,20 +46,6 @@ LATEST = -1
 class DataLoss(KeraError):
     """Records a query expected to read are gone (stream recreated, group missing or truncated)."""
     code = "data_loss"
-
-
-class GroupInfo(NamedTuple):
-    """One entry of a broker `offsets` / `fetch` reply: [g, slot, start, durable_end, closed]."""
-    g: int
-    slot: int
-    start: int
-    durable_end: int
-    closed: bool
-
-    @property
-    def finished_at(self) -> int | None:
-        """The group's final offset when it can grow no more, else None."""
-        return self.durable_end if self.closed else None
 
 
 class Groups(list):
@@ -86,20 +73,9 @@ def first_group(infos) -> int:
     return getattr(infos, "first_group", 0)
 
 
-def group_infos(raw: Iterable) -> list[GroupInfo]:
-    """Validate a broker's groups list and sort it by group id."""
-    out = []
-    for item in raw:
-        if not isinstance(item, (list, tuple)) or len(item) != 5:
-            raise KeraError(f"malformed group entry {item!r} in a broker reply")
-        g, slot, start, end, closed = item
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (g, slot, start, end)):
-            raise KeraError(f"malformed group entry {item!r} in a broker reply")
-        if start > end:
-            raise KeraError(f"group {g} starts at {start} after its durable end {end}")
-        out.append(GroupInfo(g, slot, start, end, bool(closed)))
-    out.sort()
-    return out
+def group_infos(raw) -> list[GroupInfo]:
+    """Validate a broker's groups list (kera.consumer.cursor.parse_groups) and sort it by group."""
+    return sorted(parse_groups(raw))
 
 
 @dataclass(frozen=True)
@@ -180,15 +156,15 @@ def _non_negative(value, what: str) -> int:
 
 def earliest(infos: list[GroupInfo]) -> Cursor:
     """Every record still stored."""
-    return Cursor(first_group(infos), {i.g: i.start for i in infos if i.start > 0},
+    return Cursor(first_group(infos), {i.group: i.start for i in infos if i.start > 0},
                   history_epoch(infos))
 
 
 def latest(infos: list[GroupInfo]) -> Cursor:
     """Past every durable record: groups that exist are listed at their durable end (a finished
     group stays listed: harmless, and it is dropped by the first batch)."""
-    return Cursor(infos[-1].g + 1 if infos else first_group(infos),
-                  {i.g: i.durable_end for i in infos}, history_epoch(infos))
+    return Cursor(infos[-1].group + 1 if infos else first_group(infos),
+                  {i.group: i.durable_end for i in infos}, history_epoch(infos))
 
 
 def parse_boundary(spec: str, streams: list[str], default: int) -> dict[str, dict[int, object]]:
@@ -271,7 +247,7 @@ def resolve(boundary: Mapping, sl: int, infos: list[GroupInfo]) -> Cursor:
 def check_loss(start: Cursor, infos: list[GroupInfo], where: str) -> list[str]:
     """Problems that mean records `start` still has to read are gone."""
     problems = []
-    known = {i.g: i for i in infos}
+    known = {i.group: i for i in infos}
     first = first_group(infos)
     if start.next < first:
         problems.append(f"{where} groups [{start.next}, {first}) were deleted by retention")
@@ -284,8 +260,8 @@ def check_loss(start: Cursor, infos: list[GroupInfo], where: str) -> list[str]:
         elif off > info.durable_end:
             problems.append(f"{where} group {g} is at {off}, past its durable end {info.durable_end}")
     for info in infos:
-        if info.g >= start.next and info.g not in start.groups and info.start > 0:
-            problems.append(f"{where} group {info.g} records [0, {info.start}) are gone")
+        if info.group >= start.next and info.group not in start.groups and info.start > 0:
+            problems.append(f"{where} group {info.group} records [0, {info.start}) are gone")
     return problems
 
 
@@ -302,19 +278,19 @@ def advance(start: Cursor, infos: list[GroupInfo], cap: Cursor | None = None,
         s = _start_of(start, info)
         if s is None:
             continue
-        e = heads.get(info.g, s)
+        e = heads.get(info.group, s)
         # Drop a group only once it was already finished at the batch's start: a group
         # finished during this batch keeps its final offset listed (see module docstring).
         if info.closed and s >= info.durable_end and s == e:
             continue
-        groups[info.g] = e
-    nxt = max(start.next, infos[-1].g + 1 if infos else 0, first_group(infos))
+        groups[info.group] = e
+    nxt = max(start.next, infos[-1].group + 1 if infos else 0, first_group(infos))
     epoch = history_epoch(infos)
     return Cursor(nxt, groups, start.epoch if epoch is None else epoch)
 
 
 def _start_of(start: Cursor, info: GroupInfo) -> int | None:
-    s = start.position(info.g)
+    s = start.position(info.group)
     if s is None:
         return None
     return max(s, info.start)  # records below start are gone (check_loss reports them)
@@ -340,10 +316,10 @@ def _heads(start: Cursor, infos: list[GroupInfo], cap: Cursor | None) -> dict[in
             if not blocked:
                 e = max(s, info.durable_end)
                 if cap is not None:
-                    limit = cap.position(info.g)
+                    limit = cap.position(info.group)
                     if limit is not None:  # None: the cap has the group finished
                         e = max(s, min(e, limit))
-            heads[info.g] = e
+            heads[info.group] = e
             if not (info.closed and e >= info.durable_end):
                 blocked = True
     return heads
@@ -354,7 +330,7 @@ def _apply_budget(start: Cursor, infos: list[GroupInfo], heads: dict[int, int],
     """Share `max_records` among slot chains in proportion to what each has available, then
     walk each chain in order."""
     chains = _chains(infos)
-    avail = {slot: sum(heads[i.g] - _start_of(start, i) for i in chain if i.g in heads)
+    avail = {slot: sum(heads[i.group] - _start_of(start, i) for i in chain if i.group in heads)
              for slot, chain in chains.items()}
     if sum(avail.values()) <= max_records:
         return heads
@@ -363,11 +339,11 @@ def _apply_budget(start: Cursor, infos: list[GroupInfo], heads: dict[int, int],
     for slot, chain in chains.items():
         budget = shares[slot]
         for info in chain:
-            if info.g not in heads:
+            if info.group not in heads:
                 continue
             s = _start_of(start, info)
-            take = min(budget, heads[info.g] - s)
-            out[info.g] = s + take
+            take = min(budget, heads[info.group] - s)
+            out[info.group] = s + take
             budget -= take
     return out
 
@@ -402,7 +378,7 @@ def plan(start: Cursor, end: Cursor, infos: list[GroupInfo] | None = None) -> li
     A group that `end` has finished without listing it is read to its final offset from
     `infos` (a user-written endingOffsets). Without `infos` such a group has nothing left:
     `advance` drops a group only once the start is already at its end."""
-    final = {i.g: i.finished_at for i in infos or ()}
+    final = {i.group: i.finished_at for i in infos or ()}
     out = []
     candidates = set(start.groups) | set(end.groups) | set(range(start.next, end.next))
     for g in sorted(candidates):
@@ -442,7 +418,7 @@ def group_positions(cursor: Cursor, infos) -> list[list]:
     it is listed here at its final offset, taken from `infos` (the streamlet's groups). One
     absent from `infos` was deleted by retention: left out, as a reader cannot go there."""
     low = min([*cursor.groups, cursor.next])
-    ends = {i.g: i.durable_end for i in infos or ()}
+    ends = {i.group: i.durable_end for i in infos or ()}
     out = []
     for g in range(low, cursor.next):
         offset = cursor.groups.get(g, ends.get(g))

@@ -153,7 +153,7 @@ def test_parse_boundary():
 
 
 def test_group_infos_validates_broker_reply():
-    assert ko.group_infos([[1, 0, 0, 3, True], [0, 1, 0, 2, False]])[0].g == 0
+    assert ko.group_infos([[1, 0, 0, 3, True], [0, 1, 0, 2, False]])[0].group == 0
     for bad in ([[0, 0, 0]], [[0, 0, 5, 3, False]], [[-1, 0, 0, 0, False]], ["x"]):
         with pytest.raises(Exception):
             ko.group_infos(bad)

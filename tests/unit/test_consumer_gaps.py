@@ -11,6 +11,7 @@ import pytest
 from kera.codec import chunk
 from kera.codec.position import Position
 from kera.consumer.batch import Batch
+from kera.consumer.cache import Cache
 from kera.consumer.consumer import Consumer
 from kera.consumer.cursor import (ChunkItem, ConsumedCursor, FetchCursor, cursors_with_epochs)
 from kera.consumer.fetching import FetchState
@@ -110,11 +111,17 @@ def test_batch_of_an_ordinary_chunk_is_unchanged():
 
 def cache(chunks_and_skips, low=0, offsets=None):
     """A Consumer's caller side (no request thread) holding these fetched chunks."""
+    c = caller_side({PART: ConsumedCursor(0, low, offsets)}, 64)
+    c._cache.push([ChunkItem(PART, ch, skip) for ch, skip in chunks_and_skips])
+    return c
+
+
+def caller_side(consumed: dict, chunks_max: int) -> Consumer:
+    """A Consumer without metadata or request thread: its cache (kera.consumer.cache) only."""
     c = Consumer.__new__(Consumer)
-    c._init_cache()
-    c.cache_chunks_max = 64
-    c._consumed = {PART: ConsumedCursor(0, low, offsets)}
-    c._push([ChunkItem(PART, ch, skip) for ch, skip in chunks_and_skips])
+    c.cache_chunks_max = chunks_max
+    c._cache = Cache(chunks_max, wake=lambda: None)
+    c._cache.consumed = consumed
     return c
 
 
@@ -149,10 +156,8 @@ def fetch_all(b, cursor, fetch_max=2048):
     into its cache, until the broker has nothing more."""
     st = FetchState({"s1": 1}, {("s1", 0): cursor}, fetch_max_bytes=fetch_max,
                     request_timeout_s=1.0, idle_wait_s=0.0)
-    c = Consumer.__new__(Consumer)
-    c._init_cache()
-    c.cache_chunks_max = 1 << 20
-    c._consumed = {("s1", 0): ConsumedCursor(0, cursor.low, cursor.offsets, cursor.epoch)}
+    c = caller_side({("s1", 0): ConsumedCursor(0, cursor.low, cursor.offsets, cursor.epoch)},
+                    1 << 20)
     for req_id in range(1, 10_000):
         (broker, reads, parts), = st.build(float(req_id), lambda sid, sl: "b")
         st.sent(broker, req_id, parts, float(req_id))
@@ -161,7 +166,7 @@ def fetch_all(b, cursor, fetch_max=2048):
                             float(req_id))
         if not items:
             return c
-        c._push(items)
+        c._cache.push(items)
     raise AssertionError("the read did not end")
 
 

@@ -31,12 +31,14 @@ from typing import NamedTuple
 
 from kera.errors import BadRequest, DeliveryGap
 from kera.codec.position import Position, Record
+from kera.net.backoff import Backoff
 
 # Backoff after a failed target call: doubling from the first delay up to the cap, reset by a
 # success. The cap keeps a recovered target from waiting long; the limit bounds how long a
 # deliverer keeps retrying a broken target (about 3 min with these) before giving it up.
 BACKOFF_FIRST_MS = 100
 BACKOFF_CAP_MS = 5_000
+BACKOFF = Backoff(BACKOFF_FIRST_MS, BACKOFF_CAP_MS)
 RETRIES_MAX = 40
 # Records per apply() at most: bounds a target transaction's size and what a failure redoes.
 BATCH_RECORDS_MAX = 1_000
@@ -170,8 +172,7 @@ class TargetCursor:
         """Count a failed attempt and schedule the next; False: the retry limit is reached
         and the target is to be given up."""
         self.failures += 1
-        delay_ms = min(BACKOFF_CAP_MS, BACKOFF_FIRST_MS * 2 ** min(self.failures - 1, 16))
-        self.retry_at_s = now_s + delay_ms / 1000
+        self.retry_at_s = now_s + BACKOFF.delay_s(self.failures)
         return self.failures <= self.retries_max
 
 
