@@ -34,6 +34,7 @@ import hmac
 import logging
 from bisect import bisect_right
 import os
+import random
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
@@ -214,7 +215,10 @@ class Coordinator:
         self.groups.foreign_names = lambda: self.kafka_offsets.groups.keys()
         # Transactions (kera.coordinator.transactions): their state persists with the rest, and
         # a commit decision's positions go to the group stores in the same change.
-        self.transactions = transactions.Transactions()
+        # Its producer ids come from the token source when one is given (a test's, or the
+        # simulation's through DaemonEnv.new_token), so that a seeded run issues the same ones.
+        self.transactions = transactions.Transactions(
+            None if token_source is None else _producer_ids(token_source))
         self._txn_expired_s = now
         self.now = now     # the clock of the latest request or tick (for stream deletions)
         # ACLs and their version (kera.coordinator.acl_ops); `caller` is the principal of the
@@ -1102,6 +1106,19 @@ class Coordinator:
                     table[(_nonneg(vlog), _nonneg(vseg))] = [_nonneg(b) for b in backups]
         except (KeyError, TypeError, AttributeError, BadRequest) as exc:
             raise ValueError(f"malformed coordinator state: {exc.__class__.__name__}: {exc}") from None
+
+
+def _producer_ids(token_source):
+    """Transactional producer ids drawn from a generator seeded by one token, taken at the
+    first id (a run without transactions takes none)."""
+    rng = None
+
+    def issue() -> int:
+        nonlocal rng
+        if rng is None:
+            rng = random.Random(token_source())
+        return 1 + rng.randrange(transactions.PRODUCER_ID_MAX)
+    return issue
 
 
 def new_token() -> str:

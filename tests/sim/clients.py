@@ -26,6 +26,7 @@ from kera.client.stream_cache import StreamCache
 from kera.producer import Producer
 
 from tests.sim.checker import Checker, InvariantBroken, record_value
+from tests.sim.compaction import ID_HEADER, identity
 from tests.sim.network import Network
 from tests.sim.shell import SimHost, SimServer
 
@@ -165,7 +166,7 @@ class SimProducer(Client):
 
     def __init__(self, net, address, rng, checker, coordinator, *, client: int, producer_id: int,
                  streams: list[str], request_timeout_s: float, interval_s: float,
-                 records_max: int, outstanding_max: int = 64):
+                 records_max: int, outstanding_max: int = 64, batch_max: int = 24):
         super().__init__(net, address, f"producer {client}", rng, checker, coordinator)
         self.client = client
         self.producer_id = producer_id
@@ -174,6 +175,7 @@ class SimProducer(Client):
         self.interval_s = interval_s
         self.records_max = records_max
         self.outstanding_max = outstanding_max
+        self.batch_max = batch_max
         self.producing = False
         self.records = 0
         self.next_n: dict[tuple[int, int], int] = {}
@@ -199,7 +201,7 @@ class SimProducer(Client):
         pending = sum(self.outstanding.values())
         if known and pending < self.outstanding_max and self.records < self.records_max:
             info = self.rng.choice(known)
-            self._send_batch(info, self.rng.randrange(info.streamlets), self.rng.randint(1, 24))
+            self._send_batch(info, self.rng.randrange(info.streamlets), self.rng.randint(1, self.batch_max))
         unknown = [n for n in self.streams if n not in self.cache.by_name]
         if unknown:
             self.engine.want_describe(unknown)
@@ -235,6 +237,39 @@ class SimProducer(Client):
     def idle(self, lost: set) -> bool:
         """Nothing left to send, but records for streamlets whose broker is gone for good."""
         return all(key in lost for key, n in self.outstanding.items() if n > 0)
+
+
+class SimKeyedProducer(SimProducer):
+    """A producer of keyed updates and deletes (a None value: a tombstone) to a compacted
+    stream, each record's identity in a header (tests/sim/compaction.py), so that the ledger
+    follows tombstones and superseded records too."""
+
+    def __init__(self, *args, ledger, keys: int, tombstone_rate: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ledger = ledger
+        self.keys = keys
+        self.tombstone_rate = tombstone_rate
+
+    def _send_batch(self, info: StreamInfo, sl: int, count: int) -> None:
+        key = (info.id, sl)
+        first = self.next_n.get(key, 0)
+        ts_us = int(self.sched.now * 1e6)
+        for n in range(first, first + count):
+            k = b"k%d" % self.rng.randrange(self.keys)
+            value = None if self.rng.random() < self.tombstone_rate else \
+                record_value(self.client, info.id, sl, n, self.rng.randrange(0, 48))
+            self.ledger.sending(self.client, info.id, sl, n, k, value)
+            self.outstanding[key] += 1
+            self.producer.send(info.name, value, key=k, timestamp=ts_us, streamlet=sl,
+                               headers=[(ID_HEADER, identity(self.client, info.id, sl, n))],
+                               on_delivery=functools.partial(self._settled, info.id, sl, n))
+        self.next_n[key] = first + count
+        self.records += count
+
+    def _settled(self, sid: int, sl: int, n: int, error, metadata) -> None:
+        super()._settled(sid, sl, n, error, metadata)
+        if error is None:
+            self.ledger.acked(self.client, sid, sl, n, getattr(metadata, "number", None))
 
 
 # ====================================================================== consumer
@@ -307,7 +342,22 @@ class SimConsumer(Client):
             if not batches:
                 return
             for b in batches:
-                self.checker.consumed(self.name, sid, b.streamlet, b.chunk.values()[b.skip:])
+                self._take(sid, b)
+
+    def _take(self, sid: int, b) -> None:
+        self.checker.consumed(self.name, sid, b.streamlet, b.chunk.values()[b.skip:])
+
+
+class SimKeyedConsumer(SimConsumer):
+    """A consumer of a compacted stream: its batches go to the keyed records' ledger
+    (tests/sim/compaction.Ledger), gaps and tombstones included."""
+
+    def __init__(self, *args, ledger, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ledger = ledger
+
+    def _take(self, sid: int, b) -> None:
+        self.ledger.consumed(self.name, sid, b.streamlet, b)
 
 
 # ====================================================================== admin

@@ -15,6 +15,12 @@ longer than the run, so no acknowledged record may be deleted) and a duplicate-i
 second broker process starts with the id of a live one for a while: the coordinator must never
 give it that id, and the live broker keeps everything, R=1 streamlets included).
 
+Compaction and transactions (issues 38, 39), each in one seed in 4 from a generator of its own
+(tests/sim/compaction.py, tests/sim/transactions.py): a compacted stream with keyed updates and
+deletes whose brokers' compactor runs under the faults, and transactional producers (one may
+be killed inside a transaction) with read_committed readers; their clients are left out of
+the partitions' picks, so such a seed keeps its fault schedule.
+
 Faults: message loss (a base rate and bursts), slow messages (past the timeouts), partitions
 (one or both directions, between any two processes), backup crashes and restarts (before and
 after the coordinator's dead-detection window), coordinator crashes and restarts, flush errors,
@@ -39,9 +45,12 @@ from kera.broker.core import BrokerConfig
 from kera.coordinator.rebalance import Plan
 
 from tests.sim.checker import Checker, DataLost, InvariantBroken, chunk_id
-from tests.sim.clients import SimAdmin, SimConsumer, SimProducer
+from tests.sim.clients import SimAdmin, SimConsumer, SimKeyedConsumer, SimKeyedProducer, SimProducer
+from tests.sim.transactions import ONGOING_STATES, TXN_CLIENT_BASE, GROUP_PREFIX, TxnLedger, draw_transactions
+from tests.sim.txn_producer import SimTxnConsumer, SimTxnProducer
+from tests.sim.compaction import KEYED_BATCH_MAX, KEYED_CLIENT, SHORT_DELETE_RETENTION_MS, Ledger, draw_compaction
 from tests.sim.probes import SimAuditor, SimFuzzer
-from tests.sim.daemons import MemoryStore, SimBackup, SimBroker, SimClock, SimCoordinator, sim_env
+from tests.sim.daemons import WORK_S, MemoryStore, SimBackup, SimBroker, SimClock, SimCoordinator, sim_env
 from tests.sim.disk import SimDisk
 from tests.sim.network import Network
 from tests.sim.scheduler import Scheduler
@@ -102,6 +111,8 @@ class Profile:
     faults: list = field(default_factory=list)    # (time, kind)
     broker_crash_at: float | None = None
     control_faults: list = field(default_factory=list)   # (time, kind, arg): draw_control_faults
+    compaction: dict | None = None    # a compacted stream and its keyed producer: draw_compaction
+    transactions: dict | None = None  # transactional streams and producers: draw_transactions
 
     @classmethod
     def draw(cls, rng: random.Random, duration_s: float | None = None) -> "Profile":
@@ -200,6 +211,8 @@ class Cluster:
         if profile is None:
             profile = Profile.draw(random.Random(f"{seed}/profile"), duration_s)
             profile.control_faults = draw_control_faults(seed, profile)
+            profile.compaction = draw_compaction(seed)
+            profile.transactions = draw_transactions(seed, profile.duration_s)
         self.profile = p = profile
         if any(kind == "wall_clock_step" for _, kind, _ in p.control_faults):
             for spec in p.streams:
@@ -234,8 +247,10 @@ class Cluster:
                                           heartbeat_missed_max=HEARTBEAT_MISSED_MAX)
         self.coordinator.on_death = self._declared_dead
         cfg = BrokerConfig(virtual_logs=p.virtual_logs, virtual_segment_bytes=p.virtual_segment_bytes)
+        work_s = p.compaction["pass_s"] if p.compaction else WORK_S
         self.brokers = [SimBroker(self.net, f"broker{i}", 9000, node_rng(f"broker{i}"), self.checker,
-                                  env, coordinator=COORDINATOR, node=f"n{i}", broker_id=i, cfg=cfg)
+                                  env, coordinator=COORDINATOR, node=f"n{i}", broker_id=i, cfg=cfg,
+                                  work_rng=node_rng(f"broker{i}/worker"), work_s=work_s)
                         for i in range(p.brokers)]
         self.broker_by_id = {b.broker_id: b for b in self.brokers}
         store_config = StoreConfig(**p.store)
@@ -244,30 +259,85 @@ class Cluster:
                                   backup_id=i, disk=SimDisk(random.Random(f"{seed}/disk{i}")),
                                   store_config=store_config)
                         for i in range(p.backups)]
-        self.admin = SimAdmin(self.net, "admin:1", node_rng("admin"), self.checker, COORDINATOR, p.streams)
-        names = [s["name"] for s in p.streams]
-        self.producers = [SimProducer(self.net, f"producer{i}:1", node_rng(f"producer{i}"), self.checker,
-                                      COORDINATOR, client=i, producer_id=rng.randrange(1 << 64),
-                                      streams=names, request_timeout_s=config.DEFAULT_REQUEST_TIMEOUT_S,
-                                      interval_s=rng.choice([0.005, 0.02, 0.05]), records_max=4000)
-                          for i in range(p.producers)]
-        self.consumers = [SimConsumer(self.net, f"consumer{i}:1", node_rng(f"consumer{i}"), self.checker,
-                                      COORDINATOR, name=f"consumer {i} ({name})", stream=name,
-                                      request_timeout_s=config.DEFAULT_REQUEST_TIMEOUT_S,
-                                      idle_wait_s=0.05, fetch_max_bytes=rng.choice([512, 8192, 1 << 20]))
-                          for i, name in enumerate(names)]
+        self._build_clients(rng)
+        self._build_compaction()
+        self._build_transactions()
         self.auditor = SimAuditor(self.net, "auditor:1", node_rng("auditor"), self.checker, COORDINATOR, self)
         self.fuzzer = SimFuzzer(self.net, "fuzzer:1", node_rng("fuzzer"), self.checker, COORDINATOR, self)
         # Second processes claiming a live broker's id (control fault "duplicate_id"), by fault.
-        self.duplicates = {i: SimBroker(self.net, f"duplicate{i}", 9000, node_rng(f"duplicate{i}"),
-                                        self.checker, env, coordinator=COORDINATOR, node=f"dup{i}",
-                                        broker_id=0, cfg=cfg)
-                           for i, (t, kind, _) in enumerate(p.control_faults) if kind == "duplicate_id"}
+        self.duplicates = self._duplicate_daemons(env, cfg)
         self._duplicate_until: dict[int, float] = {}   # broker id -> end of its duplicate's watch
         self._duplicate_admitted: list[float] = []     # when a register reply gave it the id
         self._supervising: set[str] = set()   # addresses of stopped daemons due a restart
         self.daemons = [self.coordinator, *self.brokers, *self.backups]
+        # (Partitions pick among these: the keyed clients are left out, so that a seed that
+        # draws compaction keeps the fault schedule it had.)
         self.processes = [*self.daemons, self.admin, *self.producers, *self.consumers, self.auditor]
+
+    def _duplicate_daemons(self, env, cfg: BrokerConfig) -> dict:
+        return {i: SimBroker(self.net, f"duplicate{i}", 9000, self._node_rng(f"duplicate{i}"),
+                             self.checker, env, coordinator=COORDINATOR, node=f"dup{i}",
+                             broker_id=0, cfg=cfg)
+                for i, (t, kind, _) in enumerate(self.profile.control_faults) if kind == "duplicate_id"}
+
+    def _build_clients(self, rng: random.Random) -> None:
+        """The admin creating every stream, and the plain producers and consumers (their ids,
+        intervals and fetch sizes drawn from the seed's `rng`, in this order)."""
+        p, comp, txn = self.profile, self.profile.compaction, self.profile.transactions
+        specs = p.streams + ([comp["stream"]] if comp else []) + (txn["streams"] if txn else [])
+        self.admin = SimAdmin(self.net, "admin:1", self._node_rng("admin"), self.checker, COORDINATOR, specs)
+        names = [s["name"] for s in p.streams]
+        self.producers = [SimProducer(self.net, f"producer{i}:1", self._node_rng(f"producer{i}"), self.checker,
+                                      COORDINATOR, client=i, producer_id=rng.randrange(1 << 64),
+                                      streams=names, request_timeout_s=config.DEFAULT_REQUEST_TIMEOUT_S,
+                                      interval_s=rng.choice([0.005, 0.02, 0.05]), records_max=4000)
+                          for i in range(p.producers)]
+        self.consumers = [SimConsumer(self.net, f"consumer{i}:1", self._node_rng(f"consumer{i}"), self.checker,
+                                      COORDINATOR, name=f"consumer {i} ({name})", stream=name,
+                                      request_timeout_s=config.DEFAULT_REQUEST_TIMEOUT_S,
+                                      idle_wait_s=0.05, fetch_max_bytes=rng.choice([512, 8192, 1 << 20]))
+                          for i, name in enumerate(names)]
+
+    def _build_compaction(self) -> None:
+        """The compacted stream's keyed producer and its consumer (tests/sim/compaction.py)."""
+        p, comp = self.profile, self.profile.compaction
+        self.ledger = Ledger(self.checker.lossy, tombstones_expire=bool(comp) and (
+            comp["stream"]["delete_retention_ms"] <= SHORT_DELETE_RETENTION_MS
+            or any(kind == "wall_clock_step" for _, kind, _ in p.control_faults)))
+        self.checker.moving = self.ledger.stream_ids
+        self.keyed_producers: list[SimKeyedProducer] = []
+        self.keyed_consumers: list[SimKeyedConsumer] = []
+        if not comp:
+            return
+        name = comp["stream"]["name"]
+        self.keyed_producers.append(SimKeyedProducer(
+            self.net, "kproducer0:1", self._node_rng("kproducer0"), self.checker, COORDINATOR,
+            client=KEYED_CLIENT, producer_id=comp["producer_id"], streams=[name],
+            request_timeout_s=config.DEFAULT_REQUEST_TIMEOUT_S, interval_s=comp["interval_s"],
+            records_max=comp["records_max"], batch_max=KEYED_BATCH_MAX, ledger=self.ledger,
+            keys=comp["keys"], tombstone_rate=comp["tombstone_rate"]))
+        self.keyed_consumers.append(SimKeyedConsumer(
+            self.net, "kconsumer0:1", self._node_rng("kconsumer0"), self.checker, COORDINATOR,
+            name=f"consumer c ({name})", stream=name,
+            request_timeout_s=config.DEFAULT_REQUEST_TIMEOUT_S, idle_wait_s=0.05,
+            fetch_max_bytes=comp["fetch_max_bytes"], ledger=self.ledger))
+
+    def _build_transactions(self) -> None:
+        """Transactional producers and their streams' read_committed consumers
+        (tests/sim/transactions.py); a producer killed is replaced in its slot."""
+        txn = self.profile.transactions
+        self.txn_ledger = TxnLedger(lambda: self.sched.now)
+        self.txn_producers: list[SimTxnProducer] = [
+            self._txn_producer(i, 0) for i in range(txn["producers"] if txn else 0)]
+        self.txn_consumers = [SimTxnConsumer(
+            self.net, f"tconsumer{i}:1", self._node_rng(f"tconsumer{i}"), self.checker,
+            COORDINATOR, name=f"consumer t ({spec['name']})", stream=spec["name"],
+            request_timeout_s=config.DEFAULT_REQUEST_TIMEOUT_S, idle_wait_s=0.05,
+            fetch_max_bytes=8192, ledger=self.txn_ledger)
+            for i, spec in enumerate(txn["streams"] if txn else [])]
+
+    def _node_rng(self, name: str) -> random.Random:
+        return random.Random(f"{self.seed}/{name}")
 
     # ================================================================== running
     def run(self) -> Report:
@@ -290,6 +360,11 @@ class Cluster:
             logging.getLogger("kera").setLevel(level)
         counts = dict(self.counts)
         counts.update(self.checker.counts)
+        counts.update(self.ledger.counts)
+        counts.update(self.txn_ledger.counts)
+        if self.ledger.stream_ids:
+            counts["compaction_passes"] = sum(b.daemon.compaction.compactor.passes
+                                              for b in self.brokers if b.up)
         counts["messages"] = self.net.sent
         counts["messages_lost"] = self.net.lost
         counts["corruptions_detected"] = self.auditor.detected
@@ -331,6 +406,14 @@ class Cluster:
         s.at(0.1, self.admin.start)
         for c in [*self.producers, *self.consumers]:
             s.at(self.rng.uniform(0.2, 0.5), c.start)
+        for c in self.keyed_producers:
+            s.at(0.3, c.start)
+        for c in self.keyed_consumers:
+            s.at(p.compaction["consumer_start_s"], c.start)
+        for c in [*self.txn_producers, *self.txn_consumers]:
+            s.at(0.3, c.start)
+        if p.transactions and p.transactions["kill"] is not None:
+            s.at(p.transactions["kill"][1], self._kill_txn_producer)
         s.at(0.5, self.auditor.start)
         s.at(0.5, self.fuzzer.start)
         for t, kind in p.faults:
@@ -349,6 +432,9 @@ class Cluster:
             if s.now > limit:
                 # Data lost says more than "still waiting": check what owners hold first.
                 self.checker.check_brokers_hold(self.owners())
+                self.ledger.check_owners(self.owners(), self.lost_streamlets)
+                if self.txn_producers and not self._txn_unsettled().startswith("txn producer"):
+                    self.txn_ledger.check(self._txn_positions())
                 raise InvariantBroken(f"the healed cluster did not settle within {HEAL_LIMIT_S} s: "
                                       f"{self._unsettled()}")
         self._final_checks()
@@ -425,6 +511,7 @@ class Cluster:
         held = self.backup_holdings()
         for cid, (_, _, replication) in self.checker.acked_chunks.items():
             if replication >= 2 and cid[:2] not in self.lost_streamlets and \
+                    cid[0] not in self.checker.moving and \
                     sum(held.get(cid, {}).values()) < replication - 1:
                 return False
         return True
@@ -688,9 +775,69 @@ class Cluster:
         for d in self.daemons:
             if not d.up:
                 self._restart(d)
-        for p in self.producers:
+        for p in [*self.producers, *self.keyed_producers]:
             p.producing = False
+        for i, tp in enumerate(self.txn_producers):
+            if not tp.up:
+                self._restart_txn_producer(i)
+            self.txn_producers[i].finish()
         self.sched.after(SETTLE_CHECK_S, self._check_settled)
+
+    # ------------------------------------------------------------ transactions
+    def _txn_producer(self, i: int, first_k: int) -> SimTxnProducer:
+        return SimTxnProducer(self.net, f"tproducer{i}:1", self._node_rng(f"tproducer{i}/{first_k}"),
+                              self.checker, COORDINATOR, client=TXN_CLIENT_BASE + i,
+                              spec=self.profile.transactions, ledger=self.txn_ledger,
+                              request_timeout_s=config.DEFAULT_REQUEST_TIMEOUT_S, first_k=first_k)
+
+    def _kill_txn_producer(self) -> None:
+        """kill -9 of a transactional producer, most likely inside a transaction: what it left
+        open must be aborted by its next instance's fence or by the transaction timeout."""
+        i, _, down_s = self.profile.transactions["kill"]
+        victim = self.txn_producers[i]
+        if self.healed or not victim.up:
+            return
+        victim.crash()
+        self.txn_ledger.killed(victim.client)
+        self.counts["txn_producer_killed"] = 1
+        self._note(f"{victim.address} killed in phase {victim.phase}")
+        self.sched.after(down_s, self._restart_txn_producer, i)
+
+    def _restart_txn_producer(self, i: int) -> None:
+        old = self.txn_producers[i]
+        if old.up:
+            return
+        new = self.txn_producers[i] = self._txn_producer(i, old.k + 1)
+        if self.healed:
+            new.finish()
+        self._note(f"{new.address} starts again")
+        new.start()
+
+    def _txn_unsettled(self) -> str:
+        for tp in self.txn_producers:
+            if not tp.idle():
+                return f"{tp.name} is running transaction {tp.k} ({tp.phase})"
+        txns = self.coordinator.core.transactions
+        if txns.prepared or any(t.state in ONGOING_STATES for t in txns.txns.values()):
+            return f"the coordinator holds transactions open: {sorted(txns.prepared)[:3]}"
+        for c in self.txn_consumers:
+            if c.state is None:
+                return f"{c.name} has not found its stream"
+            if c.errors:
+                return f"{c.name} saw errors {c.errors[:3]}"
+        n = self.txn_ledger.unread()
+        return f"{n} records of committed transactions left to read" if n else ""
+
+    def _txn_positions(self) -> dict:
+        """Producer -> the offset its group holds for the first transactional stream's
+        streamlet 0 (None: none committed)."""
+        out = {}
+        stream = self.profile.transactions["streams"][0]["name"]
+        for tp in self.txn_producers:
+            group = self.coordinator.core.groups.groups.get(f"{GROUP_PREFIX}{tp.client}")
+            held = None if group is None else group.committed.get((stream, 0))
+            out[tp.client] = None if held is None else held[0][1]
+        return out
 
     # ================================================================== settling
     def _check_settled(self) -> None:
@@ -708,7 +855,7 @@ class Cluster:
         lost = self.lost_streamlets
         if not self.admin.done():
             return "streams not created"
-        for p in self.producers:
+        for p in [*self.producers, *self.keyed_producers]:
             if not p.idle(lost):
                 return f"{p.name} has {sum(p.outstanding.values())} records unanswered"
         for c in self.consumers:
@@ -719,6 +866,16 @@ class Cluster:
             n = self.checker.unread(c.name, c.stream_id, lost)
             if n:
                 return f"{c.name} has {n} acknowledged records left to read"
+            if c.errors:
+                return f"{c.name} saw errors {c.errors[:3]}"
+        why = self._txn_unsettled()
+        if why:
+            return why
+        for c in self.keyed_consumers:
+            if c.state is None:
+                return f"{c.name} has not found its stream"
+            if all((c.stream_id, sl) in lost for _, sl in c.state.cursors):
+                continue    # an R=1 stream whose broker failed over: its data may be gone
             if c.errors:
                 return f"{c.name} saw errors {c.errors[:3]}"
         core = self.coordinator.core
@@ -752,6 +909,12 @@ class Cluster:
                         return (f"broker {b.address} vlog {vlog.id} vseg {vs.number} is not on all "
                                 f"its replicas: {[None if r is None else (r.backup_id, r.acked_idx) for r in vs.replicas]} "
                                 f"of {len(vs.idxs)} chunks")
+        for c in self.keyed_consumers:
+            # Owners read only when the consumer lags: a key gone by its tombstone is excused.
+            keys = self.ledger.unread(c.name, None, lost) and \
+                self.ledger.unread(c.name, self.ledger.owner_view(self.owners()), lost)
+            if keys:
+                return f"{c.name} has not read the latest record of {len(keys)} keys ({keys[0]}, ...)"
         return ""
 
     # ================================================================== final checks
@@ -761,6 +924,11 @@ class Cluster:
         c.check_brokers_hold(self.owners())
         c.check_stored_once(self.brokers)
         self.check_redundancy()
+        self.ledger.check_owners(self.owners(), self.lost_streamlets)
+        if self.ledger.stream_ids:
+            self.ledger.check_backed(self.owners(), self.backup_holdings())
+        if self.txn_producers:
+            self.txn_ledger.check(self._txn_positions())
 
     def owners(self) -> dict:
         """(stream id, streamlet) -> the live broker the coordinator places it on."""
@@ -806,7 +974,7 @@ class Cluster:
         held = self.backup_holdings()
         backups = {b.backup_id: b for b in self.backups}
         for cid, (_, _, replication) in self.checker.acked_chunks.items():
-            if replication < 2 or any(held.get(cid, {}).values()):
+            if replication < 2 or any(held.get(cid, {}).values()) or cid[0] in self.checker.moving:
                 continue
             acked_by = self.checker.held.get(cid, {})
             # Excused only beyond the guarantee: with this crash, R or more failures unhealed.
@@ -824,7 +992,7 @@ class Cluster:
         copies excused, counted)."""
         held = self.backup_holdings()
         for cid, (_, _, replication) in sorted(self.checker.acked_chunks.items()):
-            if replication < 2:
+            if replication < 2 or cid[0] in self.checker.moving:
                 continue
             copies = held.get(cid, {})
             if len(copies) >= replication - 1:

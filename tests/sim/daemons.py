@@ -6,7 +6,8 @@ BackupDaemon.connect_coordinator, as `run()` wires them), so the cores are drive
 exactly the code that drives them in production, and a handler or hook added there is in the
 simulation too. What differs is only what comes in through the front door, the daemon's
 kera.daemon.env.DaemonEnv (`sim_env`): the shell is tests/sim/shell.SimServer, the clock the
-simulated one, the backup's disk and worker threads tests/sim/disk.py, the coordinator's
+simulated one, the backup's disk and worker threads tests/sim/disk.py (a broker's compaction
+thread too: `SimBroker._worker`), the coordinator's
 metadata store a dict, tokens numbered per run. No module global is patched.
 
 Checks hook in at the wire: a broker's produce and fetch replies, a backup's replicate replies,
@@ -41,6 +42,10 @@ from tests.sim.disk import DiskFunctions, SimDisk, SimWorker
 from tests.sim.network import Network
 from tests.sim.scheduler import Scheduler
 from tests.sim.shell import SimHost, SimServer
+
+# Simulated seconds a broker worker's job (a compaction pass) takes, unless the run says.
+WORK_S = (0.001, 0.01)
+
 
 class MemoryStore:
     """kera.coordinator.store on a dict: what `save` wrote, `load` reads back (as JSON)."""
@@ -225,12 +230,17 @@ class SimCoordinator(_Slot):
 
 class SimBroker(_Slot):
     def __init__(self, net: Network, name: str, port: int, rng: random.Random, checker: Checker,
-                 env: DaemonEnv, *, coordinator: str, node: str, broker_id: int, cfg: BrokerConfig):
+                 env: DaemonEnv, *, coordinator: str, node: str, broker_id: int, cfg: BrokerConfig,
+                 work_rng: random.Random | None = None, work_s: tuple = WORK_S):
         self.host = SimHost(net, rng, name)
         self.port = port
         self.address = f"{name}:{port}"
         self.checker = checker
-        self.env = dataclasses.replace(env, server=_BrokerShell)
+        # Its worker threads (the compaction thread: kera.broker.compaction_service) come
+        # through its DaemonEnv, run on its process's events, each job taking `work_s`.
+        self.work_rng = work_rng or random.Random(name)
+        self.work_s = work_s
+        self.env = dataclasses.replace(env, server=_BrokerShell, worker=self._worker)
         self.coordinator_address = coordinator
         self.node = node
         self.broker_id = broker_id
@@ -253,9 +263,20 @@ class SimBroker(_Slot):
 
         s.handlers["produce"] = on_produce
 
+    def _worker(self, name: str, run_job, max_jobs: int) -> SimWorker:
+        """DaemonEnv.worker: a thread of the running incarnation; what it finishes is collected
+        by the daemon's after_turn pump, which runs after the worker's event."""
+        worker = SimWorker(name, run_job, max_jobs)
+        worker.bind(self.server, _nothing, lambda: self.work_rng.uniform(*self.work_s))
+        return worker
+
     @property
     def core(self):
         return self.daemon.core
+
+
+def _nothing() -> None:
+    """A worker's wake-up on the broker: its after_turn pump collects the outcome."""
 
 
 def _header_or_none(buf):

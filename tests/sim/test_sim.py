@@ -15,10 +15,14 @@ import re
 
 import pytest
 
+from kera.broker import compaction
 from kera.broker import group as broker_group
 from kera.broker import producers as broker_producers
+from kera.coordinator import markers, transactions
 
 from tests.sim.cluster import RETENTION_BOUND_MS, Cluster, Profile, control_fault_kinds
+from tests.sim.compaction import draw_compaction
+from tests.sim.transactions import draw_transactions
 from tests.sim.shell import SimFailure
 
 # About 0.13 s of CPU per seed: 200 seeds take 26 s on an idle 2-core machine (README.md).
@@ -66,6 +70,7 @@ def test_same_seed_same_run():
         return c.sched.steps, c.net.digest, outcome
 
     assert run(7) == run(7)
+    assert run(16) == run(16)     # compaction and transactions too
     assert Cluster(8).profile != Cluster(7).profile
 
 
@@ -129,7 +134,55 @@ def test_catches_duplicates(monkeypatch):
     pytest.fail("a broker storing retried chunks twice went unnoticed in 10 seeds")
 
 
+def compaction_profile(seed: int) -> Profile:
+    """A calm run with the compacted stream of tests/sim/compaction.py (R=2, 40 keys)."""
+    p = calm_profile(seed)
+    p.duration_s = 4.0
+    p.compaction = draw_compaction(seed, always=True)
+    p.compaction["stream"].update(replication=2, delete_retention_ms=86_400_000)
+    p.compaction.update(keys=40, records_max=600)
+    return p
+
+
+def test_catches_compaction_dropping_a_keys_latest_record(monkeypatch):
+    """A pass that drops some keys' latest records (those at even numbers) loses their values:
+    the owner no longer holds an acknowledged record no later one superseded."""
+    real = compaction.survives
+
+    def lossy(r, latest, now_ms, delete_retention_ms):
+        dropped = latest.get(r.key) == r.number and r.number % 2 == 0
+        return real(r, latest, now_ms, delete_retention_ms) and not dropped
+
+    monkeypatch.setattr(compaction, "survives", lossy)
+    with pytest.raises(SimFailure, match="lost key"):
+        Cluster(3, profile=compaction_profile(3)).run()
+
+
+def txn_profile(seed: int, kill=None) -> Profile:
+    """A calm run with the transactional streams and producers of tests/sim/transactions.py."""
+    p = calm_profile(seed)
+    p.duration_s = 3.0
+    p.transactions = draw_transactions(seed, p.duration_s, always=True)
+    p.transactions["kill"] = kill
+    return p
+
+
+def test_catches_a_commit_marked_on_one_streamlet(monkeypatch):
+    """The coordinator's commit markers commit the first transactional streamlet only and
+    abort the others: a committed transaction is then visible in part."""
+    real = markers.MarkerChannel.request
+
+    def one_part(batch):
+        return real([m._replace(commit=m.commit and (m.stream, m.streamlet) == ("t0", 0))
+                     for m in batch])
+
+    monkeypatch.setattr(markers.MarkerChannel, "request", staticmethod(one_part))
+    with pytest.raises(SimFailure, match="committed transaction .* never read"):
+        Cluster(4, profile=txn_profile(4)).run()
+
+
 # ---------------------------------------------------------------------------- scenarios
+
 
 def test_one_lost_heartbeat_is_not_a_failover():
     """A broker whose heartbeat is lost once must not be declared dead: its next heartbeats go
@@ -155,6 +208,52 @@ def test_one_lost_heartbeat_is_not_a_failover():
     c.run()
     assert dropped, "no heartbeat was dropped"
     assert len(registers) == 1, f"the broker registered again at {registers[1:]} (failed over)"
+
+
+def stuck_transaction_run(seed: int = 9) -> tuple[Cluster, float]:
+    """A calm run where transactional producer 200 is killed inside a transaction (once a
+    chunk of it was stored, so the coordinator holds it open) from 1 s on, and comes back 3.5 s
+    later, its transaction timeout being 1 s; producer 201 goes on. Returns the cluster and
+    how long 201's transactions committed meanwhile waited to be read whole."""
+    p = txn_profile(seed, kill=(0, 60.0, 3.5))    # (killed below instead, at the right moment)
+    p.duration_s = 6.0
+    p.transactions.update(producers=2, timeout_ms=1000, abort_rate=0.0, interval_s=0.05,
+                          txns_max=1000)
+    c = Cluster(seed, profile=p)
+    killed = []
+
+    def kill_inside_a_transaction():
+        victim = c.txn_producers[0]
+        if victim.phase == "open" and victim.producer._pipe.txn_acked:
+            killed.append(c.sched.now)
+            c._kill_txn_producer()
+        else:
+            c.sched.after(0.001, kill_inside_a_transaction)
+
+    c.sched.at(1.0, kill_inside_a_transaction)
+    c.run()
+    assert killed, "producer 200 was never caught inside a transaction"
+    return c, c.txn_ledger.read_lag_s(201, killed[0], killed[0] + 3.5)
+
+
+def test_a_stuck_transaction_is_aborted_by_its_timeout():
+    """The killed producer's open transaction is aborted by the coordinator's timeout (its
+    heartbeat tick: at most a tick after the 1 s timeout), long before its next instance's
+    fence at 4.5 s: the other producer's committed transactions on the same streamlets are read
+    within the timeout and a tick, and none of the killed one's records is read."""
+    c, lag_s = stuck_transaction_run()
+    assert c.counts["txn_producer_killed"] == 1
+    assert any(t[0] == 200 and s == "aborted" for t, s in c.txn_ledger.status.items())
+    assert c.txn_ledger.counts["txns_committed"] > 0
+    assert lag_s < 1.0 + 1.0 + 0.5, lag_s    # timeout + heartbeat tick + the reader's turns
+
+
+def test_a_stuck_transaction_without_its_timeout_holds_readers_back(monkeypatch):
+    """Teeth of the test above: with the coordinator's expiry doing nothing, the readers wait
+    for the killed producer's next instance (3.5 s)."""
+    monkeypatch.setattr(transactions.Transactions, "expire", lambda self, now: [])
+    _, lag_s = stuck_transaction_run()
+    assert lag_s > 2.5, lag_s
 
 
 # ---------------------------------------------------------------------------- control plane
