@@ -46,7 +46,7 @@ def test_fetch_of_one_read_per_stream(benchmark, broker, where):
     reads = [[s, 0, {"low": 0, "offsets": {0: offset}}, 1 << 20] for s in range(1, STREAMS + 1)]
 
     def fetch():
-        return broker.fetch(reads, [])
+        return broker.reads.fetch(reads, [])
 
     results, frames = benchmark(fetch)
     assert all(r[0] is None for r in results)

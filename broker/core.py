@@ -1,4 +1,5 @@
-"""The broker's sans-IO core: streams, appends, fetches and replication, driven by the caller.
+"""The broker's sans-IO core: streams, appends and replication, driven by the caller (its read
+side is kera.broker.reads, its group placement kera.broker.placement).
 
 Feed it decoded requests and the clock; it returns what to send. `produce` answers at once or
 defers (the answer appears in `take_replies()` once every chunk is durable, or fails after
@@ -13,42 +14,33 @@ from collections import deque
 from dataclasses import dataclass
 
 from kera import config
-
-from kera.codec import wire
 from kera.broker import history_epoch
 from kera.broker.backups import BackupPool
 from kera.broker.fetch_waits import FetchWaits
 from kera.broker.group import Group
-from kera.broker.producers import (APPEND, DUPLICATE, GAP, Entry,
-                                   ProducerTable, classify, classify_kafka)
-from kera.broker.repair import RepairRead, Repairs
+from kera.broker.locks import check_condition
+from kera.broker.placement import Placement
+from kera.broker.producers import APPEND, DUPLICATE, GAP, Entry, ProducerTable
+from kera.broker.reads import U32_MAX, U64_MAX, Reads, check_uint, streamlet_unknown
+from kera.broker.repair import Repairs
+from kera.broker.retention import Retention
 from kera.broker.segment_pool import SEGMENT_POOL_BYTES, SegmentPool
-from kera.broker.retention import ReplicaDrop, Retention
 from kera.broker.streamlet import Streamlet, growth
-from kera.broker.tier import TierConfig, TierStore
-from kera.broker.time_index import record_at_or_after, streamlet_cursor_at
-from kera.broker.txn_writes import ISOLATIONS, READ_COMMITTED, TxnWrites, filter_views
-from kera.daemon.stream_traffic import StreamTraffic
 from kera.broker.streams import StreamInfo
-from kera.broker.virtual_log import ReplicationWrite, VirtualLog
+from kera.broker.tier import TierConfig, TierStore
+from kera.broker.txn_writes import TxnWrites
+from kera.broker.virtual_log import ReplicationWrite
 from kera.codec import kafka_batch, txn
 from kera.codec.chunk import (FLAG_CONDITION, FLAG_KAFKA, FLAG_SPARSE, RESERVED_PRODUCER_IDS,
-                              Chunk, check_columns, frame_chunks, read_condition, verify)
-from kera.codec.frame_pack import pack
-from kera.errors import (BadRequest, CorruptChunk, InvalidTxnState, KeraError, KeylessRecord,
-                         LockConflict, NotOwner, NotReady, OffsetOutOfRange, PositionLost,
-                         ProducerFenced, RecordTooLarge, ReplicationFailed, SequenceGap,
-                         StorageError, Throttled, Timeout, UnknownStream, lock_conflict_message)
+                              Chunk, check_columns, frame_chunks, verify)
 from kera.daemon.metrics import Counters
-from kera.codec.vseg import vseg_id
+from kera.daemon.stream_traffic import StreamTraffic
+from kera.errors import (BadRequest, CorruptChunk, InvalidTxnState, KeraError, KeylessRecord,
+                         NotOwner, NotReady, ProducerFenced, RecordTooLarge, ReplicationFailed,
+                         SequenceGap, StorageError, Throttled, Timeout, UnknownStream)
 
 log = logging.getLogger(__name__)
 
-FETCH_GROUPS_MAX = 64                    # groups described per fetch read (protocol)
-FETCH_READS_MAX = 4096                   # reads in one fetch request
-FETCH_READ_MAX_BYTES = 64 * config.MiB   # one read's budget is clamped to this
-FETCH_REPLY_MAX_BYTES = 64 * config.MiB  # chunk bytes in one fetch reply, all reads together
-FETCH_CURSOR_GROUPS_MAX = 4096           # entries in one cursor's `offsets`
 
 
 NO_BROKER = -1   # placement of a streamlet on no broker this one knows (a disowned stream)
@@ -56,9 +48,6 @@ TOMBSTONES_MAX = 1 << 20   # entries accepted in a `deleted` list (the coordinat
 # Markers in one `txn_markers` request: the coordinator sends at most MARKERS_PER_TURN_MAX
 # (kera.coordinator.transactions) in a turn, split per broker.
 MARKERS_PER_REQUEST_MAX = 10_000
-# Locks one conditional append may name: a transaction touching more rows than this is better
-# split, and it bounds the per-chunk work of the check.
-LOCKS_PER_APPEND_MAX = 1024
 
 
 def _tombstones(deleted: list) -> dict[int, int]:
@@ -136,8 +125,6 @@ class Broker:
         self.pool = BackupPool(node)
         self.segment_pool = SegmentPool(self.cfg.segment_pool_bytes)
         self.counters = Counters()
-        self.vlogs: dict[tuple[int, int, str], VirtualLog] = {}   # (index, R, durability)
-        self.vlog_list: list[VirtualLog] = []                     # by wire id
         self._replies: list = []
         self._pending: deque[Pending] = deque()
         self._pending_count = 0
@@ -149,7 +136,14 @@ class Broker:
         # The retention clock in ms (kera.broker.retention.RetentionClock), read by the caller
         # (set_wall_clock): group stamps and ages for retention.
         self.wall_ms = 0
-        self.tier = TierStore(self.cfg.tier, self.counters, self.close_group)
+        self.tier = TierStore(self.cfg.tier, self.counters)
+        # The streamlets' group listener: each new group of a replicated stream gets its
+        # virtual log there (kera.broker.placement).
+        self.placement = Placement(self.cfg, self.pool, self.streams, self.tier, self.counters,
+                                   lambda: self.wall_ms, lambda: self.epoch)
+        self.tier.close_group = self.placement.close_group
+        self.vlogs = self.placement.vlogs           # (index, R, durability) -> log
+        self.vlog_list = self.placement.vlog_list   # by wire id
         self.retention = Retention(self)
         self.repairs = Repairs(self)
         self.tier.repairer = self.repairs.start
@@ -172,6 +166,8 @@ class Broker:
         # Transaction indexes and chunks awaiting the coordinator's verification
         # (kera.broker.txn_writes).
         self.txn = TxnWrites()
+        self.reads = Reads(self.streams, lambda: self.broker_id, self.counters,
+                           self.fetch_waits, self.recovering, self.retention, self.txn)
 
     # ================================================================== metadata
     def set_identity(self, broker_id: int) -> None:
@@ -270,73 +266,6 @@ class Broker:
                 self._fail(waiter, err)
         self.producers.drop_stream(sid)
         self.txn.drop_stream(sid)
-
-    def set_backups(self, entries, now: float, settled: bool = True) -> None:
-        """The coordinator's backup list; replicas on backups that died are replaced. An
-        unsettled list (a coordinator restarted less than a dead window ago) declares none dead."""
-        lost = self.pool.update(entries, settled)
-        if lost:
-            log.warning("backups %s are gone: re-replicating what they held", lost)
-            lost_set = set(lost)
-            for vlog in self.vlog_list:
-                self.counters.add("replicas_lost", vlog.backups_lost(lost_set, now))
-
-    # ------------------------------------------------------------------ group listener
-    def group_opened(self, group: Group) -> None:
-        group.created_ms = group.last_ms = self.wall_ms
-        stream = self.streams[group.stream_id]
-        if stream.info.replication > 1:
-            # A new group takes the log of its slot's previous group while that one is not
-            # wholly durable: a producer's chunk is then never durable (nor acknowledged)
-            # before its earlier chunks, which recovery relies on (kera.broker.rebuild).
-            vlog = _slot_vlog(stream, group) or self._choose_vlog(stream)
-            group.vlog = vlog
-            vlog.active_groups += 1
-        self.counters.add("groups_opened")
-
-    def group_closed(self, group: Group) -> None:
-        if group.vlog is not None:
-            group.vlog.active_groups -= 1
-        elif group.segments:
-            self.tier.segment_sealed(group.segments[-1])
-        self.counters.add("groups_closed")
-
-    def close_group(self, group: Group) -> None:
-        """Close an open group before it is full (by time for retention, or under memory
-        pressure): its slot's next chunk opens a new group."""
-        if not group.closed:
-            group.closed = True
-            self.group_closed(group)
-
-    def _choose_vlog(self, stream: Stream) -> VirtualLog:
-        """The least loaded of the stream's allowed logs: `replication_capacity` of them (0 = all)
-        starting at one spread by stream id. With V at least the number of open groups, every
-        group gets a log of its own (the Kafka-like layout)."""
-        info = stream.info
-        v = self.cfg.virtual_logs
-        capacity = min(info.replication_capacity or v, v)
-        start = info.id % v
-        turn = stream.turn
-        stream.turn += 1
-        best = None
-        best_key = None
-        for k in range(capacity):
-            index = (start + (turn + k) % capacity) % v
-            vlog = self.vlogs.get((index, info.replication, info.durability))
-            load = vlog.active_groups if vlog is not None else 0
-            if best_key is None or load < best_key:
-                best, best_key = index, load
-        key = (best, info.replication, info.durability)
-        vlog = self.vlogs.get(key)
-        if vlog is None:
-            vlog = VirtualLog(len(self.vlog_list), info.replication, info.durability,
-                              self.cfg.virtual_segment_bytes, self.pool,
-                              in_flight_max=self.cfg.replication_in_flight_max,
-                              exclude_s=self.cfg.backup_exclude_s, counters=self.counters,
-                              vseg_base=vseg_id(self.epoch or 0, 0))
-            self.vlogs[key] = vlog
-            self.vlog_list.append(vlog)
-        return vlog
 
     # ================================================================== produce
     def produce(self, token, frames, now: float, acks: bool = True, check=None) -> list | None:
@@ -444,7 +373,7 @@ class Broker:
             check(info.name)
         sl = h.streamlet
         if sl >= info.streamlets:
-            raise _streamlet_unknown(info, sl)
+            raise streamlet_unknown(info, sl)
         if info.placement[sl] != self.broker_id:
             raise NotOwner(f"streamlet {sl} of {info.name!r} is on broker {info.placement[sl]}")
         if self.recovering and (info.id, sl) in self.recovering:
@@ -458,8 +387,8 @@ class Broker:
         streamlet = stream.streamlets.get(sl)
         if streamlet is None:
             streamlet = stream.streamlets[sl] = Streamlet(
-                info.id, sl, info.active_groups, info.group_segments, info.segment_size_bytes, self,
-                self.segment_pool)
+                info.id, sl, info.active_groups, info.group_segments, info.segment_size_bytes,
+                self.placement, self.segment_pool)
             streamlet.adopt_floor(info.floors.get(sl))   # after what retention deleted
             streamlet.epoch = history_epoch.epoch_for_new_history(info.replication, self.epoch)
             self.new_histories.append((info.id, sl, streamlet.epoch))
@@ -470,7 +399,7 @@ class Broker:
         seq = raw_seq if h.flags & FLAG_KAFKA else txn.plain_sequence(raw_seq)
         if transactional and verified is None and (pid, info.id, sl) in self.txn.verifying:
             raise _Held((pid, info.id, sl), info.name)   # behind its producer's first chunk
-        key, entry, verdict = self._producer_verdict(h, info.id, sl)
+        key, entry, verdict = self.producers.verdict(h, info.id, sl)
         if verdict == DUPLICATE:
             return self._duplicate(streamlet, key, entry, seq, waits, raw_seq)
         if verdict == GAP:
@@ -484,7 +413,7 @@ class Broker:
             self._outside_txn(h, info, sl)
         locks = None
         if h.flags & FLAG_CONDITION:
-            locks = self._check_condition(info, streamlet, buf)
+            locks = check_condition(info, streamlet, buf, self.counters)
         self._admit(stream, streamlet, sl, pid, size)
         slot = pid % info.active_groups
         number = streamlet.next_number(slot)
@@ -702,46 +631,6 @@ class Broker:
             self._pending_count -= 1
             self._replies.append((p.token, p.results))
 
-    def _producer_verdict(self, h, sid: int, sl: int) -> tuple:
-        """(key, entry, verdict) of a chunk's producer: kera's rule (sequences count chunks),
-        Kafka's for a Kafka batch (sequences count records), none for a Kafka producer
-        without idempotence (ids below txn.ANONYMOUS_PRODUCER_IDS: every batch is new, as
-        Kafka has it)."""
-        if h.flags & FLAG_KAFKA:
-            if txn.is_anonymous_kafka(h.producer_id):
-                return None, None, APPEND
-            key = (h.producer_id, sid, sl)
-            entry = self.producers.get(key)
-            return key, entry, classify_kafka(entry, h.sequence)
-        key = (h.producer_id, sid, sl)
-        entry = self.producers.get(key)
-        return key, entry, classify(entry, txn.plain_sequence(h.sequence))
-
-    def _check_condition(self, info, streamlet: Streamlet, buf) -> tuple[int, ...]:
-        """A conditional append's locks, once checked against the streamlet's lock table
-        (kera.broker.locks); LockConflict, with nothing stored, when one was written after
-        the writer's high-water mark."""
-        if info.active_groups != 1:
-            raise BadRequest(f"conditional appends need one ordered unit per streamlet: "
-                             f"{info.name!r} has {info.active_groups} active groups per "
-                             f"streamlet; create the stream with active_groups=1")
-        locks, high_water_mark = read_condition(Chunk(buf, check=False))
-        if len(locks) > LOCKS_PER_APPEND_MAX:
-            raise BadRequest(f"{len(locks)} locks in one conditional append, at most "
-                             f"{LOCKS_PER_APPEND_MAX}")
-        hit = streamlet.lock_table().conflict(locks, high_water_mark)
-        if hit is not None:
-            # The table takes a lock at append, before its record is durable; a refusal is
-            # final only over a durable record (a paused or failed-over broker's last appends
-            # may never be), so until then the writer is told to retry.
-            if hit[1] >= streamlet.number_span()[1]:
-                self.counters.add("lock_conflicts_pending")
-                raise NotReady(f"lock {hit[0]} was last written by record {hit[1]}, which is "
-                               f"not durable yet: retry")
-            self.counters.add("lock_conflicts")
-            raise LockConflict(lock_conflict_message(hit[0], hit[1], high_water_mark))
-        return locks
-
     def _duplicate(self, streamlet: Streamlet, key, entry: Entry, seq: int, waits: list,
                    raw_seq: int) -> list:
         self.duplicates += 1
@@ -753,7 +642,7 @@ class Broker:
             # the network held back behind hundreds of the slot's chunks: simulation seed
             # 2002), the answer is "stored, position unknown" (UNPLACED), given once the newest
             # chunk is durable: then every earlier one of the producer is (one slot's groups
-            # become durable in order, kera.broker.core._slot_vlog). Naming the newest chunk's
+            # become durable in order, kera.broker.placement._slot_vlog). Naming the newest chunk's
             # place instead told the producer a position that holds another chunk.
             found = streamlet.find_chunk(key[0], raw_seq, self.cfg.duplicate_scan_chunks_max)
             if found is not None:
@@ -834,239 +723,9 @@ class Broker:
                     f"({self.pool.live_count()} live backups)"))
 
     # ================================================================== reads
-    def _streamlet_for_read(self, sid: int, sl: int) -> Streamlet | None:
-        if self.broker_id is None:
-            raise NotReady("broker is not registered yet")
-        stream = self.streams.get(sid)
-        if stream is None:
-            raise UnknownStream(f"unknown stream id {sid}", retriable=True)
-        info = stream.info
-        if sl >= info.streamlets:
-            raise _streamlet_unknown(info, sl)
-        if info.placement[sl] != self.broker_id:
-            raise NotOwner(f"streamlet {sl} of {info.name!r} is on broker {info.placement[sl]}")
-        if self.recovering and (sid, sl) in self.recovering:
-            raise NotReady(f"streamlet {sl} of {info.name!r} is being recovered")
-        return stream.streamlets.get(sl)
-
-    def offsets(self, sid: int, sl: int) -> list:
-        streamlet = self._streamlet_for_read(sid, sl)
-        return [] if streamlet is None else streamlet.describe_groups()
-
-    def cursor_at_time(self, sid: int, sl: int, timestamp_us: int) -> tuple[int, dict[int, int]]:
-        """(low, offsets): a reader's cursor at the first record whose timestamp is at or after
-        `timestamp_us` in every retained group (kera.broker.time_index)."""
-        streamlet = self._streamlet_for_read(sid, sl)
-        self.counters.add("offsets_for_time_requests")
-        if streamlet is None:
-            return 0, {}
-        return streamlet_cursor_at(streamlet, timestamp_us)
-
-    def number_at_time(self, sid: int, sl: int, timestamp_us: int) -> tuple[int, int] | None:
-        """(record number, its timestamp in µs) of the first durable record at or after
-        `timestamp_us` in a one-slot streamlet (Kafka's ListOffsets by timestamp); None when
-        there is none."""
-        low, offsets = self.cursor_at_time(sid, sl, timestamp_us)
-        streamlet = self.streams[sid].streamlets.get(sl)
-        for g in streamlet.groups if streamlet is not None else ():
-            off = offsets.get(g.id, 0)
-            if g.id >= low and g.number_base is not None and off < g.durable:
-                found = record_at_or_after(g, off)   # past a compacted range's gaps
-                if found is not None:
-                    return g.number_base + found[0], found[1]
-        return None
-
-    def cursor_at_number(self, sid: int, sl: int, number: int) -> tuple[int, dict[int, int]]:
-        """(low, offsets): a reader's cursor at the record numbered `number` (or the first
-        retained one, when retention deleted it; or the end, when it is not written yet).
-        Numbers are per slot: streams with one active group per streamlet only."""
-        streamlet = self._streamlet_for_read(sid, sl)
-        self.counters.add("offsets_for_number_requests")
-        if streamlet is None:
-            return 0, {}
-        if streamlet.active_groups != 1:
-            raise BadRequest(f"seeking by record number needs one active group per streamlet; "
-                             f"this stream has {streamlet.active_groups}")
-        return streamlet.cursor_at_number(number)
-
-    def number_span(self, sid: int, sl: int) -> tuple[int, int]:
-        """(first retained, durable end) record numbers of a one-slot streamlet (Kafka's log
-        start offset and high watermark)."""
-        streamlet = self._streamlet_for_read(sid, sl)
-        if streamlet is None:
-            floor = self.streams[sid].info.floors.get(sl)
-            number = floor[1][0] if floor else 0
-            return number, number
-        return streamlet.number_span()
-
-    def bytes_behind(self, sid: int, sl: int, low: int, offsets: dict[int, int]) -> int:
-        """Durable chunk bytes past a reader's cursor (`low`, `offsets` as in a fetch read):
-        its lag in bytes over the retained groups."""
-        streamlet = self._streamlet_for_read(sid, sl)
-        if streamlet is None:
-            return 0
-        return sum(g.durable_bytes_from(offsets.get(g.id, 0))
-                   for g in streamlet.groups if g.id >= low)
-
-    def history_epoch(self, sid: int, sl: int) -> int | None:
-        """The epoch of the streamlet's current history; None while it has none (no data yet:
-        any position is of its first history)."""
-        streamlet = self._streamlet_for_read(sid, sl)
-        return None if streamlet is None else streamlet.epoch
-
     def take_new_histories(self) -> list[tuple[int, int, int]]:
         out, self.new_histories = self.new_histories, []
         return out
-
-    def first_group(self, sid: int, sl: int) -> int:
-        """The streamlet's first retained group: every group below it was deleted (retention)."""
-        streamlet = self._streamlet_for_read(sid, sl)
-        return 0 if streamlet is None else streamlet.first_group
-
-    def fetch(self, reads, epochs: list | None = None, check=None,
-              again: bool = False, isolation: str | None = None) -> tuple[list, list]:
-        """(results, frames) for a `fetch` request's `reads` (see docs/PROTOCOL.md); `epochs`,
-        if given, gets each read's streamlet history epoch (None for a failed read or a
-        streamlet with no data yet), the reply's `epochs`. `check(name)`, if given, refuses
-        (that read's error) a stream the caller may not read. `again`: the same request,
-        held (park_fetch) and read once more (counted once in `fetch_requests`). `isolation`:
-        read_committed stops at the stable bound and skips aborted transactions; control
-        chunks are skipped in both (kera.broker.txn_writes); None serves every durable chunk as
-        stored, control chunks included (the Kafka listener's: its clients skip them)."""
-        if not isinstance(reads, list) or len(reads) > FETCH_READS_MAX:
-            raise BadRequest(f"'reads' must be a list of at most {FETCH_READS_MAX} reads")
-        if isolation is not None and isolation not in ISOLATIONS:
-            raise BadRequest(f"'isolation' must be one of {', '.join(ISOLATIONS)}")
-        if not again:
-            self.counters.add("fetch_requests")
-        results: list = []
-        frames: list = []
-        budget = [FETCH_REPLY_MAX_BYTES, 0]     # bytes left, chunks taken
-        for read in reads:
-            before, bytes_before, chunks_before = len(frames), budget[0], budget[1]
-            try:
-                sid, sl, low, offsets, max_bytes, earliest, epoch = _parse_read(read)
-                if check is not None:
-                    self.check_stream(sid, check)
-                # Looked up once per read: the epoch check, the read and the reply's epoch.
-                streamlet = self._streamlet_for_read(sid, sl)
-                current = None if streamlet is None else streamlet.epoch
-                self._check_epoch(sid, sl, epoch, current)
-                groups = self._read(streamlet, sl, low, offsets, max_bytes, frames, budget,
-                                    earliest, isolation)
-                if len(frames) - before > 1:
-                    frames[before:] = pack(frames[before:])
-            except KeraError as err:
-                del frames[before:]
-                results.append([[err.code, err.message, err.retriable], 0, []])
-                if epochs is not None:
-                    epochs.append(None)
-                continue
-            results.append([None, len(frames) - before, groups])
-            if budget[1] != chunks_before:
-                self._count_fetched(sid, budget[1] - chunks_before, bytes_before - budget[0])
-            if epochs is not None:
-                epochs.append(current)
-        self.counters.add("fetch_chunks", budget[1])
-        self.counters.add("fetch_bytes", FETCH_REPLY_MAX_BYTES - budget[0])
-        return results, frames
-
-    def park_fetch(self, token, reads: list, deadline: float) -> bool:
-        """Hold a fetch whose `reads` (as `fetch` took them, every one answered without an
-        error or a chunk) found nothing, until one of their streamlets has new durable records
-        or `deadline`; False when it cannot be held (answer it now)."""
-        return self.fetch_waits.park(token, frozenset((r[0], r[1]) for r in reads), deadline)
-
-    def take_ready_fetches(self, now: float) -> list:
-        """The tokens of held fetches to fetch again and answer now (the shell asks after
-        every loop turn: nothing is made while none is held)."""
-        if self.fetch_waits.idle:
-            return []
-        self.fetch_waits.expire(now)
-        return self.fetch_waits.take_ready()
-
-    def _count_fetched(self, sid: int, chunks: int, nbytes: int) -> None:
-        stream = self.streams.get(sid)
-        if stream is not None and chunks:
-            stream.traffic.fetched(chunks, nbytes)
-
-    def stream_traffic(self) -> dict[str, dict]:
-        """{stream name: its traffic counters on this broker} (kera.daemon.stream_traffic)."""
-        return {s.info.name: s.traffic.as_dict() for s in self.streams.values()}
-
-    def check_stream(self, sid: int, check) -> None:
-        """Apply an access check to stream `sid`'s name (an unknown id is left to the read)."""
-        stream = self.streams.get(sid)
-        if stream is not None:
-            check(stream.info.name)
-
-    def _check_epoch(self, sid: int, sl: int, epoch: int | None, current: int | None) -> None:
-        """A cursor of another history than the streamlet's `current` one is refused: its
-        group numbers and offsets name records that no longer exist
-        (kera.broker.history_epoch)."""
-        if epoch is None or epoch == current:
-            return
-        if current is None and self.streams[sid].info.replication > 1:
-            return   # replicated: no data here yet is the same, first history
-        self.counters.add("fetch_position_lost")
-        name = self.streams[sid].info.name
-        raise PositionLost(
-            f"position of stream {name!r} streamlet {sl} is of history epoch {epoch}, the "
-            f"streamlet's current history is epoch {current if current is not None else 'none (empty)'}:"
-            " its data was lost; start again from 'earliest' or 'latest'")
-
-    def _read(self, streamlet: Streamlet | None, sl, low, offsets, max_bytes, frames, budget,
-              earliest=False, isolation: str | None = None) -> list:
-        if streamlet is None:
-            _check_cursor_end(sl, 0, low, offsets)
-            return []
-        first = streamlet.first_group
-        _check_cursor_end(sl, first + len(streamlet.groups), low, offsets)
-        if low < first:
-            if not earliest and self.retention.gone(streamlet.stream_id, streamlet, low, offsets):
-                self.counters.add("fetch_out_of_range")
-                raise OffsetOutOfRange(
-                    f"position no longer available: group {low} of streamlet {sl} was deleted "
-                    f"by retention (the oldest group kept is {first})")
-            low = first
-        groups = streamlet.groups[low - first:low - first + FETCH_GROUPS_MAX]
-        # For each slot, only its lowest unfinished group is served: one producer's records
-        # (one slot) are then read in order.
-        candidates = []
-        slots_seen: set[int] = set()
-        for g in groups:
-            if g.slot in slots_seen:
-                continue
-            off = offsets.get(g.id, 0)
-            if off > g.head:
-                raise OffsetOutOfRange(f"offset {off} is past the end {g.head} of group {g.id}")
-            if g.finished and off >= g.head:
-                continue
-            slots_seen.add(g.slot)
-            candidates.append((g, off))
-            if len(slots_seen) == streamlet.active_groups:
-                break
-        idx = None if isolation is None else self.txn.indexes.get((streamlet.stream_id,
-                                                                   streamlet.index))
-        committed = isolation == READ_COMMITTED
-        left = min(max_bytes, budget[0])
-        k = len(candidates)
-        taken = 0
-        for i, (g, off) in enumerate(candidates):
-            if len(frames) >= wire.MAX_FRAMES:
-                break
-            share = left // (k - i)   # fair share of what is left, so no slot starves
-            views, nbytes, chunks = g.read(off, share, (taken == 0 and budget[0] > 0),
-                                           wire.MAX_FRAMES - len(frames))
-            if idx is not None and views:   # transactions were written here
-                limit = idx.stable_end(g.slot, g.id, g.durable) if committed else g.durable
-                views, nbytes, chunks = filter_views(views, idx, g.slot, limit, committed)
-            frames.extend(views)
-            taken += chunks
-            left -= nbytes
-            budget[0] -= nbytes
-            budget[1] += chunks
-        return [g.describe() for g in groups]
 
     # ================================================================== tiering, retention
     def set_wall_clock(self, wall_ms: int, mono_ms: int | None = None) -> None:
@@ -1075,39 +734,12 @@ class Broker:
         clock is trusted, as tests do)."""
         self.wall_ms = self.retention.clock.update(wall_ms, mono_ms)
 
-    def take_live_writes(self) -> list:
-        """R=1 chunk bytes the shell writes to their segment files before releasing this
-        produce's reply (kera.broker.tier_files.LiveWrite); report each with live_written."""
-        return self.tier.take_live_writes()
-
-    def live_written(self, write, error: Exception | None) -> None:
-        self.tier.live_written(write, error)
-
-    def take_tier_jobs(self, now: float) -> list:
-        """Jobs for the tier thread (kera.broker.tier_files.run): segment writes while memory
-        is above the budget's threshold, and deletions."""
-        return self.tier.take_jobs(now)
-
-    def tier_job_done(self, job, error: Exception | None, now: float) -> None:
-        self.tier.job_done(job, error, now)
-
-    def take_repair_reads(self) -> list[RepairRead]:
-        """`read_replica` requests for damaged tiered chunks (kera.broker.repair)."""
-        return self.repairs.take_requests()
-
-    def repair_read_done(self, req: RepairRead, header, frames, error: KeraError | None) -> None:
-        self.repairs.done(req, header, frames, error)
-
     def enforce_retention(self, wall_ms: int | None = None, mono_ms: int | None = None) -> int:
         """Delete expired groups (see kera.broker.retention); returns how many."""
         if wall_ms is not None:
             self.set_wall_clock(wall_ms, mono_ms)
         self.counters.add("retention_passes")
         return self.retention.enforce(self.wall_ms)
-
-    def take_replica_drops(self) -> list[ReplicaDrop]:
-        """`drop_replica` requests to send: virtual segments nothing references any more."""
-        return self.retention.take_drops()
 
     # ================================================================== stats
     def stats(self) -> dict:
@@ -1158,100 +790,6 @@ def _cut(frames: list) -> list:
     return out
 
 
-# Groups looked back over to find a slot's previous group (a few per active group suffice).
-SLOT_LOOKBACK_GROUPS = 64
-
-
-def _slot_vlog(stream: Stream, group: Group) -> VirtualLog | None:
-    """The log of the previous group of `group`'s slot while that group is not wholly durable
-    (None: any log will do)."""
-    streamlet = stream.streamlets.get(group.streamlet)
-    if streamlet is None:
-        return None
-    groups = streamlet.groups
-    i = group.id - streamlet.first_group - 1
-    stop = max(-1, i - SLOT_LOOKBACK_GROUPS)
-    while i > stop:
-        other = groups[i]
-        if other.slot == group.slot and other is not group:
-            if other.finished:
-                return None   # nothing of it left to replicate: no order to keep
-            vlog = other.vlog
-            info = stream.info
-            if vlog is not None and vlog.copies == info.replication - 1 \
-                    and vlog.durability == info.durability:
-                return vlog
-            return None
-        i -= 1
-    return None
-
-
-def _check_cursor_end(sl: int, end_group: int, low: int, offsets: dict) -> None:
-    """A cursor past the streamlet's last group saw data that is gone (lost beyond what the
-    replicas held): readers must hear of it (failOnDataLoss), not skip what comes next."""
-    if low > end_group or any(g >= end_group and off > 0 for g, off in offsets.items()):
-        raise OffsetOutOfRange(f"position past the end of streamlet {sl} (it has groups below "
-                               f"{end_group}): the data it read was lost")
-
-
-_U32_MAX = 2**32 - 1   # wire fields that are u32 (streamlet, group numbers) or u64
-_U64_MAX = 2**64 - 1
-
-
-def _parse_read(read) -> tuple[int, int, int, dict, int, bool, int | None]:
-    if not isinstance(read, list) or len(read) != 4:
-        raise BadRequest("a read is [sid, sl, cursor, max_bytes]")
-    sid, sl, cursor, max_bytes = read
-    # One test for the usual well-formed read (a fetch carries one read per streamlet, each
-    # checked field by field was a tenth of a fetch); the precise error otherwise.
-    if not (type(sid) is int and type(sl) is int and type(max_bytes) is int
-            and 0 <= sid <= _U64_MAX and 0 <= sl <= _U32_MAX and 0 <= max_bytes <= _U64_MAX):
-        _check_int(sid, "sid", _U64_MAX)
-        _check_int(sl, "sl", _U32_MAX)
-        _check_int(max_bytes, "max_bytes", _U64_MAX)
-    low, offsets, earliest, epoch = parse_cursor(cursor)
-    return sid, sl, low, offsets, min(max(max_bytes, 1), FETCH_READ_MAX_BYTES), earliest, epoch
-
-
-def parse_cursor(cursor) -> tuple[int, dict, bool, int | None]:
-    """(low, offsets, earliest, epoch) of a reader's cursor map (a fetch read's, or the `at`
-    of an `offsets` request)."""
-    if not isinstance(cursor, dict):
-        raise BadRequest("cursor must be a map")
-    low = cursor.get("low", 0)
-    _check_int(low, "low", _U32_MAX)
-    raw = cursor.get("offsets", {})
-    if not isinstance(raw, dict) or len(raw) > FETCH_CURSOR_GROUPS_MAX:
-        raise BadRequest(f"cursor offsets must be a map of at most {FETCH_CURSOR_GROUPS_MAX} groups")
-    offsets: dict[int, int] = {}
-    for g, off in raw.items():
-        if not (type(g) is int and type(off) is int and 0 <= g <= _U32_MAX
-                and 0 <= off <= _U64_MAX):
-            g = _cursor_group(g)
-            _check_int(off, "cursor offset", _U64_MAX)
-        offsets[g] = off
-    earliest = cursor.get("earliest", False)
-    if not isinstance(earliest, bool):
-        raise BadRequest("cursor 'earliest' must be a boolean")
-    epoch = cursor.get("epoch")
-    if epoch is not None:
-        _check_int(epoch, "cursor epoch", _U64_MAX)
-    return low, offsets, earliest, epoch
-
-
-def _cursor_group(g) -> int:
-    if isinstance(g, str) and g.isdigit() and len(g) <= 10:
-        g = int(g)   # tolerate string keys (a JSON-minded client)
-    _check_int(g, "cursor group", _U32_MAX)
-    return g
-
-
-def _check_int(value, name: str, hi: int) -> None:
-    if type(value) is int and 0 <= value <= hi:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
-        raise BadRequest(f"'{name}' must be an integer in [0, {hi}]")
-
 
 # The produce result of a chunk stored earlier whose position this broker did not look up
 # (kera.codec.schema.produce_result): a retry of a chunk older than `duplicate_scan_chunks_max`.
@@ -1298,13 +836,6 @@ def _stored(group: Group, segment: int, base: int) -> list:
     return [group.id, segment, base, group.number_base + base]
 
 
-def _streamlet_unknown(info: StreamInfo, sl: int) -> NotReady:
-    # Retriable: a client may know of a raised streamlet count before this broker applied it.
-    return NotReady(f"stream {info.name!r} has {info.streamlets} streamlets at metadata version "
-                    f"{info.version} here, no streamlet {sl}: the count may have been raised "
-                    f"since; ask the coordinator")
-
-
 def _parse_marker(m) -> tuple:
     """(kera.codec.txn.Marker, stream name, streamlet) of a wire marker: [transactional_id,
     producer_id, epoch, txn, commit, stream, streamlet]."""
@@ -1313,10 +844,10 @@ def _parse_marker(m) -> tuple:
         raise BadRequest("a marker is [transactional_id, producer_id, epoch, txn, commit, "
                          "stream, streamlet]")
     _, pid, epoch, number, commit, stream, sl = m
-    _check_int(pid, "marker producer_id", _U64_MAX >> txn.EPOCH_BITS)
-    _check_int(epoch, "marker epoch", txn.EPOCH_MASK)
-    _check_int(number, "marker txn", txn.TXN_NUMBER_MAX)
-    _check_int(sl, "marker streamlet", _U32_MAX)
+    check_uint(pid, "marker producer_id", U64_MAX >> txn.EPOCH_BITS)
+    check_uint(epoch, "marker epoch", txn.EPOCH_MASK)
+    check_uint(number, "marker txn", txn.TXN_NUMBER_MAX)
+    check_uint(sl, "marker streamlet", U32_MAX)
     return txn.Marker(pid, epoch, number, commit), stream, sl
 
 

@@ -14,11 +14,18 @@ reason; one that rebuilds it from replicas replays the conditional chunks in ord
 
 from __future__ import annotations
 
+from kera.codec.chunk import Chunk, read_condition
+from kera.daemon.metrics import Counters
+from kera.errors import BadRequest, LockConflict, NotReady, lock_conflict_message
+
 # Locks remembered per streamlet: 16 bytes of ids and numbers plus a dict slot each, a few MiB
 # at most; a service with more hot locks than this sees only spurious, retriable conflicts.
 LOCK_ENTRIES_MAX = 100_000
 # The high-water mark of a writer that has applied nothing.
 NO_MARK = -1
+# Locks one conditional append may name: a transaction touching more rows than this is better
+# split, and it bounds the per-chunk work of the check.
+LOCKS_PER_APPEND_MAX = 1024
 
 
 class LockTable:
@@ -50,3 +57,29 @@ class LockTable:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+
+def check_condition(info, streamlet, buf, counters: Counters) -> tuple[int, ...]:
+    """A conditional append's locks, once checked against its streamlet's lock table; with
+    nothing stored, LockConflict when one was written after the writer's high-water mark,
+    NotReady when that write is not durable yet. `info`: the stream's StreamInfo."""
+    if info.active_groups != 1:
+        raise BadRequest(f"conditional appends need one ordered unit per streamlet: "
+                         f"{info.name!r} has {info.active_groups} active groups per "
+                         f"streamlet; create the stream with active_groups=1")
+    locks, high_water_mark = read_condition(Chunk(buf, check=False))
+    if len(locks) > LOCKS_PER_APPEND_MAX:
+        raise BadRequest(f"{len(locks)} locks in one conditional append, at most "
+                         f"{LOCKS_PER_APPEND_MAX}")
+    hit = streamlet.lock_table().conflict(locks, high_water_mark)
+    if hit is not None:
+        # The table takes a lock at append, before its record is durable; a refusal is
+        # final only over a durable record (a paused or failed-over broker's last appends
+        # may never be), so until then the writer is told to retry.
+        if hit[1] >= streamlet.number_span()[1]:
+            counters.add("lock_conflicts_pending")
+            raise NotReady(f"lock {hit[0]} was last written by record {hit[1]}, which is "
+                           f"not durable yet: retry")
+        counters.add("lock_conflicts")
+        raise LockConflict(lock_conflict_message(hit[0], hit[1], high_water_mark))
+    return locks

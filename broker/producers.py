@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from kera import config
 from kera.codec import txn
+from kera.codec.chunk import FLAG_KAFKA
 
 APPEND = 0
 DUPLICATE = 1
@@ -63,6 +64,20 @@ class ProducerTable:
     @property
     def retained_count(self) -> int:
         return len(self._retained)
+
+    def verdict(self, h, sid: int, sl: int) -> tuple:
+        """(key, entry, verdict) of a stored chunk's producer (`h`: its ChunkHeader): kera's
+        rule (sequences count chunks), Kafka's for a Kafka batch (sequences count records),
+        none for a Kafka producer without idempotence (ids below txn.ANONYMOUS_PRODUCER_IDS:
+        every batch is new, as Kafka has it)."""
+        key = (h.producer_id, sid, sl)
+        if h.flags & FLAG_KAFKA:
+            if txn.is_anonymous_kafka(h.producer_id):
+                return None, None, APPEND
+            entry = self.get(key)
+            return key, entry, classify_kafka(entry, h.sequence)
+        entry = self.get(key)
+        return key, entry, classify(entry, txn.plain_sequence(h.sequence))
 
     def get(self, key: Key) -> Entry | None:
         """The producer's entry (moved back to the hot table if it was evicted)."""

@@ -23,7 +23,7 @@ What is kept is a consistent prefix of each slot's history, never invented data:
 
 All are safe for acknowledged data. On the dead broker a slot's new group took the virtual
 log of the slot's previous group unless that one was wholly durable already
-(kera.broker.core._slot_vlog), and durability walks a log in order, so whatever follows a
+(kera.broker.placement._slot_vlog), and durability walks a log in order, so whatever follows a
 missing chunk in its slot was never durable: never acknowledged, never read. The producer
 retries it, and the rebuilt table then classifies its chunks right (kept ones are duplicates,
 dropped ones are appended again, in order). Dropped chunks are counted and logged.
@@ -477,7 +477,7 @@ def install(core, rebuild: StreamletRebuild) -> Installed | None:
             core._fail(waiter, _not_ready())
     groups = _above_floor(info, sl, groups)
     streamlet = Streamlet(info.id, sl, info.active_groups, info.group_segments,
-                          info.segment_size_bytes, core, core.segment_pool)
+                          info.segment_size_bytes, core.placement, core.segment_pool)
     first = groups[0].id if groups else 0
     if first:
         streamlet.first_group = first
@@ -493,7 +493,7 @@ def install(core, rebuild: StreamletRebuild) -> Installed | None:
         # Stamped now by the retention clock (group_opened), not by its records' timestamps:
         # those are the producers' (any clock, any epoch), and an old one would have
         # retention delete a recovered group at once that its dead owner still kept.
-        core.group_opened(group)
+        core.placement.group_opened(group)
         vlog = group.vlog
         for seg in group.segments:
             if tier is not None:
@@ -507,7 +507,7 @@ def install(core, rebuild: StreamletRebuild) -> Installed | None:
         else:
             group.durable = group.head
         group.closed = True
-        core.group_closed(group)
+        core.placement.group_closed(group)
         done.groups += 1
         done.chunks += len(gb.pids)
         done.bytes += sum(s.used_bytes for s in group.segments)

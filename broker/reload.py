@@ -105,7 +105,7 @@ def install(broker, stream, loaded: Loaded) -> int:
 
 def _streamlet(broker, info, sl: int, segs: list[LoadedSegment], first_recorded: int) -> Streamlet:
     streamlet = Streamlet(info.id, sl, info.active_groups, info.group_segments,
-                          info.segment_size_bytes, broker, broker.segment_pool)
+                          info.segment_size_bytes, broker.placement, broker.segment_pool)
     by_group: dict[int, list[LoadedSegment]] = {}
     for ls in segs:
         by_group.setdefault(ls.record.group, []).append(ls)

@@ -72,6 +72,7 @@ class Repairs:
         self._requests.append(RepairRead(address, fields, seg, index, rest))
 
     def take_requests(self) -> list[RepairRead]:
+        """`read_replica` requests to send for damaged tiered chunks."""
         out, self._requests = self._requests, []
         return out
 

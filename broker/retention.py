@@ -132,8 +132,7 @@ class RetentionHost(Protocol):
     streams: dict          # sid -> the broker's Stream (info, streamlets)
     tier: object           # kera.broker.tier.Tier: segment_deleted, record_first_group
     counters: object       # kera.daemon.metrics.Counters
-
-    def close_group(self, group) -> None: ...
+    placement: object      # kera.broker.placement.Placement: close_group
 
 
 class Retention:
@@ -283,7 +282,7 @@ class Retention:
             if group is not None and not group.closed and group.head and \
                     group.created_ms + retention_ms <= wall_ms:
                 self.broker.counters.add("groups_closed_by_time")
-                self.broker.close_group(group)
+                self.broker.placement.close_group(group)
 
     def _trim(self, streamlet, info, wall_ms: int) -> int:
         groups = streamlet.groups
@@ -405,6 +404,7 @@ class Retention:
         self.broker.counters.add("replicas_dropped")
 
     def take_drops(self) -> list[ReplicaDrop]:
+        """`drop_replica` requests to send: virtual segments nothing references any more."""
         drops = list(self.drops)
         self.drops.clear()
         return drops

@@ -30,7 +30,8 @@ from kera.net.security import is_loopback
 from kera.daemon.coordinator_link import CoordinatorLink, LinkHooks
 from kera.daemon.coordinator_session import CoordinatorSession
 from kera.broker import history_epoch, replica_report
-from kera.broker.core import MARKERS_PER_REQUEST_MAX, Broker, BrokerConfig, parse_cursor
+from kera.broker.core import MARKERS_PER_REQUEST_MAX, Broker, BrokerConfig
+from kera.broker.reads import parse_cursor
 from kera.broker.txn_writes import READ_COMMITTED
 from kera.broker.memory import default_memory_limit_bytes
 from kera.broker.recovery_service import RecoveryService
@@ -213,7 +214,7 @@ class BrokerDaemon:
         results, epochs, frames = self._fetch(req, reads)
         if wait_ms and not frames and all(r[0] is None for r in results):
             deadline = self.clock.monotonic() + wait_ms / 1000
-            if self.core.park_fetch((req, reads, quota, started_s), reads, deadline):
+            if self.core.reads.park_fetch((req, reads, quota, started_s), reads, deadline):
                 self.server.wake_at(deadline)
                 return DEFERRED   # answered by _answer_held_fetches
         if self.latency is not None:
@@ -223,7 +224,7 @@ class BrokerDaemon:
     def _fetch(self, req: Request, reads: list, again: bool = False) -> tuple[list, list, list]:
         epochs: list = []
         isolation = req.fields.str("isolation", READ_COMMITTED, hi=32)
-        results, frames = self.core.fetch(reads, epochs, self._checker(req, "read"), again,
+        results, frames = self.core.reads.fetch(reads, epochs, self._checker(req, "read"), again,
                                           isolation)
         return results, epochs, frames
 
@@ -236,7 +237,7 @@ class BrokerDaemon:
     def _answer_held_fetches(self) -> None:
         """Fetch again, and answer, the held fetches that new records or their deadline
         released. `held` tells the consumer this broker holds fetches that find nothing."""
-        for token in self.core.take_ready_fetches(self.clock.monotonic()):
+        for token in self.core.reads.take_ready_fetches(self.clock.monotonic()):
             if isinstance(token, Deferred):
                 token.done(None)
                 continue
@@ -256,22 +257,23 @@ class BrokerDaemon:
         sid, sl = f.int("sid", hi=SID_MAX), f.int("sl", hi=SL_MAX)
         check = self._checker(req, "describe")
         if check is not None:
-            self.core.check_stream(sid, check)
-        reply = {"groups": self.core.offsets(sid, sl), "first_group": self.core.first_group(sid, sl),
-                 "epoch": self.core.history_epoch(sid, sl)}
+            self.core.reads.check_stream(sid, check)
+        reads = self.core.reads
+        reply = {"groups": reads.offsets(sid, sl), "first_group": reads.first_group(sid, sl),
+                 "epoch": reads.history_epoch(sid, sl)}
         at = f.dict("at", None)
         if at is not None:   # a reader's cursor: also its lag in bytes
             low, offsets, _earliest, _epoch = parse_cursor(at)
-            reply["behind_bytes"] = self.core.bytes_behind(sid, sl, low, offsets)
+            reply["behind_bytes"] = reads.bytes_behind(sid, sl, low, offsets)
         return reply
 
     def _on_offsets_for_time(self, req: Request):
         q = schema.offsets_for_time(req.fields)
-        return self._cursor_reply(req, q.sid, q.sl, self.core.cursor_at_time, q.target)
+        return self._cursor_reply(req, q.sid, q.sl, self.core.reads.cursor_at_time, q.target)
 
     def _on_offsets_for_number(self, req: Request):
         q = schema.offsets_for_number(req.fields)
-        return self._cursor_reply(req, q.sid, q.sl, self.core.cursor_at_number, q.target)
+        return self._cursor_reply(req, q.sid, q.sl, self.core.reads.cursor_at_number, q.target)
 
     def _on_numbers(self, req: Request):
         """Record numbers of one slot of a streamlet (a Kafka partition's offsets): `start`
@@ -281,7 +283,7 @@ class BrokerDaemon:
         sid, sl = f.int("sid", hi=SID_MAX), f.int("sl", hi=SL_MAX)
         check = self._checker(req, "describe")
         if check is not None:
-            self.core.check_stream(sid, check)
+            self.core.reads.check_stream(sid, check)
         return kafka_slots.numbers(self.core, sid, sl, f.int("slot", 0, hi=255),
                                    f.int("timestamp_us", None, hi=schema.TIMESTAMP_US_MAX))
 
@@ -290,10 +292,11 @@ class BrokerDaemon:
         describe the stream: `low`, `offsets`, `first_group`, `epoch`."""
         check = self._checker(req, "describe")
         if check is not None:
-            self.core.check_stream(sid, check)
+            self.core.reads.check_stream(sid, check)
         low, offsets = cursor_at(sid, sl, target)
-        return {"low": low, "offsets": offsets, "first_group": self.core.first_group(sid, sl),
-                "epoch": self.core.history_epoch(sid, sl)}
+        reads = self.core.reads
+        return {"low": low, "offsets": offsets, "first_group": reads.first_group(sid, sl),
+                "epoch": reads.history_epoch(sid, sl)}
 
     def _quota(self, req: Request, kind: str, nbytes: int = 0):
         """The quotas to charge `req` (of `nbytes`) to, after refusing it (`throttled`) while
@@ -340,7 +343,7 @@ class BrokerDaemon:
         # acl_version: which ACLs and quotas this broker enforces (-1: none received yet).
         return {"stats": {**self.core.stats(), **self.recovery.stats(),
                           **self.compaction.stats(), "acl_version": self.acl_version},
-                "streams": self.core.stream_traffic()}
+                "streams": self.core.reads.stream_traffic()}
 
     # ------------------------------------------------------------------ replication
     def pump(self) -> None:
@@ -408,7 +411,7 @@ class BrokerDaemon:
     def _heartbeat_fields(self) -> dict:
         self.snapshot = {**self.core.stats(), **self.recovery.stats()}
         if self.export_traffic:
-            self.traffic_snapshot = self.core.stream_traffic()   # replaced whole: metrics thread
+            self.traffic_snapshot = self.core.reads.stream_traffic()   # replaced whole: metrics thread
         self._beats += 1
         if self._beats % CLUSTER_EVERY_HEARTBEATS == 0:
             self._refresh_cluster()
@@ -487,7 +490,7 @@ class BrokerDaemon:
         self.link.call("cluster", {}, self._cluster_reply)
 
     def _cluster_reply(self, header: dict) -> None:
-        self.core.set_backups(header.get("backups"), self.clock.monotonic(),
+        self.core.placement.set_backups(header.get("backups"), self.clock.monotonic(),
                               header.get("settled", True) is not False)
         if self.kafka is not None:
             self.kafka_catalog.update_brokers(header.get("brokers"))

@@ -437,6 +437,7 @@ class TierStore:
 
     # ------------------------------------------------------------------ outcomes
     def job_done(self, job, error: Exception | None, now: float) -> None:
+        """The outcome of a job take_jobs handed to the tier thread (kera.broker.tier_files.run)."""
         self.jobs_out -= 1
         if isinstance(job, CleanJob):
             if self.on_rewrite is not None:

@@ -100,12 +100,12 @@ class TierService:
             return
         now = self.clock.monotonic()
         self.live_files.close_idle(now)
-        for req in core.take_repair_reads():
+        for req in core.repairs.take_requests():
             self._send_repair(req)
         for job, _, error in self.worker.completions():
             # A write may fail with OSError; anything else is a bug, which stops the daemon.
-            core.tier_job_done(job, expected(error, OSError), now)
-        for job in core.take_tier_jobs(now):
+            core.tier.job_done(job, expected(error, OSError), now)
+        for job in core.tier.take_jobs(now):
             self.worker.submit(job)
 
     # ------------------------------------------------------------------ R=1 before the ack
@@ -115,12 +115,12 @@ class TierService:
         acknowledged only once a later write succeeded)."""
         failed = None
         now = self.clock.monotonic()
-        for w in self.core.take_live_writes():
+        for w in self.core.tier.take_live_writes():
             try:
                 self.live_files.write(w, now)
-                self.core.live_written(w, None)
+                self.core.tier.live_written(w, None)
             except OSError as err:
-                self.core.live_written(w, err)
+                self.core.tier.live_written(w, err)
                 failed = err
         if failed is not None:
             log.error("could not write R=1 chunks to %s: %s", self.root, failed)
@@ -132,7 +132,7 @@ class TierService:
         core = self.core
         core.enforce_retention(int(self.clock.time() * 1000), int(self.clock.monotonic() * 1000))
         now = self.clock.monotonic()
-        for drop in core.take_replica_drops():
+        for drop in core.retention.take_drops():
             self._drops.append((now, 1, drop))
         due = [d for d in self._drops if d[0] <= now]
         if due:
@@ -158,7 +158,7 @@ class TierService:
 
     def _send_repair(self, req: RepairRead) -> None:
         def done(header, frames, error, req=req):
-            self.core.repair_read_done(req, header, frames, error)
+            self.core.repairs.done(req, header, frames, error)
 
         self.server.peer(req.address).request("read_replica", req.fields, [],
                                               REPAIR_READ_TIMEOUT_S, done)
@@ -173,7 +173,7 @@ class TierService:
         deadline = self.clock.monotonic() + SHUTDOWN_DRAIN_TIMEOUT_S
         while core.tier.jobs_out and self.clock.monotonic() < deadline:
             for job, _, error in self.worker.completions():
-                core.tier_job_done(job, error, self.clock.monotonic())
+                core.tier.job_done(job, error, self.clock.monotonic())
             if core.tier.jobs_out:
                 self.clock.sleep(SHUTDOWN_POLL_S)
         self.worker.close()

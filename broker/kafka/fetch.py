@@ -70,7 +70,7 @@ class FetchRequest(Deferred):
     def run(self, again: bool) -> None:
         reads = [self._locate(p) for p in self.parts]
         reads = [r for r in reads if r is not None]
-        results, frames = self.ctx.core.fetch(reads, again=again) if reads else ([], [])
+        results, frames = self.ctx.core.reads.fetch(reads, again=again) if reads else ([], [])
         batches = self._batches(results, frames)
         if self._hold(reads, sum(len(b) for bs in batches.values() for b in bs)):
             return
@@ -91,7 +91,7 @@ class FetchRequest(Deferred):
         if first:
             wait_ms = min(int(self.call.body.max_wait.total_seconds() * 1000), FETCH_WAIT_MAX_MS)
             self.deadline = now + max(wait_ms, 0) / 1000
-        if now >= self.deadline or not self.ctx.core.park_fetch(self, reads, self.deadline):
+        if now >= self.deadline or not self.ctx.core.reads.park_fetch(self, reads, self.deadline):
             return False
         if first:   # one loop wake-up at the deadline, however often new records re-hold it
             self.ctx.wake_at(self.deadline)

@@ -62,7 +62,7 @@ def _partition(ctx: Context, topic: str, index: int, offset: int) -> dict:
 def _delete(ctx: Context, stream, index: int, offset: int) -> tuple[int, ErrorCode]:
     """(the partition's start after deleting below `offset`, the error code)."""
     sid = stream.info.id
-    start, end = ctx.core.number_span(sid, index)   # not_owner, not_ready: refused here
+    start, end = ctx.core.reads.number_span(sid, index)   # not_owner, not_ready: refused here
     target = end if offset == HIGH_WATERMARK else offset
     if not 0 <= target <= end:
         return start, ErrorCode.offset_out_of_range
@@ -71,7 +71,7 @@ def _delete(ctx: Context, stream, index: int, offset: int) -> tuple[int, ErrorCo
         return start, ErrorCode.none
     _close_if_below(ctx, streamlet, target)
     ctx.core.retention.delete_below(streamlet, target)
-    return ctx.core.number_span(sid, index)[0], ErrorCode.none
+    return ctx.core.reads.number_span(sid, index)[0], ErrorCode.none
 
 
 def _close_if_below(ctx: Context, streamlet, target: int) -> None:
@@ -82,4 +82,4 @@ def _close_if_below(ctx: Context, streamlet, target: int) -> None:
     if group is None or group.closed or not group.head or group.number_base is None:
         return
     if group.number_base + group.head <= target:
-        ctx.core.close_group(group)
+        ctx.core.placement.close_group(group)

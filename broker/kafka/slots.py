@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from kera.broker.core import FETCH_GROUPS_MAX
+from kera.broker.reads import FETCH_GROUPS_MAX
 from kera.broker.producers import ANONYMOUS_PRODUCER_ID
 from kera.codec.txn import ANONYMOUS_PRODUCER_IDS
 from kera.broker.time_index import record_at_or_after
@@ -61,8 +61,8 @@ def span(core, info, sl: int, slot: int) -> tuple[int, int]:
     """(first retained, durable end) record numbers of one slot: the partition's log start
     offset and high watermark. The core checks that this broker may read the streamlet."""
     if info.active_groups == 1:
-        return core.number_span(info.id, sl)
-    core.first_group(info.id, sl)           # not_owner, not_ready, unknown: refused here
+        return core.reads.number_span(info.id, sl)
+    core.reads.first_group(info.id, sl)           # not_owner, not_ready, unknown: refused here
     streamlet = core.streams[info.id].streamlets.get(sl)
     if streamlet is None:                   # nothing here yet: from what retention deleted
         floor = info.floors.get(sl)
@@ -87,9 +87,9 @@ def cursor(core, info, sl: int, slot: int, number: int) -> tuple[dict, int]:
     their heads, so they give nothing; the factor is how many slots the core shares the read's
     bytes among, by which the caller multiplies its max bytes so that this slot gets them."""
     if info.active_groups == 1:
-        low, offsets = core.cursor_at_number(info.id, sl, number)
+        low, offsets = core.reads.cursor_at_number(info.id, sl, number)
         return {"low": low, "offsets": offsets}, 1
-    core.first_group(info.id, sl)
+    core.reads.first_group(info.id, sl)
     streamlet = core.streams[info.id].streamlets.get(sl)
     if streamlet is None:
         return {"low": 0, "offsets": {}}, 1
@@ -138,8 +138,8 @@ def number_at_time(core, info, sl: int, slot: int, timestamp_us: int) -> tuple[i
     """(record number, timestamp µs) of the slot's first durable record at or after
     `timestamp_us`; None when there is none (Kafka's ListOffsets by timestamp)."""
     if info.active_groups == 1:
-        return core.number_at_time(info.id, sl, timestamp_us)
-    low, offsets = core.cursor_at_time(info.id, sl, timestamp_us)
+        return core.reads.number_at_time(info.id, sl, timestamp_us)
+    low, offsets = core.reads.cursor_at_time(info.id, sl, timestamp_us)
     streamlet = core.streams[info.id].streamlets.get(sl)
     for g in streamlet.groups if streamlet is not None else ():
         off = offsets.get(g.id, 0)
@@ -172,7 +172,7 @@ def numbers(core, sid: int, sl: int, slot: int, at_us: int | None = None) -> dic
     """The `numbers` op's reply for slot `slot` of streamlet `sl` (a Kafka partition's offsets,
     for `kera group` on Kafka groups): `start`, `end` and, given `at_us`, `at_time`, the number
     of the first durable record at or after it (None: none is)."""
-    core.first_group(sid, sl)               # unknown stream, not owner, not ready: refused
+    core.reads.first_group(sid, sl)               # unknown stream, not owner, not ready: refused
     info = core.streams[sid].info
     if not 0 <= slot < info.active_groups:
         raise BadRequest(f"stream {info.name!r} has {info.active_groups} active groups per "

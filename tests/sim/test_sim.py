@@ -120,7 +120,6 @@ def test_catches_duplicates(monkeypatch):
         return broker_producers.APPEND if verdict == broker_producers.DUPLICATE else verdict
 
     monkeypatch.setattr(broker_producers, "classify", forgetful)
-    monkeypatch.setattr("kera.broker.core.classify", forgetful)
     # Lost replies make producers retry chunks the broker stored; whether a run loses a reply
     # to a stored chunk depends on its schedule, so the first of a few seeds that does must fail.
     for seed in range(5, 15):

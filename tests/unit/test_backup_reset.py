@@ -180,7 +180,7 @@ def test_a_lone_backup_restarted_from_disk_is_rewritten_from_zero():
     backups = [{"id": i, "address": f"h:{i}", "node": f"n{i}", "alive": True} for i in (1, 2)]
     broker = Broker("n0", BrokerConfig(), broker_id=3)
     broker.apply_metadata([desc], 1)
-    broker.set_backups(backups, 0.0)
+    broker.placement.set_backups(backups, 0.0)
     stores = {1: ReplicaStore(), 2: ReplicaStore()}
     disks = {1: FakeDisk(), 2: FakeDisk()}
 
@@ -208,11 +208,11 @@ def test_a_lone_backup_restarted_from_disk_is_rewritten_from_zero():
     produce(0, 0.0)
     assert [t for t, _ in broker.take_replies()] == ["p0"]
     # Backup 1 is declared dead, restarts and loads its replica from disk.
-    broker.set_backups(backups[1:], 1.0)
+    broker.placement.set_backups(backups[1:], 1.0)
     stores[1] = ReplicaStore()
     for meta in disks[1].metas.values():
         stores[1].load(meta)
-    broker.set_backups(backups, 1.1)
+    broker.placement.set_backups(backups, 1.1)
     produce(1, 1.2)
     now = 1.2
     while now < 5.0 and not broker.take_replies():

@@ -75,7 +75,7 @@ def acked_broker(R, versions):
     """A broker whose first chunk is acknowledged by R-1 of the backups in `versions`."""
     b = Broker("node0", BrokerConfig(replication_timeout_s=2.0), broker_id=ME)
     b.apply_metadata([desc(R)], 1)
-    b.set_backups(entries(*((i, True, v) for i, v in versions.items())), 0.0)
+    b.placement.set_backups(entries(*((i, True, v) for i, v in versions.items())), 0.0)
     b.produce("a", [chunk.encode(1, 0, 1, 0, [b"r"] * 4)], 0.0)
     writes = b.sync(0.0)
     for w in writes:
@@ -90,7 +90,7 @@ def test_replicas_on_a_restarted_backup_are_rebuilt_elsewhere():
     other = 3 - holder
     versions = {1: 3, 2: 4}
     versions[holder] += 10   # it restarted within the dead window: alive all along
-    b.set_backups(entries(*((i, True, v) for i, v in versions.items())), 1.0)
+    b.placement.set_backups(entries(*((i, True, v) for i, v in versions.items())), 1.0)
     [w] = b.sync(1.0)
     assert w.backup_id == other and w.fields["offset"] == 0 and w.fields["reset"] is True
     assert w.chunks == 1
@@ -100,7 +100,7 @@ def test_replicas_on_a_restarted_backup_are_rebuilt_elsewhere():
 def test_with_no_other_backup_the_restarted_one_is_rewritten_from_zero():
     b, holders = acked_broker(3, {1: 3, 2: 4})
     assert sorted(holders) == [1, 2]
-    b.set_backups(entries((1, True, 3), (2, True, 20)), 1.0)
+    b.placement.set_backups(entries((1, True, 3), (2, True, 20)), 1.0)
     [w] = b.sync(1.0)
     assert w.backup_id == 2 and w.fields["offset"] == 0 and w.fields["reset"] is True
     b.write_done(w, {"length": w.end_bytes}, None, 1.0)
@@ -109,7 +109,7 @@ def test_with_no_other_backup_the_restarted_one_is_rewritten_from_zero():
 
 def test_a_coordinator_restart_does_not_rereplicate():
     b, _ = acked_broker(2, {1: 3, 2: 4})
-    b.set_backups(entries((1, True, 0), (2, True, 0)), 1.0)
+    b.placement.set_backups(entries((1, True, 0), (2, True, 0)), 1.0)
     assert b.sync(1.0) == [] and b.stats().get("replicas_lost", 0) == 0
 
 

@@ -34,7 +34,7 @@ def cursor(low=0, **offsets):
 
 
 def fetch_one(b, sid=1, sl=0, cur=None, max_bytes=1 << 20):
-    results, frames = b.fetch([[sid, sl, cur or cursor(), max_bytes]])
+    results, frames = b.reads.fetch([[sid, sl, cur or cursor(), max_bytes]])
     err, n, groups = results[0]
     assert err is None, err
     assert n == len(frames)
@@ -49,7 +49,7 @@ def test_produce_then_fetch_round_trip():
     assert [(c.header.group, c.header.base_offset, len(c)) for c in chunks] == [(0, 0, 3), (0, 3, 4)]
     assert chunks[0].values() == [b"val"] * 3
     assert groups == [[0, 0, 0, 7, False]]
-    assert b.offsets(1, 1) == [[0, 0, 0, 2, False]]
+    assert b.reads.offsets(1, 1) == [[0, 0, 0, 2, False]]
     s = b.stats()
     assert s["chunks_appended"] == 3 and s["bytes_appended"] > 0 and s["durable_lag_bytes"] == 0
 
@@ -121,7 +121,7 @@ def test_corrupt_chunk_is_refused_with_nothing_appended(damage):
         bad = reseal_header(bad)
     [res] = b.produce("a", [bytes(bad)], 0.0)
     assert res[0] == "corrupt_chunk" and res[2] is False
-    assert b.stats()["chunks_appended"] == 0 and b.offsets(1, 0) == []
+    assert b.stats()["chunks_appended"] == 0 and b.reads.offsets(1, 0) == []
     # The producer's sequence was not consumed: the good chunk is still sequence 0.
     assert b.produce("b", [good], 0.0) == [[0, 0, 0, 0]]
 
@@ -160,7 +160,7 @@ def test_group_rollover_and_fetch_serves_lowest_unfinished_group_per_slot():
     for seq in range(3):
         b.produce("a", [make(producer=0, seq=seq, value=big)], 0.0)
         b.produce("b", [make(producer=1, seq=seq, value=big)], 0.0)
-    groups = b.offsets(1, 0)
+    groups = b.reads.offsets(1, 0)
     # slot 0: group 0 (closed, 2 chunks) then group 2; slot 1: group 1 then group 3.
     assert [(g[0], g[1], g[3], g[4]) for g in groups] == [
         (0, 0, 6, True), (1, 1, 6, True), (2, 0, 3, False), (3, 1, 3, False)]
@@ -188,7 +188,7 @@ def test_fetch_budget_is_shared_fairly_and_at_least_one_chunk():
 def test_fetch_errors_are_per_read():
     b = broker(desc(1, placement=[ME, 99]))
     b.produce("a", [make()], 0.0)
-    results, frames = b.fetch([
+    results, frames = b.reads.fetch([
         [1, 0, cursor(), 1000], [1, 1, cursor(), 1000], [77, 0, cursor(), 1000],
         [1, 0, {"low": "x"}, 1000], "junk", [1, 0, cursor(0, g0=999), 1000],
         [1, 0, {"offsets": {"0": 1}}, 1000]])
@@ -198,7 +198,7 @@ def test_fetch_errors_are_per_read():
     assert [r[1] for r in results] == [1, 0, 0, 0, 0, 0, 1]
     assert len(frames) == 2
     with pytest.raises(BadRequest):
-        b.fetch("not a list")
+        b.reads.fetch("not a list")
 
 
 @pytest.mark.parametrize("read, field", [
@@ -215,7 +215,7 @@ def test_fetch_errors_are_per_read():
 def test_each_bad_field_of_a_read_is_refused_by_name(read, field):
     b = broker()
     b.produce("a", [make()], 0.0)
-    results, frames = b.fetch([read, [1, 0, cursor(), 1000]])
+    results, frames = b.reads.fetch([read, [1, 0, cursor(), 1000]])
     assert results[0][0][0] == "bad_request" and field in results[0][0][1]
     assert results[1][0] is None and results[1][1] == 1 and len(frames) == 1
 
@@ -223,7 +223,7 @@ def test_each_bad_field_of_a_read_is_refused_by_name(read, field):
 def test_reads_at_the_bounds_of_each_field_are_parsed():
     b = broker()
     b.produce("a", [make()], 0.0)
-    results, _ = b.fetch([[2**64 - 1, 0, cursor(), 2**64 - 1], [1, 2**32 - 1, cursor(), 0],
+    results, _ = b.reads.fetch([[2**64 - 1, 0, cursor(), 2**64 - 1], [1, 2**32 - 1, cursor(), 0],
                           [1, 0, {"offsets": {"0": 1, 2**32 - 1: 1}}, 1000]])
     assert [r[0] and r[0][0] for r in results] == ["unknown_stream", "not_ready",
                                                    "offset_out_of_range"]
@@ -274,14 +274,14 @@ def test_bytes_behind_counts_durable_chunks_past_a_cursor_across_groups_and_segm
     b = broker(desc(G=2, seg=1024))
     for seq in range(9):            # 6 chunks fill group 0 (2 segments), 3 go to group 1
         b.produce("p", [make(seq=seq, value=b"v" * 70)], 0.0)
-    assert [g[0] for g in b.offsets(1, 0)] == [0, 1]
-    assert b.bytes_behind(1, 0, 0, {}) == 9 * size
-    assert b.bytes_behind(1, 0, 0, {0: 3}) == 8 * size     # at a chunk boundary
-    assert b.bytes_behind(1, 0, 0, {0: 4}) == 8 * size     # inside a chunk: it counts whole
-    assert b.bytes_behind(1, 0, 0, {0: 9}) == 6 * size     # in the second segment
-    assert b.bytes_behind(1, 0, 1, {1: 3}) == 2 * size     # group 0 finished
-    assert b.bytes_behind(1, 0, 1, {1: 9}) == 0
-    assert b.bytes_behind(1, 1, 0, {}) == 0                # a streamlet with no data
+    assert [g[0] for g in b.reads.offsets(1, 0)] == [0, 1]
+    assert b.reads.bytes_behind(1, 0, 0, {}) == 9 * size
+    assert b.reads.bytes_behind(1, 0, 0, {0: 3}) == 8 * size     # at a chunk boundary
+    assert b.reads.bytes_behind(1, 0, 0, {0: 4}) == 8 * size     # inside a chunk: it counts whole
+    assert b.reads.bytes_behind(1, 0, 0, {0: 9}) == 6 * size     # in the second segment
+    assert b.reads.bytes_behind(1, 0, 1, {1: 3}) == 2 * size     # group 0 finished
+    assert b.reads.bytes_behind(1, 0, 1, {1: 9}) == 0
+    assert b.reads.bytes_behind(1, 1, 0, {}) == 0                # a streamlet with no data
 
 
 def test_bytes_behind_stops_at_the_durable_head():

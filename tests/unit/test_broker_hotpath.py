@@ -41,7 +41,7 @@ def _requests(n_requests: int):
 def _setup(R):
     b = Broker("n0", BrokerConfig(), broker_id=ME)
     b.apply_metadata([_desc(R)], 1)
-    b.set_backups([{"id": 1, "address": "h:1", "node": "n1", "alive": True}], 0.0)
+    b.placement.set_backups([{"id": 1, "address": "h:1", "node": "n1", "alive": True}], 0.0)
     return b
 
 

@@ -31,7 +31,7 @@ def broker(*streams, backups=(1, 2), **cfg):
     cfg.setdefault("replication_timeout_s", TIMEOUT)
     b = Broker("node0", BrokerConfig(**cfg), broker_id=ME)
     b.apply_metadata(list(streams) or [desc()], 1)
-    b.set_backups(backup_list(*backups), 0.0)
+    b.placement.set_backups(backup_list(*backups), 0.0)
     return b
 
 
@@ -95,7 +95,7 @@ def ack(b, backups, writes, now=0.0):
 
 
 def fetched(b, sid=1, sl=0):
-    results, frames = b.fetch([[sid, sl, {"low": 0, "offsets": {}}, 1 << 30]])
+    results, frames = b.reads.fetch([[sid, sl, {"low": 0, "offsets": {}}, 1 << 30]])
     return [chunk.read_header(c).sequence for f in frames for c in chunk.frame_chunks(f)]
 
 
@@ -350,7 +350,7 @@ def test_no_backup_fails_the_request_retriably_and_a_retry_waits_for_durability(
     assert token == "a" and err.code == "replication_failed" and err.retriable
     # The retry is a duplicate of a chunk not yet durable: it waits too.
     assert b.produce("a2", [make(seq=0)], 7.0) is None
-    b.set_backups(backup_list(1), 7.0)
+    b.placement.set_backups(backup_list(1), 7.0)
     [w] = b.sync(7.0)
     ack(b, fb, [w], 7.1)
     assert b.take_replies() == [("a2", [[0, 0, 0, 0]])]
@@ -384,7 +384,7 @@ def test_backup_death_restores_redundancy_of_finished_segments():
     assert vs0.finished
     holder = vs0.replicas[0].backup_id
     other = 3 - holder
-    b.set_backups(backup_list(other), 1.0)
+    b.placement.set_backups(backup_list(other), 1.0)
     writes = b.sync(1.0)
     again = [w for w in writes if w.fields["vseg"] == 0]
     assert len(again) == 1 and again[0].backup_id == other
@@ -438,7 +438,7 @@ def test_replication_factor_and_durability_get_their_own_logs():
 def test_backups_on_other_nodes_are_preferred():
     b = Broker("nodeA", BrokerConfig(), broker_id=ME)
     b.apply_metadata([desc()], 1)
-    b.set_backups(backup_list(1, 2, node_of=lambda i: "nodeA" if i == 1 else "nodeB"), 0.0)
+    b.placement.set_backups(backup_list(1, 2, node_of=lambda i: "nodeA" if i == 1 else "nodeB"), 0.0)
     for seq in range(3):
         b.produce(seq, [make(seq=seq)], 0.0)
         assert b.sync(0.0)[0].backup_id == 2

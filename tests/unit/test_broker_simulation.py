@@ -55,7 +55,7 @@ class Sim:
             self.publish()
 
     def publish(self):
-        self.b.set_backups([{"id": i, "address": f"h:{i}", "node": n, "alive": True}
+        self.b.placement.set_backups([{"id": i, "address": f"h:{i}", "node": n, "alive": True}
                             for i, n in self.live.items()], self.now)
 
     # ------------------------------------------------------------------ backups
@@ -135,7 +135,7 @@ class Sim:
                     assert g.durable <= g.head
         for sid in STREAMS:
             for sl in range(2):
-                results, frames = self.b.fetch([[sid, sl, {"low": 0, "offsets": {}}, 1 << 30]])
+                results, frames = self.b.reads.fetch([[sid, sl, {"low": 0, "offsets": {}}, 1 << 30]])
                 for f in [c for fr in frames for c in chunk.frame_chunks(fr)][:3]:
                     h = chunk.read_header(f)
                     assert self.copies(sid, h.group, sl, h.base_offset) >= STREAMS[sid], \
@@ -219,7 +219,7 @@ def read_all(b, sid, sl, max_bytes=4096):
     """Read a streamlet as a consumer does: cursor per group, finished groups skipped."""
     low, offsets, out = 0, {}, []
     for _ in range(10_000):
-        results, frames = b.fetch([[sid, sl, {"low": low, "offsets": dict(offsets)}, max_bytes]])
+        results, frames = b.reads.fetch([[sid, sl, {"low": low, "offsets": dict(offsets)}, max_bytes]])
         err, n, groups = results[0]
         assert err is None, err
         for f in (c for fr in frames for c in chunk.frame_chunks(fr)):

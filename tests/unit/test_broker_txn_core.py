@@ -49,7 +49,7 @@ def verify_all(b, number=1, error=None):
 
 
 def read(b, isolation="read_committed", cur=None):
-    results, frames = b.fetch([[1, 0, cur or {"low": 0, "offsets": {}}, 1 << 20]],
+    results, frames = b.reads.fetch([[1, 0, cur or {"low": 0, "offsets": {}}, 1 << 20]],
                               isolation=isolation)
     assert results[0][0] is None, results[0][0]
     return [chunk.Chunk(c) for f in frames for c in chunk.frame_chunks(f)]
@@ -197,14 +197,14 @@ def test_a_verified_chunk_after_its_transaction_ended_is_refused():
 def test_isolation_must_be_known():
     b = broker()
     with pytest.raises(Exception, match="isolation"):
-        b.fetch([[1, 0, {"low": 0, "offsets": {}}, 100]], isolation="dirty")
+        b.reads.fetch([[1, 0, {"low": 0, "offsets": {}}, 100]], isolation="dirty")
 
 
 def test_a_marker_is_answered_only_once_durable_and_its_retry_waits_too():
     from tests.unit.test_broker_replication import FakeBackups, ack, backup_list
     b = Broker("n1", BrokerConfig(replication_timeout_s=2.0), broker_id=ME)
     b.apply_metadata([desc(R=2)], 1)
-    b.set_backups(backup_list(1), 0.0)
+    b.placement.set_backups(backup_list(1), 0.0)
     fb = FakeBackups()
     b.produce("open", [tx_chunk(0)], 0.0)
     verify_all(b)
@@ -275,7 +275,7 @@ def test_without_an_isolation_every_chunk_is_served_as_stored():
     b = broker()
     _open_txn(b)
     b.txn_markers("m", [marker(1, False)], 0.0)
-    results, frames = b.fetch([[1, 0, {"low": 0, "offsets": {}}, 1 << 20]])
+    results, frames = b.reads.fetch([[1, 0, {"low": 0, "offsets": {}}, 1 << 20]])
     pids = [chunk.read_header(c).producer_id for f in frames for c in chunk.frame_chunks(f)]
     assert pids[-1] == MARKER_PRODUCER_ID and len(pids) == 3
 
@@ -288,15 +288,15 @@ def test_a_broker_reloaded_from_its_disk_rebuilds_the_index(tmp_path):
     b = tier_broker(tmp_path, 1024 * 1024, tier_desc(Q=2))
     produce_live(b, tmp_path, "open", [tx_chunk(0), tx_chunk(1)])
     verify_all(b)
-    for w in b.take_live_writes():
+    for w in b.tier.take_live_writes():
         tier_files.write_live(tmp_path, w)
-        b.live_written(w, None)
+        b.tier.live_written(w, None)
     b.txn_markers("m", [marker(1, False)], 0.0)
     produce_live(b, tmp_path, "open2", [tx_chunk(0, pid=PID + 1, epoch=1)])
     verify_all(b, 7)
-    for w in b.take_live_writes():
+    for w in b.tier.take_live_writes():
         tier_files.write_live(tmp_path, w)
-        b.live_written(w, None)
+        b.tier.live_written(w, None)
     live = b.txn.indexes[(1, 0)]
     b2 = restarted(tmp_path, [tier_desc(Q=2)])
     assert b2.txn.indexes[(1, 0)].snapshot() == live.snapshot()

@@ -157,7 +157,7 @@ def read_committed(b) -> list:
     cursor per group, stepping over gap chunks by their span."""
     low, offsets, out = 0, {}, []
     for _ in range(10_000):
-        results, frames = b.fetch([[SID, SL, {"low": low, "offsets": dict(offsets)}, 4096]],
+        results, frames = b.reads.fetch([[SID, SL, {"low": low, "offsets": dict(offsets)}, 4096]],
                                   isolation="read_committed")
         err, n, groups = results[0]
         assert err is None, err

@@ -51,7 +51,7 @@ def run_tier(b, root, upto=None):
     """Run the tier's jobs as its thread would, in order; stop before the first job for which
     `upto(job)` is true (a kill -9 there) and return it, or None once none is left."""
     while True:
-        jobs = b.take_tier_jobs(0.0)
+        jobs = b.tier.take_jobs(0.0)
         if not jobs:
             return None
         for job in jobs:
@@ -62,7 +62,7 @@ def run_tier(b, root, upto=None):
                 error = None
             except OSError as err:
                 error = err
-            b.tier_job_done(job, error, 0.0)
+            b.tier.job_done(job, error, 0.0)
 
 
 def rows(b):

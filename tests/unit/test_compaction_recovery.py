@@ -137,7 +137,7 @@ def test_installed_streamlet_serves_the_compacted_records(hist):
         rb.add(memoryview(c), chunk.read_header(c), True)
     assert install(b, rb) is not None
     assert read(b) == after1
-    assert b.number_span(1, 0) == (0, after1[-1][0] + 1)
+    assert b.reads.number_span(1, 0) == (0, after1[-1][0] + 1)
     # Appends go on after the recovered numbers.
     r = b.produce(0, [chunk.encode(9, 0, 1, 0, [b"new"], keys=[b"k"])], 0.0)[0]
     assert r[0] is not None and not isinstance(r[0], str)

@@ -53,7 +53,7 @@ def read(b, low=0, offsets=None):
     """Every durable record from a cursor, numbered from its chunk (gaps skipped)."""
     out, offsets = [], dict(offsets or {})
     for _ in range(1000):
-        results, frames = b.fetch([[1, 0, {"low": low, "offsets": dict(offsets)}, 1 << 20]])
+        results, frames = b.reads.fetch([[1, 0, {"low": low, "offsets": dict(offsets)}, 1 << 20]])
         err, _, groups = results[0]
         assert err is None, err
         got = False
@@ -87,14 +87,14 @@ def test_rewrite_keeps_the_latest_of_each_key_with_its_number():
     b, written = setup()
     g0 = group(b, 0)
     end0 = g0.number_base + g0.head
-    span = b.number_span(1, 0)
+    span = b.reads.number_span(1, 0)
     bytes_before = g0.durable_bytes_from(0)
     assert read(b) == written
     rewrites = compact_group(b, 0, now_ms=5)
     assert rewrites and sum(w.bytes_after for w in rewrites) < sum(w.bytes_before for w in rewrites)
     want = latest_in(written, 0, end0) + [r for r in written if r[0] >= end0]
     assert read(b) == want
-    assert b.number_span(1, 0) == span and g0.head == end0 - g0.number_base
+    assert b.reads.number_span(1, 0) == span and g0.head == end0 - g0.number_base
     assert g0.durable_bytes_from(0) < bytes_before
     tomb = [r for r in read(b) if r[2] is None]
     assert [r[1] for r in tomb] == [b"gone"]     # the delete survives its first pass
@@ -108,11 +108,11 @@ def test_seeks_by_number_and_time_land_on_the_next_survivor():
     gaps = sorted(set(range(numbers[-1])) - set(numbers))
     assert gaps
     for n in gaps[:: max(1, len(gaps) // 20)]:
-        low, offsets = b.cursor_at_number(1, 0, n)
+        low, offsets = b.reads.cursor_at_number(1, 0, n)
         nxt = next(r for r in kept if r[0] >= n)
         assert read(b, low, offsets)[0] == nxt
         ts = written[n][3]                       # the time of a record compaction removed
-        assert b.number_at_time(1, 0, ts) == (nxt[0], nxt[3])
+        assert b.reads.number_at_time(1, 0, ts) == (nxt[0], nxt[3])
 
 
 def test_kafka_batches_keep_offsets_and_cover_the_range():

@@ -9,7 +9,7 @@ import pytest
 
 from kera.codec import chunk
 from kera.broker import locks as lockmod
-from kera.broker.core import LOCKS_PER_APPEND_MAX
+from kera.broker.locks import LOCKS_PER_APPEND_MAX
 from kera.broker.locks import LockTable
 from kera.errors import CorruptChunk, LockConflict, from_reply
 from tests.unit.test_broker_core import broker, desc, fetch_one
@@ -130,7 +130,7 @@ def test_a_conflict_over_a_record_not_yet_durable_is_retriable_until_it_is():
     from tests.unit.test_broker_replication import FakeBackups, ack, backup_list
     b = Broker("n1", BrokerConfig(replication_timeout_s=2.0), broker_id=ME)
     b.apply_metadata([desc(R=2)], 1)
-    b.set_backups(backup_list(1), 0.0)
+    b.placement.set_backups(backup_list(1), 0.0)
     fb = FakeBackups()
     b.produce("first", [cond([7], -1)], 0.0)           # record 0 takes lock 7, not durable yet
     r = answer(b, cond([7], -1))

@@ -161,7 +161,7 @@ def fetch_all(b, cursor, fetch_max=2048):
     for req_id in range(1, 10_000):
         (broker, reads, parts), = st.build(float(req_id), lambda sid, sl: "b")
         st.sent(broker, req_id, parts, float(req_id))
-        results, frames = b.fetch(reads)
+        results, frames = b.reads.fetch(reads)
         items = st.on_reply(broker, {"id": req_id, "ok": True, "results": results}, frames,
                             float(req_id))
         if not items:
@@ -219,7 +219,7 @@ def test_seek_by_number_into_a_gap_starts_at_the_next_survivor():
     numbers = [w[0] for w in want]
     gaps = sorted(set(range(numbers[-1])) - set(numbers))
     for n in gaps[::max(1, len(gaps) // 10)]:
-        low, offsets = b.cursor_at_number(1, 0, n)
+        low, offsets = b.reads.cursor_at_number(1, 0, n)
         recs = drain(fetch_all(b, FetchCursor(0, low, offsets)))
         assert as_rows(recs) == [w for w in want if w[0] >= n]
 
@@ -230,7 +230,7 @@ def test_seek_by_time_to_a_removed_record_starts_at_the_next_survivor():
     removed = [n for n in range(max(numbers)) if n not in numbers]
     for n in removed[::max(1, len(removed) // 10)]:
         ts = 1000 * n                    # the setup's record n was written at 1000 n us
-        low, offsets = b.cursor_at_time(1, 0, ts)
+        low, offsets = b.reads.cursor_at_time(1, 0, ts)
         recs = drain(fetch_all(b, FetchCursor(0, low, offsets)))
         assert as_rows(recs) == [w for w in want if w[3] >= ts]
 

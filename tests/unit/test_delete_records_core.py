@@ -18,10 +18,10 @@ def _start_after(b, offset):
 def test_whole_groups_below_the_offset_go_and_the_start_is_the_next_groups_first():
     b = broker(desc())                          # 4 KiB one-segment groups: 16 records each
     fill(b, 16)                                 # records 0..63
-    assert b.number_span(1, 0) == (0, 64)
+    assert b.reads.number_span(1, 0) == (0, 64)
     low, code = _start_after(b, 40)             # groups 0..15 and 16..31 are wholly below 40
     assert (low, code) == (32, 0)
-    assert b.number_span(1, 0) == (32, 64) and b.first_group(1, 0) == 2
+    assert b.reads.number_span(1, 0) == (32, 64) and b.reads.first_group(1, 0) == 2
     assert _start_after(b, 10) == (32, 0), "an offset below the start changes nothing"
 
 
@@ -30,14 +30,14 @@ def test_to_the_end_the_open_group_closes_and_goes_once_its_floor_is_kept():
     fill(b, 3)                                  # records 0..11
     assert _start_after(b, -1) == (0, 0), "the slot's last group waits for its floor"
     b.enforce_retention(0)
-    assert b.number_span(1, 0) == (0, 12), "still waiting: the floor is not acknowledged"
+    assert b.reads.number_span(1, 0) == (0, 12), "still waiting: the floor is not acknowledged"
     acknowledge_floors(b)
     b.enforce_retention(0)                      # the next retention pass deletes it
-    assert b.number_span(1, 0) == (12, 12), "an emptied partition starts at its next number"
+    assert b.reads.number_span(1, 0) == (12, 12), "an emptied partition starts at its next number"
     assert b.retention.delete_marks == {}
     assert _start_after(b, -1) == (12, 0)
     fill(b, 1, start=3)
-    assert b.number_span(1, 0) == (12, 16)
+    assert b.reads.number_span(1, 0) == (12, 16)
 
 
 def test_past_the_high_watermark_is_out_of_range():

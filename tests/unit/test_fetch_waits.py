@@ -55,7 +55,7 @@ def test_held_reads_are_bounded_and_a_fetch_past_the_bound_is_answered_at_once()
 
 
 def _empty_fetch(b, sid):
-    results, frames = b.fetch([[sid, 0, {"low": 0, "offsets": {}}, 1 << 20]])
+    results, frames = b.reads.fetch([[sid, 0, {"low": 0, "offsets": {}}, 1 << 20]])
     assert frames == [] and results[0][0] is None
     return [[sid, 0, {"low": 0, "offsets": {}}, 1 << 20]]
 
@@ -63,32 +63,32 @@ def _empty_fetch(b, sid):
 def test_the_broker_releases_a_held_fetch_when_replicated_records_become_durable():
     b = broker(desc(1, R=3), desc(2, R=3), backups=(1, 2))
     fb = FakeBackups()
-    assert b.park_fetch("f", _empty_fetch(b, 1), deadline=5.0)
+    assert b.reads.park_fetch("f", _empty_fetch(b, 1), deadline=5.0)
     b.produce("p2", [make(sid=2)], 0.0)
     ack(b, fb, b.sync(0.0))
-    assert b.take_ready_fetches(0.0) == [], "records of another stream"
+    assert b.reads.take_ready_fetches(0.0) == [], "records of another stream"
     b.produce("p1", [make(sid=1)], 0.0)
     writes = b.sync(0.0)
     ack(b, fb, writes[:1])
-    assert b.take_ready_fetches(0.0) == [], "stored, but on one backup of two: not readable"
+    assert b.reads.take_ready_fetches(0.0) == [], "stored, but on one backup of two: not readable"
     ack(b, fb, writes[1:])
-    assert b.take_ready_fetches(0.0) == ["f"]
-    results, frames = b.fetch([[1, 0, {"low": 0, "offsets": {}}, 1 << 20]], again=True)
+    assert b.reads.take_ready_fetches(0.0) == ["f"]
+    results, frames = b.reads.fetch([[1, 0, {"low": 0, "offsets": {}}, 1 << 20]], again=True)
     assert len(frames) == 1 and b.stats()["fetch_requests"] == 1, "read again, counted once"
 
 
 def test_the_broker_releases_a_held_fetch_of_an_unreplicated_stream_at_the_append():
     b = broker(desc(1, R=1))
-    assert b.park_fetch("f", _empty_fetch(b, 1), deadline=5.0)
+    assert b.reads.park_fetch("f", _empty_fetch(b, 1), deadline=5.0)
     b.produce("p", [make()], 0.0)
-    assert b.take_ready_fetches(0.0) == ["f"]
+    assert b.reads.take_ready_fetches(0.0) == ["f"]
 
 
 def test_the_broker_answers_a_held_fetch_at_its_deadline():
     b = broker(desc(1, R=3), backups=(1, 2))
-    b.park_fetch("f", _empty_fetch(b, 1), deadline=5.0)
-    assert b.take_ready_fetches(4.9) == []
-    assert b.take_ready_fetches(5.0) == ["f"]
+    b.reads.park_fetch("f", _empty_fetch(b, 1), deadline=5.0)
+    assert b.reads.take_ready_fetches(4.9) == []
+    assert b.reads.take_ready_fetches(5.0) == ["f"]
     assert b.stats()["fetch_held_expired"] == 1
 
 

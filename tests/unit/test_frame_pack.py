@@ -53,7 +53,7 @@ def test_a_fetch_reply_packs_the_short_runs_of_several_groups():
     for producer in range(1, 5):                # one group per slot
         for seq in range(2):
             b.produce("p", [make(producer=producer, seq=seq)], 0.0)
-    results, frames = b.fetch([[1, 0, cursor(), 1 << 20]])
+    results, frames = b.reads.fetch([[1, 0, cursor(), 1 << 20]])
     err, n, groups = results[0]
     chunks = [chunk.Chunk(c) for f in frames for c in chunk.frame_chunks(f)]
     assert err is None and n == len(frames) == 1 and len(groups) == 4

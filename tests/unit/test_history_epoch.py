@@ -22,21 +22,21 @@ def broker(epoch, **d):
 
 def read(b, cur, sl=0):
     epochs: list = []
-    results, frames = b.fetch([[1, sl, cur, 1 << 20]], epochs)
+    results, frames = b.reads.fetch([[1, sl, cur, 1 << 20]], epochs)
     return results[0], epochs[0], frames
 
 
 def test_a_new_r1_history_takes_the_incarnation_epoch_and_is_recorded():
     b = broker(5)
     b.produce("p", [chunk.encode(1, 0, 1, 0, [b"v"] * 3)], 0.0)
-    assert b.history_epoch(1, 0) == 5
+    assert b.reads.history_epoch(1, 0) == 5
     assert b.take_new_histories() == [(1, 0, 5)] and b.take_new_histories() == []
 
 
 def test_a_replicated_history_has_the_constant_epoch():
     b = broker(5, R=2)
     assert history_epoch.epoch_for_new_history(2, 5) == history_epoch.REPLICATED_EPOCH
-    assert b.history_epoch(1, 0) is None   # no data yet
+    assert b.reads.history_epoch(1, 0) is None   # no data yet
 
 
 def test_fetch_checks_the_cursor_epoch():

@@ -186,7 +186,7 @@ def test_fetch_is_held_until_min_bytes_are_durable(Q):
     assert answers == [], "nothing durable: held"
     for i in range(3):
         produce(ctx, 0, b"x%d" % i)                             # ~1.2 KB each
-        for token in b.take_ready_fetches(ctx.clock.monotonic()):
+        for token in b.reads.take_ready_fetches(ctx.clock.monotonic()):
             token.done(None)
         if i < 2:
             assert answers == [], f"{i + 1} batches are fewer than min_bytes: held again"
@@ -199,9 +199,9 @@ def test_fetch_below_min_bytes_is_answered_when_its_wait_is_over():
     produce(ctx, 0, b"y")
     c, answers = fetch_call(0, 0, min_bytes=1 << 20, max_wait_ms=300)
     handle_fetch(ctx, c)
-    assert answers == [] and b.take_ready_fetches(0.299) == []
+    assert answers == [] and b.reads.take_ready_fetches(0.299) == []
     ctx.clock.now = 0.3
-    for token in b.take_ready_fetches(ctx.clock.now):
+    for token in b.reads.take_ready_fetches(ctx.clock.now):
         token.done(None)
     assert [n for _, n, _ in batches(fetched(answers)["records"])] == [10]
     c, answers = fetch_call(0, 0, min_bytes=1, max_wait_ms=300)

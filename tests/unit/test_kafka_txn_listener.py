@@ -63,7 +63,7 @@ def test_a_partition_not_added_refuses_the_batch():
     b.txn_verified(key, None, InvalidTxnState("producer 4242 has no open transaction"))
     [result] = dict(b.take_replies())["r1"]
     assert result[0] == InvalidTxnState.code
-    assert b.number_span(1, 0) == (0, 0), "nothing stored"
+    assert b.reads.number_span(1, 0) == (0, 0), "nothing stored"
 
 
 def test_plain_batch_from_a_producer_in_a_transaction_is_refused_until_it_ends():

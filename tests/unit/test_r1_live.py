@@ -22,9 +22,9 @@ def produce_live(b, root, token, chunks):
     results = b.produce(token, chunks, 0.0)
     for sid, sl, epoch in b.take_new_histories():
         history_epoch.write(root, sid, sl, epoch)
-    for w in b.take_live_writes():
+    for w in b.tier.take_live_writes():
         tier_files.write_live(Path(root), w)
-        b.live_written(w, None)
+        b.tier.live_written(w, None)
     return results
 
 
@@ -42,12 +42,12 @@ def test_kill_without_tiering_keeps_every_acknowledged_chunk(tmp_path):
     for seq in range(60):
         produce_live(b, tmp_path, seq, [make(seq // 2, producer=seq % 2)])
     assert not list((tmp_path / "segments").rglob("*.meta"))     # nothing was tiered
-    before, groups_before = read_all(b), b.offsets(1, 0)
+    before, groups_before = read_all(b), b.reads.offsets(1, 0)
 
     b2 = restarted(tmp_path, [desc(Q=2)])     # no shutdown jobs: as after kill -9
     assert read_all(b2) == before
-    assert [g[:4] for g in b2.offsets(1, 0)] == [g[:4] for g in groups_before]
-    assert b2.history_epoch(1, 0) == b.history_epoch(1, 0)    # saved positions stay valid
+    assert [g[:4] for g in b2.reads.offsets(1, 0)] == [g[:4] for g in groups_before]
+    assert b2.reads.history_epoch(1, 0) == b.reads.history_epoch(1, 0)    # saved positions stay valid
     last = b2.producers.get((1, 1, 0))
     assert last.sequence == 29
     dup = b2.produce("dup", [make(29, producer=1)], 0.0)
@@ -85,8 +85,8 @@ def test_a_torn_tail_keeps_the_last_whole_record(tmp_path):
 def test_a_failed_write_is_written_again_before_the_next_ack(tmp_path):
     b = broker(tmp_path, LIMIT, desc())
     b.produce(0, [make(0)], 0.0)
-    [w] = b.take_live_writes()
-    b.live_written(w, OSError(28, "No space left on device"))
+    [w] = b.tier.take_live_writes()
+    b.tier.live_written(w, OSError(28, "No space left on device"))
     produce_live(b, tmp_path, 1, [make(1)])      # writes chunk 0 and chunk 1
     assert read_all(restarted(tmp_path, [desc()])) == read_all(b)
 
@@ -94,7 +94,7 @@ def test_a_failed_write_is_written_again_before_the_next_ack(tmp_path):
 def test_replicated_streams_write_nothing_before_the_ack(tmp_path):
     b = broker(tmp_path, LIMIT, desc(R=2))
     b.produce(0, [make(0)], 0.0)
-    assert b.take_live_writes() == []
+    assert b.tier.take_live_writes() == []
 
 
 def test_retention_deletes_the_live_files_of_the_groups_it_drops(tmp_path):
@@ -104,7 +104,7 @@ def test_retention_deletes_the_live_files_of_the_groups_it_drops(tmp_path):
     assert b.enforce_retention(10**12, 10**12) > 0
     run_jobs(b, tmp_path)
     live_groups = {int(p.name[:10]) for p in (tmp_path / "segments").rglob("*.live")}
-    assert live_groups and min(live_groups) >= b.first_group(1, 0)
+    assert live_groups and min(live_groups) >= b.reads.first_group(1, 0)
     assert {int(p.name[:10]) for p in (tmp_path / "segments").rglob("*.seg")} == live_groups
 
 
@@ -189,8 +189,8 @@ def test_live_files_close_the_files_of_segments_no_longer_written(tmp_path):
 def test_tiering_writes_only_what_the_live_writes_did_not(tmp_path):
     b = broker(tmp_path, 32 * KiB, desc())
     b.produce(0, [make(0)], 0.0)
-    [w] = b.take_live_writes()
-    b.live_written(w, OSError(28, "No space left on device"))   # chunk 0: not on file
+    [w] = b.tier.take_live_writes()
+    b.tier.live_written(w, OSError(28, "No space left on device"))   # chunk 0: not on file
     for seq in range(1, 80):
         produce_live(b, tmp_path, seq, [make(seq)])
         run_jobs(b, tmp_path)
@@ -208,8 +208,8 @@ def test_a_segment_tiered_after_a_failed_live_write_writes_the_rest(tmp_path):
     b = broker(tmp_path, LIMIT, desc())
     produce_live(b, tmp_path, 0, [make(0)])
     b.produce(1, [make(1)], 0.0)
-    [w] = b.take_live_writes()
-    b.live_written(w, OSError(28, "No space left on device"))   # chunk 1: memory only
+    [w] = b.tier.take_live_writes()
+    b.tier.live_written(w, OSError(28, "No space left on device"))   # chunk 1: memory only
     [seg] = [s for s in b.tier.resident if len(s)]
     job = b.tier._write_job(seg, len(seg))
     assert 0 < job.on_file_bytes < job.record.length
@@ -255,7 +255,7 @@ def test_retention_deletes_the_files_of_settled_segments(tmp_path):
     assert b.enforce_retention(10**12, 10**12) > 0
     run_jobs(b, tmp_path)
     left = {int(p.name[:10]) for p in (tmp_path / "segments").rglob("*.seg")}
-    assert left and min(left) >= b.first_group(1, 0)
+    assert left and min(left) >= b.reads.first_group(1, 0)
 
 
 def test_a_sealed_r1_segment_waits_for_its_chunks_to_reach_its_file(tmp_path):
@@ -263,8 +263,8 @@ def test_a_sealed_r1_segment_waits_for_its_chunks_to_reach_its_file(tmp_path):
     seq = 0
     while not b.tier.settling:     # every live write fails until the first segment is sealed
         assert b.produce(seq, [make(seq)], 0.0) is not None
-        for w in b.take_live_writes():
-            b.live_written(w, OSError(28, "No space left on device"))
+        for w in b.tier.take_live_writes():
+            b.tier.live_written(w, OSError(28, "No space left on device"))
         seq += 1
     [sealed] = b.tier.settling
     run_jobs(b, tmp_path)
@@ -279,7 +279,7 @@ def test_replicated_segments_keep_their_memory_below_the_limit(tmp_path):
     b = broker(tmp_path, LIMIT, desc(R=2, G=64))
     for seq in range(40):
         b.produce(seq, [make(seq)], 0.0)
-    assert not b.tier.settling and b.take_tier_jobs(0.0) == []
+    assert not b.tier.settling and b.tier.take_jobs(0.0) == []
     assert len([s for s in b.tier.resident if len(s)]) > 1
 
 

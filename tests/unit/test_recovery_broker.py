@@ -91,7 +91,7 @@ def dead_broker(backups, n_chunks=40, seed=1):
     b = Broker("a", BrokerConfig(virtual_logs=2, virtual_segment_bytes=2048), broker_id=DEAD)
     b.set_epoch(DEAD_EPOCH)
     b.apply_metadata([desc(DEAD)], 1)
-    b.set_backups(backup_list(backups.stores), 0.0)
+    b.placement.set_backups(backup_list(backups.stores), 0.0)
     rng = random.Random(seed)
     seqs = {}
     for i in range(n_chunks):
@@ -119,7 +119,7 @@ def new_owner(backups, alive=lambda i: True, durability="memory"):
     descs = [desc(NEW, recovering=[[0, [[DEAD, DEAD_EPOCH]]], [1, [[DEAD, DEAD_EPOCH]]]],
                   durability=durability)]
     b.apply_metadata(descs, 2)
-    b.set_backups(backup_list(backups.stores, alive), 1.0)
+    b.placement.set_backups(backup_list(backups.stores, alive), 1.0)
     rec = Recovery(b, read_bytes=1500)
     assert rec.apply(descs, 1.0)
     return b, rec
@@ -150,7 +150,7 @@ def test_recovery_rebuilds_every_streamlet_exactly_and_reports_once_re_replicate
     b, rec = new_owner(backups)
     assert set(b.recovering) == {(SID, 0), (SID, 1)}
     with pytest.raises(NotReady):
-        b.fetch([[SID, 0, {}, 100]]) and b.offsets(SID, 0)
+        b.reads.fetch([[SID, 0, {}, 100]]) and b.reads.offsets(SID, 0)
     assert rec.take_requests(1.5) == []          # waits for a fresh list of backups
     rec.set_backups(backup_list(backups.stores), 1.5)
     run(b, rec, backups)
@@ -280,7 +280,7 @@ def test_reset_incarnation_keeps_unreplicated_streams_whole():
     assert [r[0] for r in b.produce("r1", records, 1.0)] == [0, 0, 0]
     reset_incarnation(b)
     assert set(b.streams) == {SID + 1}
-    results, frames = b.fetch([[SID + 1, 0, {"low": 0, "offsets": {}}, 1 << 20]])
+    results, frames = b.reads.fetch([[SID + 1, 0, {"low": 0, "offsets": {}}, 1 << 20]])
     assert results[0][0] is None
     assert sum(len(bytes(f)) for f in frames) == sum(len(r) for r in records)
     # A retried chunk is still recognised as a duplicate (the producer table kept it).
@@ -326,7 +326,7 @@ def test_owner_dying_before_it_reported_is_recovered_from_both_incarnations():
     srcs = [[DEAD, DEAD_EPOCH], [NEW, NEW_EPOCH]]
     descs = [desc(2, recovering=[[0, srcs], [1, srcs]])]
     c.apply_metadata(descs, 3)
-    c.set_backups(backup_list(backups.stores), 4.0)
+    c.placement.set_backups(backup_list(backups.stores), 4.0)
     rec2 = Recovery(c, read_bytes=2000)
     rec2.apply(descs, 4.0)
     rec2.set_backups(backup_list(backups.stores), 4.1)

@@ -62,7 +62,7 @@ def core(**kw):
     b = Broker("node", BrokerConfig(virtual_logs=2), broker_id=ME)
     b.set_epoch(7)
     b.apply_metadata([desc(**kw)], 1)
-    b.set_backups(backups(1, 2, 3), 0.0)
+    b.placement.set_backups(backups(1, 2, 3), 0.0)
     return b
 
 
@@ -217,23 +217,23 @@ def test_recovering_streamlet_answers_not_ready_and_a_cursor_past_the_end_is_out
     b = core(recovering=[[0, [[9, 3]]]])
     b.recovering[(SID, 0)] = object()
     with pytest.raises(NotReady):
-        b.offsets(SID, 0)
+        b.reads.offsets(SID, 0)
     out = b.produce("t", [chunk.encode(1, 0, SID, 0, [b"x"])], 0.0)
     assert out[0][0] == "not_ready" and out[0][2] is True
     del b.recovering[(SID, 0)]
     install(b, rebuild_of(history(2, per_slot_groups=1)))
-    results, _ = b.fetch([[SID, 0, {"low": 5, "offsets": {}}, 1000]])
+    results, _ = b.reads.fetch([[SID, 0, {"low": 5, "offsets": {}}, 1000]])
     assert results[0][0][0] == "offset_out_of_range"
-    results, _ = b.fetch([[SID, 0, {"low": 0, "offsets": {"7": 3}}, 1000]])
+    results, _ = b.reads.fetch([[SID, 0, {"low": 0, "offsets": {"7": 3}}, 1000]])
     assert results[0][0][0] == "offset_out_of_range"
-    results, frames = b.fetch([[SID, 0, {"low": 0, "offsets": {}}, 1 << 20]])
+    results, frames = b.reads.fetch([[SID, 0, {"low": 0, "offsets": {}}, 1 << 20]])
     assert results[0][0] is None and len(frames) > 0
 
 
 def test_a_slots_groups_share_one_virtual_log_until_the_previous_is_durable():
     b = Broker("node", BrokerConfig(virtual_logs=4), broker_id=ME)
     b.apply_metadata([desc(Q=2, G=1, seg=1024)], 1)
-    b.set_backups(backups(1, 2, 3), 0.0)
+    b.placement.set_backups(backups(1, 2, 3), 0.0)
     seqs = {0: 0, 1: 0}
     for i in range(12):
         p = i % 2
@@ -246,7 +246,7 @@ def test_a_slots_groups_share_one_virtual_log_until_the_previous_is_durable():
         by_slot.setdefault(g.slot, set()).add(g.vlog.id)
     assert all(len(v) == 1 for v in by_slot.values()) and len(set.union(*by_slot.values())) == 2
     # Once the previous group is wholly durable there is no order left to keep: free choice.
-    from kera.broker.core import _slot_vlog
+    from kera.broker.placement import _slot_vlog
     last = groups[-1]
     prev = next(g for g in reversed(groups[:-1]) if g.slot == last.slot)
     stream = b.streams[SID]

@@ -23,7 +23,7 @@ def stream(R=3):
 def broker(node_of=NODE_OF):
     b = Broker("h2", BrokerConfig(replication_timeout_s=2.0), broker_id=ME)
     b.apply_metadata([stream()], 1)
-    b.set_backups([{"id": i, "address": f"10.0.0.{i}:9000", "node": n, "alive": True}
+    b.placement.set_backups([{"id": i, "address": f"10.0.0.{i}:9000", "node": n, "alive": True}
                    for i, n in node_of.items()], 0.0)
     return b
 

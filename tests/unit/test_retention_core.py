@@ -38,7 +38,7 @@ def broker(*streams, root=None, backups=()):
                broker_id=ME)
     b.apply_metadata(list(streams), 1)
     if backups:
-        b.set_backups([{"id": i, "address": f"127.0.0.1:{9000 + i}", "node": f"n{i}",
+        b.placement.set_backups([{"id": i, "address": f"127.0.0.1:{9000 + i}", "node": f"n{i}",
                         "alive": True} for i in backups], 0.0)
     return b
 
@@ -56,7 +56,7 @@ def acknowledge_floors(b):
 
 
 def fetch(b, low, offsets=None, **cursor):
-    results, frames = b.fetch([[1, 0, {"low": low, "offsets": offsets or {}, **cursor}, 1 << 20]])
+    results, frames = b.reads.fetch([[1, 0, {"low": low, "offsets": offsets or {}, **cursor}, 1 << 20]])
     return results[0], frames
 
 
@@ -64,9 +64,9 @@ def test_time_retention_deletes_old_finished_groups():
     b = broker(desc(retention_ms=MIN))
     fill(b, 16, wall_ms=0)                      # groups 0..3 (3 closed, 1 open)
     fill(b, 8, start=16, wall_ms=MIN)           # closes group 3, fills 4, opens 5
-    groups = [g[0] for g in b.offsets(1, 0)]
+    groups = [g[0] for g in b.reads.offsets(1, 0)]
     assert b.enforce_retention(MIN + 1) == 4    # groups 0..3 last written at 0
-    assert [g[0] for g in b.offsets(1, 0)] == groups[4:] and b.first_group(1, 0) == 4
+    assert [g[0] for g in b.reads.offsets(1, 0)] == groups[4:] and b.reads.first_group(1, 0) == 4
     assert b.enforce_retention(MIN + 2) == 0
     assert b.stats()["groups_deleted"] == 4
 
@@ -76,15 +76,15 @@ def test_an_open_group_is_closed_by_time_then_deleted():
     fill(b, 2, wall_ms=0)
     fill(b, 1, start=2, wall_ms=MIN // 2)
     assert b.enforce_retention(MIN // 2) == 0
-    assert not b.offsets(1, 0)[0][4]            # still open
+    assert not b.reads.offsets(1, 0)[0][4]            # still open
     assert b.enforce_retention(MIN) == 0        # closed (created a retention period ago) ...
-    assert b.offsets(1, 0)[0][4]
+    assert b.reads.offsets(1, 0)[0][4]
     assert b.enforce_retention(MIN + MIN // 2) == 0   # ... expired, but the slot's last group:
     acknowledge_floors(b)                             # it goes once its floor is kept
     assert b.enforce_retention(MIN + MIN // 2) == 1
 
     fill(b, 1, start=3, wall_ms=2 * MIN)        # the slot's next chunk opens group 1
-    assert [g[0] for g in b.offsets(1, 0)] == [1]
+    assert [g[0] for g in b.reads.offsets(1, 0)] == [1]
 
 
 def test_size_retention_keeps_at_least_the_limit():
@@ -95,7 +95,7 @@ def test_size_retention_keeps_at_least_the_limit():
     total = sum(s.used_bytes for g in kept for s in g.segments)
     oldest = sum(s.used_bytes for s in kept[0].segments)
     assert total >= 10 * KiB and total - oldest < 10 * KiB
-    assert b.first_group(1, 0) > 0
+    assert b.reads.first_group(1, 0) > 0
 
 
 def test_readers_before_the_retained_range_get_a_clear_error():
@@ -103,7 +103,7 @@ def test_readers_before_the_retained_range_get_a_clear_error():
     fill(b, 12, wall_ms=0)
     fill(b, 4, start=12, wall_ms=10 * MIN)
     b.enforce_retention(10 * MIN)
-    first = b.first_group(1, 0)
+    first = b.reads.first_group(1, 0)
     assert first == 3
     (err, n, groups), _ = fetch(b, 0)
     assert err[0] == "offset_out_of_range" and err[2] is False
@@ -180,13 +180,13 @@ def test_replicas_are_dropped_once_nothing_references_them():
     finished_before = [vs for vs in vlog.vsegs if vs.finished]
     assert finished_before
     b.enforce_retention(5 * MIN)
-    drops = b.take_replica_drops()
+    drops = b.retention.take_drops()
     assert drops and all(d.fields["broker_id"] == ME and d.backup_id == 1 for d in drops)
     dropped = {d.fields["vseg"] for d in drops}
     assert dropped == {vs.number + vlog.vseg_base for vs in vlog.vsegs if vs.replicas == []}
     # What is still referenced stays; nothing is dropped twice.
-    assert b.enforce_retention(5 * MIN) == 0 and b.take_replica_drops() == []
-    assert read_all(b, low=b.first_group(1, 0))
+    assert b.enforce_retention(5 * MIN) == 0 and b.retention.take_drops() == []
+    assert read_all(b, low=b.reads.first_group(1, 0))
 
 
 # ---------------------------------------------------------------------- coordinator
@@ -257,13 +257,13 @@ def test_retain_until_consumed_deletes_only_what_every_group_consumed(retention_
     fill(b, 24, wall_ms=0)                      # groups 0..5, the last ones finished
     b.set_wall_clock(10 * MIN)
     b.retention.enforce(10 * MIN)
-    assert b.first_group(1, 0) == 0             # no marks yet: nothing consumed, nothing goes
+    assert b.reads.first_group(1, 0) == 0             # no marks yet: nothing consumed, nothing goes
     b.retention.set_consumed([[1, [3]]], 7)     # every consumer group is past groups 0..2
     b.retention.enforce(10 * MIN)
-    assert b.first_group(1, 0) == 3 and b.retention.consumed_at == 7
+    assert b.reads.first_group(1, 0) == 3 and b.retention.consumed_at == 7
     b.retention.set_consumed([[1, [2]]], 8)     # marks never bring data back
     b.retention.enforce(10 * MIN)
-    assert b.first_group(1, 0) == 3
+    assert b.reads.first_group(1, 0) == 3
     with pytest.raises(BadRequest):
         b.retention.set_consumed([[1, "x"]], 9)
 
@@ -276,7 +276,7 @@ def test_retain_until_consumed_still_waits_for_retention_ms():
     b.retention.set_consumed([[1, [5]]], 1)
     b.set_wall_clock(MIN // 2)
     b.retention.enforce(MIN // 2)
-    assert b.first_group(1, 0) == 0             # consumed, but younger than retention_ms
+    assert b.reads.first_group(1, 0) == 0             # consumed, but younger than retention_ms
 
 
 # ---------------------------------------------------------------------- number floors

@@ -98,7 +98,7 @@ def test_retention_deletes_groups_and_the_next_groups_reuse_their_memory():
     fill(b, 8, start=16)                         # groups 4 and 5
     stats = b.stats()
     assert stats["segment_pool_reused"] >= 1 and stats["segment_pool_fresh"] < fresh + 2
-    chunks = read_all(b, low=b.first_group(1, 0))   # each verified: no stale byte shows
+    chunks = read_all(b, low=b.reads.first_group(1, 0))   # each verified: no stale byte shows
     assert [chunk.read_header(c).sequence for c in chunks][-8:] == list(range(16, 24))
 
 

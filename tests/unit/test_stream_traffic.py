@@ -21,8 +21,8 @@ def test_a_broker_counts_appends_and_fetches_per_stream():
     b.apply_metadata([descriptor("a", 1), descriptor("b", 2)], 1)
     b.produce("p", [chunk.encode(7, 0, 1, 0, [b"x" * 10] * 3), chunk.encode(8, 0, 2, 0, [b"y"])], 0.0)
     b.produce("p", [chunk.encode(7, 1, 1, 0, [b"z"] * 2)], 0.0)
-    b.fetch([[1, 0, {"low": 0, "offsets": {}}, 1 << 20]])
-    traffic = b.stream_traffic()
+    b.reads.fetch([[1, 0, {"low": 0, "offsets": {}}, 1 << 20]])
+    traffic = b.reads.stream_traffic()
     assert traffic["a"]["records_in"] == 5 and traffic["a"]["chunks_in"] == 2
     assert traffic["b"]["records_in"] == 1 and traffic["b"]["chunks_out"] == 0
     assert traffic["a"]["chunks_out"] == 2 and traffic["a"]["bytes_out"] == traffic["a"]["bytes_in"]

@@ -40,12 +40,12 @@ def run_jobs(b, root, now=0.0):
     """Run the tier jobs the core hands out, as the tier thread would; returns how many."""
     done = 0
     while True:
-        jobs = b.take_tier_jobs(now)
+        jobs = b.tier.take_jobs(now)
         if not jobs:
             return done
         for job in jobs:
             tier_files.run(Path(root), job)
-            b.tier_job_done(job, None, now)
+            b.tier.job_done(job, None, now)
             done += 1
 
 
@@ -53,7 +53,7 @@ def read_all(b, sid=1, sl=0, low=0, **cursor):
     """Every chunk the broker serves, following its group table."""
     out, offsets = [], {}
     for _ in range(10_000):
-        results, frames = b.fetch([[sid, sl, {"low": low, "offsets": dict(offsets), **cursor}, 1 << 20]])
+        results, frames = b.reads.fetch([[sid, sl, {"low": low, "offsets": dict(offsets), **cursor}, 1 << 20]])
         err, n, groups = results[0]
         assert err is None, err
         for f in (c for fr in frames for c in chunk.frame_chunks(fr)):
@@ -115,14 +115,14 @@ def test_maps_are_bounded(tmp_path):
 
 def test_only_durable_segments_are_tiered(tmp_path):
     b = broker(tmp_path, 16 * KiB, desc(R=2))
-    b.set_backups([{"id": 1, "address": "127.0.0.1:9", "node": "x", "alive": True}], 0.0)
+    b.placement.set_backups([{"id": 1, "address": "127.0.0.1:9", "node": "x", "alive": True}], 0.0)
     for seq in range(15):
         b.produce(seq, [make(seq)], 0.0)
-    assert b.take_tier_jobs(0.0) == []          # nothing acknowledged by the backup yet
+    assert b.tier.take_jobs(0.0) == []          # nothing acknowledged by the backup yet
 
     for w in b.sync(0.0):
         b.write_done(w, {"length": w.end_bytes}, None, 0.0)
-    assert b.take_tier_jobs(1.0)                # now durable: sealed segments go
+    assert b.tier.take_jobs(1.0)                # now durable: sealed segments go
 
 
 
@@ -162,13 +162,13 @@ def test_failed_write_is_retried_later(tmp_path):
     b = broker(tmp_path, 16 * KiB)
     for seq in range(15):
         b.produce(seq, [make(seq)], 0.0)
-    jobs = b.take_tier_jobs(0.0)
+    jobs = b.tier.take_jobs(0.0)
 
     assert jobs
     for job in jobs:
-        b.tier_job_done(job, OSError(28, "No space left on device"), 0.0)
-    assert b.take_tier_jobs(0.5) == []          # backing off
-    assert b.take_tier_jobs(2.0)                # and trying again
+        b.tier.job_done(job, OSError(28, "No space left on device"), 0.0)
+    assert b.tier.take_jobs(0.5) == []          # backing off
+    assert b.tier.take_jobs(2.0)                # and trying again
     assert b.stats()["tier_write_errors"] == len(jobs)
 
 
@@ -180,7 +180,7 @@ def test_restart_reloads_every_durable_chunk(tmp_path):
     before = read_all(b)
     for job in b.tier.shutdown_jobs():           # an orderly stop writes the rest
         tier_files.run(tmp_path, job)
-    groups_before = b.offsets(1, 0)
+    groups_before = b.reads.offsets(1, 0)
 
     b2 = Broker("n", BrokerConfig(tier=TierConfig(root=tmp_path, memory_limit_bytes=32 * KiB)),
                 broker_id=ME)
@@ -188,8 +188,8 @@ def test_restart_reloads_every_durable_chunk(tmp_path):
     b2.apply_metadata([desc(Q=2)], 2)
     assert b2.reloaded is None
     assert read_all(b2) == before
-    assert [g[:4] for g in b2.offsets(1, 0)] == [g[:4] for g in groups_before]
-    assert all(g[4] for g in b2.offsets(1, 0))   # every reloaded group is sealed
+    assert [g[:4] for g in b2.reads.offsets(1, 0)] == [g[:4] for g in groups_before]
+    assert all(g[4] for g in b2.reads.offsets(1, 0))   # every reloaded group is sealed
     # Producers are remembered: a retry of the last chunk is a duplicate, the next is appended
     # to a new group.
     last = b2.producers.get((1, 1, 0))

@@ -12,7 +12,7 @@ KiB = 1024
 
 
 def fetch(b, low=0, offsets=None):
-    results, frames = b.fetch([[1, 0, {"low": low, "offsets": offsets or {}}, 1 << 20]])
+    results, frames = b.reads.fetch([[1, 0, {"low": low, "offsets": offsets or {}}, 1 << 20]])
     return results[0], frames
 
 
@@ -52,12 +52,12 @@ def test_r1_damaged_chunk_is_reported_not_served(tmp_path):
         assert code == "corrupt_chunk" and not retriable
         assert str(tier_files.seg_path(tmp_path, seg.tier.key)) in message
     assert b.stats()["tier_corrupt_chunks"] == 1
-    assert b.take_repair_reads() == []
+    assert b.repairs.take_requests() == []
 
 
 def test_r2_damaged_chunk_is_read_back_from_the_replica(tmp_path):
     b = broker(tmp_path, 16 * KiB, desc(R=2))
-    b.set_backups([{"id": 1, "address": "127.0.0.1:9", "node": "x", "alive": True}], 0.0)
+    b.placement.set_backups([{"id": 1, "address": "127.0.0.1:9", "node": "x", "alive": True}], 0.0)
     replicated: dict = {}
     fill(b, tmp_path, replicated=replicated)
     seg = tiered_segment(b)
@@ -67,14 +67,14 @@ def test_r2_damaged_chunk_is_read_back_from_the_replica(tmp_path):
     damage(tmp_path, seg)
     (err, n, _), _ = fetch(b, low=seg.group.id)
     assert err[0] == "not_ready" and err[2] is True          # retriable while it is repaired
-    [req] = b.take_repair_reads()
+    [req] = b.repairs.take_requests()
     assert req.address == "127.0.0.1:9" and req.fields["max_bytes"] == len(original)
     # The backup answers with the replica's bytes at that offset.
     replica = replicated[(req.fields["vlog"], req.fields["vseg"])]
     at = req.fields["offset"]
     piece = bytes(replica[at:at + len(original)])
     assert piece == original
-    b.repair_read_done(req, {"end": at + len(piece), "length": len(replica), "closed": False},
+    b.repairs.done(req, {"end": at + len(piece), "length": len(replica), "closed": False},
                        [piece], None)
     (err, n, _), frames = fetch(b, low=seg.group.id)
     assert err is None and bytes(next(chunk.frame_chunks(frames[0]))) == original
@@ -83,15 +83,15 @@ def test_r2_damaged_chunk_is_read_back_from_the_replica(tmp_path):
 
 def test_r2_repair_that_no_replica_can_give_ends_in_corrupt_chunk(tmp_path):
     b = broker(tmp_path, 16 * KiB, desc(R=2))
-    b.set_backups([{"id": 1, "address": "127.0.0.1:9", "node": "x", "alive": True}], 0.0)
+    b.placement.set_backups([{"id": 1, "address": "127.0.0.1:9", "node": "x", "alive": True}], 0.0)
     fill(b, tmp_path)
     seg = tiered_segment(b)
     b.tier.maps.clear()
     seg.mv = seg.buf = None
     damage(tmp_path, seg)
     fetch(b, low=seg.group.id)
-    [req] = b.take_repair_reads()
+    [req] = b.repairs.take_requests()
     from kera.errors import CorruptChunk
-    b.repair_read_done(req, None, None, CorruptChunk("the copy on disk is damaged"))
+    b.repairs.done(req, None, None, CorruptChunk("the copy on disk is damaged"))
     (err, n, _), _ = fetch(b, low=seg.group.id)
     assert err[0] == "corrupt_chunk" and err[2] is False
