@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from kera.coordinator import store
-from kera.coordinator.core import REPLICA_ENTRIES_PER_BROKER_MAX, Coordinator
+from kera.coordinator.core import Coordinator
+from kera.coordinator.replica_map import REPLICA_ENTRIES_PER_BROKER_MAX
 from kera.daemon.durable import write_atomic
 
 BROKERS = 4
@@ -36,9 +37,9 @@ def populated() -> Coordinator:
         c.handle("register", {"kind": "backup", "address": f"127.0.0.1:{7200 + i}",
                               "node": f"b{i}"}, 0.0)
     for b in range(BROKERS):
-        c.report_replicas(b, [[n % 8, n, [n % 3, (n + 1) % 3]]
+        c.replica_map.report(b, [[n % 8, n, [n % 3, (n + 1) % 3]]
                               for n in range(REPLICA_ENTRIES_PER_BROKER_MAX)])
-    c.take_replica_journal()
+    c.replica_map.take_journal()
     return c
 
 
@@ -53,7 +54,7 @@ def heartbeat(c: Coordinator, n: int) -> None:
 def run_rewrite(c: Coordinator, directory: Path, n: int) -> float:
     started = time.perf_counter()
     heartbeat(c, n)
-    c.take_replica_journal()
+    c.replica_map.take_journal()
     data = json.dumps(c.to_state(), separators=(",", ":"), sort_keys=True).encode()
     write_atomic(directory / "coordinator-rewrite.json", data)
     return time.perf_counter() - started
@@ -64,7 +65,7 @@ def run_log(c: Coordinator, s: store.MetadataStore, saved: list, n: int) -> floa
     heartbeat(c, n)
     moved = c.version != saved[0]
     saved[0] = c.version
-    s.commit(c.base_state() if moved else None, c.take_replica_journal())
+    s.commit(c.base_state() if moved else None, c.replica_map.take_journal())
     return time.perf_counter() - started
 
 
@@ -87,11 +88,11 @@ def main(argv: list[str] | None = None) -> None:
             times["rewrite"].append(run_rewrite(c, directory, 2 * n))
             times["log"].append(run_log(c, s, saved, 2 * n + 1))
         started = time.perf_counter()   # a snapshot when the log is long: the loop's share
-        s.start_snapshot(c.base_state(), {b: dict(t) for b, t in c.replicas.items()})
+        s.start_snapshot(c.base_state(), {b: dict(t) for b, t in c.replica_map.tables.items()})
         switch_ms = (time.perf_counter() - started) * 1000
         s.close()
         written_ms = (time.perf_counter() - started) * 1000
-        entries = sum(map(len, c.replicas.values()))
+        entries = sum(map(len, c.replica_map.tables.values()))
         print(f"{BROKERS} brokers, {entries} replica map entries, "
               f"{ENTRIES_PER_HEARTBEAT} entries per heartbeat, {args.heartbeats} heartbeats each")
         for name, values in times.items():

@@ -29,27 +29,26 @@ have seen when they register (`stream_id_mark`) and the next id moves above it.
 from __future__ import annotations
 
 import difflib
-import hashlib
-import hmac
 import logging
 from bisect import bisect_right
 import os
 import random
 from dataclasses import dataclass, field, replace
-from itertools import islice
 
 from kera import config
 
 from kera.codec import cleanup, schema
 
 from kera.codec import wire
-from kera.coordinator import acl_ops, groups, kafka_offsets, transactions, validate
-from kera.coordinator.txn_positions import TxnPositions
+from kera.coordinator import acl_ops, groups, kafka_offsets, ops, transactions, validate
+from kera.coordinator.identity import Identities, token_sha256
+from kera.coordinator.liveness import DeathWatch
+from kera.coordinator.ops import STREAMS_PAGE_MAX
 from kera.coordinator.rebalance import Rebalancer
-from kera.coordinator.recovery import Failover, parse_streamlets
+from kera.coordinator.replica_map import ReplicaMap
+from kera.coordinator.recovery import Failover
 from kera.coordinator.validate import KINDS, StreamSpec
-from kera.errors import BadRequest, IdInUse, NotReady, StreamExists, UnknownStream, WrongCluster
-from kera.daemon.repeat_log import RepeatedWarnings
+from kera.errors import BadRequest, NotReady, StreamExists, UnknownStream, WrongCluster
 from kera.net.fence import FENCE_KEY_BYTES, fence_key_from, fence_token
 from kera.codec.wire import Fields
 
@@ -60,60 +59,21 @@ FIRST_STREAM_ID = 1  # 0 is never a stream id, so a zeroed field is never mistak
 # Incarnation tokens and cluster ids: random bytes, sent as hex. 128 bits cannot be guessed
 # or collide by accident.
 TOKEN_BYTES = 16
-TOKEN_CHARS_MAX = 64          # a token or cluster id on the wire: hex of TOKEN_BYTES is 32
 # Deleted streams remembered (oldest forgotten first) and sent in every `broker_streams` reply:
 # about 12 bytes each, so at most ~50 KB of a reply. A broker that missed more deletions than
 # this keeps the forgotten streams' data (it never deletes without a tombstone).
 TOMBSTONES_MAX = 4096
-# A broker's reported stream-id high-water mark is accepted up to this: far more streams than a
-# cluster ever creates (one id per create_stream), yet a bogus mark cannot exhaust the id space.
-STREAM_ID_MARK_MAX = 2**48
-# Virtual segments whose backups the coordinator remembers per broker (oldest forgotten first):
-# 512 GiB of a broker's data at the default 8 MiB virtual segment.
-REPLICA_ENTRIES_PER_BROKER_MAX = 65_536
-# Number floors one heartbeat may carry: the broker sends at most this many
-# (kera.broker.retention.FLOORS_PER_HEARTBEAT_MAX), the rest in later heartbeats.
-FLOORS_PER_HEARTBEAT_MAX = 256
-# Replica map changes kept for the next commit (kera.coordinator.store); past this (nobody
-# commits: a core driven without a server) they are dropped and the next commit is a snapshot.
-REPLICA_JOURNAL_MAX = 1_000_000
 # Pages of `list_streams`: descriptors are added while the page stays under PAGE_BYTES_MAX
 # (packed), at least one, so a reply stays well under wire.MAX_HEADER_BYTES (4 MiB) at every
 # count validate admits; the largest single descriptor validate admits (4096 streamlets on
 # 4096 brokers with 300-character addresses) packs to about 1.3 MiB.
 PAGE_BYTES_MAX = 1024 * 1024
-STREAMS_PAGE_MAX = 1000          # descriptors per page, at most (the default `limit`)
-# Entries per `replicas` page: an entry packs to at most ~70 bytes (u32 ids, u64 vseg, up to
-# VSEG_BACKUPS_MAX backup ids), so a full page is about 1.4 MiB.
-REPLICAS_PAGE_MAX = 20_000
 # A dead daemon that holds nothing (no streamlet placed on it, no replica map entry of or on it,
 # no recovery reading from it) is forgotten once unheard of this long: ids are never reused, so
 # the member table (DAEMONS_MAX per kind) would otherwise fill with daemons retired long ago.
 # A week outlasts any outage an operator mends by hand; `deregister` forgets one at once.
 MEMBER_EXPIRY_S = 7 * 24 * 3600.0
 MEMBER_EXPIRY_CHECK_S = 60.0    # between expiry passes (a pass may scan the replica map)
-# The coordinator may be the one cut off: when it has at least ISOLATION_MEMBERS_MIN live
-# daemons and has heard none of them for ISOLATION_QUIET_DEAD_WINDOWS of a dead window,
-# declaring the silent ones dead would fail every streamlet over to no one (found on test
-# hosts: a partitioned coordinator declared the whole cluster dead). "Heard none lately", not
-# "all past the dead window in one tick": heartbeats are staggered by up to an interval, so
-# the daemons cross the window in different ticks (found on test hosts too). It holds such
-# declarations for at most ISOLATION_HOLD_DEAD_WINDOWS dead windows of silence, then declares
-# them (a real failure of everything). Holding costs nothing a declaration would give: with no
-# live daemon left there is nowhere to fail over to. A failure of some daemons is declared as
-# usual: the others are heard every interval.
-# Once the first daemon is heard again, the others still silent get as long again, counted
-# from that moment: their TCP connections retransmit with a doubling backoff, so after a cut
-# of several seconds their first packet may come seconds after the network healed (found on
-# test hosts: a coordinator healed after 7 s declared four daemons dead the moment the first
-# was heard, and their streamlets failed over to no one).
-ISOLATION_MEMBERS_MIN = 3
-ISOLATION_QUIET_DEAD_WINDOWS = 0.5
-ISOLATION_HOLD_DEAD_WINDOWS = 5
-# Consumption marks one broker heartbeat reply carries (one per streamlet of its
-# retain-until-consumed streams, ~4 bytes each: ~1 MiB, under the 4 MiB header limit). Streams
-# past it get no mark, which only keeps their data longer.
-CONSUMED_MARKS_MAX = 262_144
 # Between transaction expiry passes (Transactions.expire scans every id): a timeout is at least
 # transactions.TIMEOUT_MS_MIN (1 s), so a pass a second ends a transaction at most a second late.
 TXN_EXPIRY_CHECK_S = 1.0
@@ -179,8 +139,9 @@ class Coordinator:
         self.rotation = 0  # where the next stream's placement starts, mod the live brokers
         self.started_s = now
         self._expiry_checked_s = now
-        self.isolation_suspected = False   # most daemons silent at once (`tick`)
-        self.heard_again_s: float | None = None   # when the last suspected isolation ended
+        # Which silent daemons `tick` declares dead, suspecting this coordinator's own
+        # network when most are silent at once (kera.coordinator.liveness).
+        self.death_watch = DeathWatch(self.dead_after_s)
         # Source of tokens and of the cluster id: `new_token` unless one is injected (the
         # server passes its kera.daemon.env.DaemonEnv's; tests a fixed one).
         self._token_source = token_source
@@ -192,22 +153,16 @@ class Coordinator:
         # Why this coordinator must stop (its state is brand new while daemons hold data of a
         # cluster): the server shell logs it and exits. None while all is well.
         self.halted: str | None = None
-        # Refused identity claims and stale tokens repeat every retry or heartbeat of the
-        # process at fault: one warning a minute per (kind, id, address), not one each time.
-        self.refusals = RepeatedWarnings()
+        # Incarnation tokens: who may claim or use an identity (kera.coordinator.identity).
+        self.identities = Identities(self.members, self.dead_after_s, now)
         # Broker incarnations, failover of dead brokers' streamlets, recovery markers
         # (kera.coordinator.recovery).
         self.failover = Failover()
         # Streamlets moved back to restarted or added brokers (kera.coordinator.rebalance).
         self.rebalancer = Rebalancer(auto=auto_rebalance)
         # Which backups hold each virtual segment of each broker, as the brokers report them
-        # (heartbeat `vsegs`): broker id -> {(vlog, vseg): [backup ids]}. Persisted; changes
-        # count in `replica_changes` (not in `version`: daemons need not refetch metadata).
-        self.replicas: dict[int, dict[tuple[int, int], list[int]]] = {}
-        self.replica_changes = 0
-        # The replica map's changes since the last commit, as store changes ("rput", "rdel",
-        # "rclear"); None once more than REPLICA_JOURNAL_MAX piled up (snapshot instead).
-        self.replica_journal: list[list] | None = []
+        # (kera.coordinator.replica_map): persisted change by change, outside `version`.
+        self.replica_map = ReplicaMap()
         # Consumer groups (kera.coordinator.groups): their commits persist with the rest.
         self.groups = groups.Groups(self._streamlets_of, self.streams.keys)
         # Kafka-protocol groups' committed offsets (kera.coordinator.kafka_offsets), likewise.
@@ -229,34 +184,8 @@ class Coordinator:
             self._load(state)
             # The restart itself is a change: liveness is unknown until daemons heartbeat, and
             # a daemon that applied the last version must notice it is behind.
-            self._bump()
-        self._ops = self._request_ops()
-
-    def _request_ops(self) -> dict:
-        """The request handlers by op: (Fields, now) -> reply."""
-        ops = {
-            "register": self._op_register,
-            "heartbeat": self._op_heartbeat,
-            "cluster": self._op_cluster,
-            "create_stream": self._op_create_stream,
-            "describe_stream": self._op_describe_stream,
-            "list_streams": self._op_list_streams,
-            "delete_stream": self._op_delete_stream,
-            "alter_stream": self._op_alter_stream,
-            "broker_streams": self._op_broker_streams,
-            "replicas": self._op_replicas,
-            "recovered": self._op_recovered,
-            "recovery_status": self._op_recovery_status,
-            "deregister": self._op_deregister,
-            "rebalance": self._op_rebalance,
-        }
-        ops.update(groups.ops(self.groups, self._caller_may_read))
-        ops.update(kafka_offsets.ops(self.kafka_offsets))
-        ops.update(acl_ops.ops(self.access, self._bump))
-        positions = TxnPositions(self.groups, self.kafka_offsets, self.transactions,
-                                 self._caller_may)
-        ops.update(transactions.ops(self.transactions, positions.apply, positions.check))
-        return ops
+            self.bump()
+        self._ops = ops.table(self)
 
     OPS = ("register", "heartbeat", "cluster", "create_stream", "describe_stream",
            "list_streams", "delete_stream", "alter_stream", "broker_streams", "replicas", "recovered",
@@ -266,23 +195,6 @@ class Coordinator:
            "kafka_offset_commit", "kafka_offset_fetch", "kafka_offset_delete", "kafka_group_list",
            "txn_init", "txn_add_parts", "txn_add_positions", "txn_end", "txn_verify",
            "txn_resolve", "txn_describe", "txn_list")
-
-    def _caller_may_read(self):
-        """For the request being handled: whether its principal may read a stream (None in
-        plaintext, where every caller is trusted)."""
-        principal, acls = self.caller, self.access.acls
-        if principal is None:
-            return None
-        return lambda stream: acls.allowed(principal, "read", "stream", stream)
-
-    def _caller_may(self, operation: str, resource_type: str):
-        """For the request being handled: whether its principal may do `operation` to a
-        resource of `resource_type` by name; None when nothing is checked (plaintext, admins,
-        and brokers, whose Kafka listeners check the Kafka user's own grants)."""
-        principal, acls = self.caller, self.access.acls
-        if principal is None or principal.role in ("admin", "broker"):
-            return None
-        return lambda name: acls.allowed(principal, operation, resource_type, name)
 
     def _streamlets_of(self, name: str) -> int | None:
         stream = self.streams.get(name)
@@ -301,156 +213,6 @@ class Coordinator:
             return fn(f, now)
         finally:
             self.caller = None
-
-    def _op_register(self, f: Fields, now: float) -> dict:
-        kind = validate.kind(f)
-        member_id = f.int("daemon_id", None, hi=validate.CHOSEN_ID_MAX)
-        address, node = validate.address(f), validate.node(f)
-        kafka_address = validate.address(f, "kafka_address") if "kafka_address" in f.h else None
-        if kafka_address is not None and kind != "broker":
-            raise BadRequest("only brokers register a 'kafka_address'")
-        token = f.str("token", None, hi=TOKEN_CHARS_MAX)
-        mark = f.int("stream_id_mark", 0, hi=STREAM_ID_MARK_MAX)
-        self.check_cluster(kind, address, f.str("cluster_id", None, hi=TOKEN_CHARS_MAX))
-        self.check_expected(kind, address, f.str("expect_cluster_id", None, hi=TOKEN_CHARS_MAX))
-        member = self.register(now, kind, address, node, member_id, token)
-        member.kafka_address = kafka_address
-        self.raise_stream_ids(mark, f"{kind} {member.id} at {address}")   # once admitted
-        return {"daemon_id": member.id, "token": member.token, "cluster_id": self.cluster_id,
-                "heartbeat_interval_ms": round(self.heartbeat_interval_s * 1000)}
-
-    def _op_heartbeat(self, f: Fields, now: float) -> dict:
-        kind = validate.kind(f)
-        member_id = f.int("daemon_id", hi=validate.ID_MAX)
-        applied = f.int("metadata_version", hi=validate.VERSION_MAX)
-        stats = validate.stats(f)
-        report = validate.vsegs(f)
-        if report is not None and kind != "broker":
-            raise BadRequest("only brokers report 'vsegs'")
-        floors = self._checked_floors(kind, f.list("floors", None,
-                                                   max_len=FLOORS_PER_HEARTBEAT_MAX))
-        mark = f.int("stream_id_mark", 0, hi=STREAM_ID_MARK_MAX)
-        # Everything is checked before anything changes: a refused heartbeat changes nothing.
-        self.authenticate(kind, member_id, f.str("token", None, hi=TOKEN_CHARS_MAX), now)
-        acl_ops.check_binding(kind, member_id, self.members[kind][member_id].principal, self.caller)
-        if applied > self.version:
-            raise BadRequest(f"metadata_version {applied} was never issued (the current one "
-                             f"is {self.version})")
-        self.failover.check_heartbeat(self, kind, member_id, f, now)
-        self.rebalancer.check_heartbeat(kind, member_id)
-        self.heartbeat(now, kind, member_id, applied, stats)
-        # Also in heartbeats: after a restart from an older state, a daemon that only
-        # heartbeats (its token is still valid) never registers again.
-        self.raise_stream_ids(mark, f"{kind} {member_id}")
-        if report:
-            self.report_replicas(member_id, report)
-        self.record_floors(member_id, floors)
-        reply = {"metadata_version": self.version}
-        if kind == "broker":
-            reply.update(self.access.for_heartbeat(f.int("acl_version", None, lo=-1, hi=2**62)))
-            reply.update(self._consumed_for(member_id, f.int("consumed_at", None, lo=-1,
-                                                             hi=2**62)))
-        if kind == "backup":
-            bound = {str(i): m.principal for i, m in self.members["broker"].items() if m.principal}
-            if bound:
-                reply["broker_principals"] = bound   # backups refuse other keys' replica ops
-            free = self.failover.backup_heartbeat(self, member_id, f)
-            if free:
-                reply["free"] = free   # incarnations whose replicas are no longer needed
-            reply["fence_key"] = self.fence_key   # to verify recovering brokers' fences
-        return reply
-
-    def _consumed_for(self, broker_id: int, held: int | None) -> dict:
-        """Consumption marks (Groups.consumed_below) of the retain-until-consumed streams
-        placed on `broker_id`, when its copy (`held`, a token that grows with every commit and
-        metadata change) is stale."""
-        token = self.groups.changes + self.version
-        if held is None or held == token:
-            return {}
-        marks, count = [], 0
-        for name, s in sorted(self.streams.items()):
-            if s.spec.retain_until_consumed and broker_id in s.placement:
-                count += s.spec.streamlets
-                if count > CONSUMED_MARKS_MAX:
-                    break   # the rest keep their data (no mark: nothing consumed) until next time
-                marks.append([s.id, self.groups.consumed_below(name, s.spec.streamlets)])
-        return {"consumed_at": token, "consumed": marks}
-
-    def _op_cluster(self, f: Fields, now: float) -> dict:
-        reply = self.cluster()
-        # Every live daemon has had time to heartbeat since this coordinator started, so one
-        # not alive is dead, not merely unheard of yet (recovery waits for this).
-        reply["settled"] = now - self.started_s > self.dead_after_s
-        return reply
-
-    def _op_create_stream(self, f: Fields, now: float) -> dict:
-        return {"stream": self.create_stream(StreamSpec.from_fields(f))}
-
-    def _op_describe_stream(self, f: Fields, now: float) -> dict:
-        return {"stream": self.describe_stream(f.str("name", hi=validate.NAME_CHARS_MAX))}
-
-    def _op_list_streams(self, f: Fields, now: float) -> dict:
-        after = f.str("after", None, hi=validate.NAME_CHARS_MAX)
-        limit = f.int("limit", STREAMS_PAGE_MAX, lo=1, hi=STREAMS_PAGE_MAX)
-        streams, more = self.list_streams_page(after, limit)
-        reply = {"streams": streams}
-        if more:
-            reply["next"] = streams[-1]["name"]   # pass as `after` for the next page
-        return reply
-
-    def _op_delete_stream(self, f: Fields, now: float) -> dict:
-        self.delete_stream(f.str("name", hi=validate.NAME_CHARS_MAX))
-        return {}
-
-    def _op_alter_stream(self, f: Fields, now: float) -> dict:
-        name = f.str("name", hi=validate.NAME_CHARS_MAX)
-        return {"stream": self.alter_stream(name, **validate.alterations(f))}
-
-    def _op_broker_streams(self, f: Fields, now: float) -> dict:
-        return self.broker_streams(f.int("broker_id", hi=validate.ID_MAX),
-                                   f.str("after", None, hi=validate.NAME_CHARS_MAX),
-                                   f.int("limit", STREAMS_PAGE_MAX, lo=1, hi=STREAMS_PAGE_MAX))
-
-    def _op_recovered(self, f: Fields, now: float) -> dict:
-        self.authenticate("broker", f.int("broker_id", hi=validate.ID_MAX),
-                          f.str("token", None, hi=TOKEN_CHARS_MAX), now)
-        cleared = self.failover.recovered(self, f.int("broker_id", hi=validate.ID_MAX),
-                                          f.int("epoch", hi=validate.VERSION_MAX),
-                                          parse_streamlets(f))
-        if cleared:
-            self._bump()
-        return {"cleared": cleared}
-
-    def _op_recovery_status(self, f: Fields, now: float) -> dict:
-        return {**self.failover.status(), "rebalance": self.rebalancer.status(self, now)}
-
-    def _op_deregister(self, f: Fields, now: float) -> dict:
-        kind = validate.kind(f)
-        member_id = f.int("daemon_id", hi=validate.ID_MAX)
-        member = self.members[kind].get(member_id)
-        if member is None:
-            raise BadRequest(f"no {kind} has id {member_id}")
-        why = self._kept_because(member, scan_replicas=False)
-        if why:
-            raise BadRequest(f"{kind} {member_id} cannot be deregistered: {why}")
-        self._forget_member(member, "deregistered")
-        return {"metadata_version": self.version}
-
-    def _op_rebalance(self, f: Fields, now: float) -> dict:
-        return self.rebalancer.request(self, now, f.bool("dry_run", False))
-
-    def _op_replicas(self, f: Fields, now: float) -> dict:
-        after = f.list("after", None, max_len=3)
-        if after is not None:
-            after = wire.int_list(after, "after", 3)
-        limit = f.int("limit", REPLICAS_PAGE_MAX, lo=1, hi=REPLICAS_PAGE_MAX)
-        entries = self.replica_entries(f.int("broker_id", None, hi=validate.ID_MAX),
-                                       f.int("backup_id", None, hi=validate.ID_MAX),
-                                       after=tuple(after) if after else None, limit=limit + 1)
-        reply = {"replicas": entries[:limit]}
-        if len(entries) > limit:
-            reply["next"] = entries[limit - 1][:3]   # [broker_id, vlog, vseg]: the next `after`
-        return reply
 
     # ------------------------------------------------------------------ identity
     @property
@@ -495,57 +257,7 @@ class Coordinator:
             log.warning("%s has seen stream id %d, beyond this coordinator's next id %d: "
                         "moving past it", who, mark, self.next_stream_id)
             self.next_stream_id = mark + 1
-            self._bump()   # a change of persisted state
-
-    def authenticate(self, kind: str, member_id: int, token: str | None,
-                     now: float) -> Member:
-        """The member, if `token` is its current incarnation's; raises otherwise."""
-        member = self.members[kind].get(member_id)
-        if member is None:
-            raise NotReady(f"unknown {kind} id {member_id}: register first")
-        if member.token_sha256 is None:
-            raise NotReady(f"{kind} {member_id} has no incarnation token yet: register again")
-        if token is None or not hmac.compare_digest(_sha256(token), member.token_sha256):
-            dropped = self.refusals.admit(("token", kind, member_id, member.address), now)
-            if dropped is not None:
-                log.warning("%s %d: refused a request without the token of its incarnation "
-                            "registered at %s%s", kind, member_id, member.address,
-                            self.refusals.note(dropped))
-            raise IdInUse(f"{kind} id {member_id} belongs to another incarnation (registered at "
-                          f"{member.address}); this process no longer holds it: stop it, or "
-                          f"restart it with another --id")
-        return member
-
-    def _holder_live(self, member: Member, now: float) -> bool:
-        """Is a process holding this identity heard from within the dead window? Right after a
-        coordinator restart every holder of a token counts as live until it had time to beat."""
-        if member.token_sha256 is None:
-            return False
-        heard = member.last_heartbeat_s
-        if heard is None:
-            return now - self.started_s <= self.dead_after_s
-        return now - heard <= self.dead_after_s
-
-    def _may_claim(self, member: Member, token: str | None, address: str, now: float) -> bool:
-        if not self._holder_live(member, now):
-            return True   # an ordinary restart: the previous holder is gone
-        if address == member.address:
-            # The live holder's own address: no second process can bind it while the holder
-            # runs, so this is the holder again (a register retried after a lost reply) or
-            # its restart on the same host and port, without the token of a data directory.
-            return True
-        return token is not None and hmac.compare_digest(_sha256(token), member.token_sha256)
-
-    def _refuse_claim(self, member: Member, address: str, now: float) -> None:
-        dropped = self.refusals.admit(("claim", member.kind, member.id, address), now)
-        if dropped is not None:
-            log.warning("%s id %d is live at %s: refused it to a second process at %s (which "
-                        "did not present the live incarnation's token)%s", member.kind,
-                        member.id, member.address, address, self.refusals.note(dropped))
-        raise IdInUse(f"{member.kind} id {member.id} is in use by a live {member.kind} at "
-                      f"{member.address}: start this process with another --id, or stop the "
-                      f"other process first (its id is free {self.dead_after_s:g} s after it "
-                      f"stops)")
+            self.bump()   # a change of persisted state
 
     # ------------------------------------------------------------------ membership
     def register(self, now: float, kind: str, address: str, node: str,
@@ -560,8 +272,8 @@ class Coordinator:
             raise NotReady(f"{validate.DAEMONS_MAX} {kind}s are registered already")
         acl_ops.check_binding(kind, member_id, member and member.principal, self.caller)
         acl_ops.check_one_id(kind, member_id, table, self.caller)
-        if member is not None and not self._may_claim(member, token, address, now):
-            self._refuse_claim(member, address, now)
+        if member is not None:
+            self.identities.check_claim(member, token, address, now)
         if kind == "broker":
             self.failover.check_epochs_left()
         self.next_member_id[kind] = max(self.next_member_id[kind], member_id + 1)
@@ -577,12 +289,12 @@ class Coordinator:
         member.last_heartbeat_s = now
         member.applied_version = 0  # a (re)started daemon has applied nothing yet
         member.token = self._issue_token()
-        member.token_sha256 = _sha256(member.token)
+        member.token_sha256 = token_sha256(member.token)
         if self.caller is not None:
             member.principal = self.caller.name
         if kind == "broker":
-            self.forget_replicas(member_id)  # it reports its virtual segments again
-        self._bump()
+            self.replica_map.forget(member_id)  # it reports its virtual segments again
+        self.bump()
         member.registered_version = self.version
         self.failover.registered(self, member, now)
         return member
@@ -602,21 +314,16 @@ class Coordinator:
         if not member.alive:
             member.alive = True
             log.info("%s %d is alive again", kind, member_id)
-            self._bump()
+            self.bump()
 
     def tick(self, now: float) -> list[Member]:
         """Declare dead every daemon silent for longer than the allowance; returns them."""
         live = [m for table in self.members.values() for m in table.values() if m.alive]
-        silent = [m for m in live if now - m.last_heartbeat_s > self.dead_after_s]
-        if self._maybe_isolated(live, silent, now):
-            dead = [m for m in silent if now - m.last_heartbeat_s >
-                    self.dead_after_s * ISOLATION_HOLD_DEAD_WINDOWS]
-        else:
-            dead = [m for m in silent if self._overdue(m, now)]
+        dead = self.death_watch.due(live, now)
         for member in dead:
             member.alive = False
         if dead:
-            self._bump()
+            self.bump()
         # Dead brokers' streamlets move to live ones (a bump of their own when they do).
         self.failover.daemons_dead(self, dead, now)
         self.failover.tick(self, now)
@@ -631,33 +338,6 @@ class Coordinator:
             self.transactions.expire(now)   # its abort markers go out once persisted
         return dead
 
-    def _overdue(self, member: Member, now: float) -> bool:
-        """A daemon past the dead window: one silent since before the end of a suspected
-        isolation gets the hold again, counted from that end."""
-        if self.heard_again_s is not None and member.last_heartbeat_s < self.heard_again_s:
-            return now - self.heard_again_s > self.dead_after_s * ISOLATION_HOLD_DEAD_WINDOWS
-        return True
-
-    def _maybe_isolated(self, live: list[Member], silent: list[Member], now: float) -> bool:
-        """Daemons to declare while none is heard lately: suspect this coordinator's own
-        network (tick)."""
-        suspect = len(live) >= ISOLATION_MEMBERS_MIN and bool(silent) and \
-            now - max(m.last_heartbeat_s for m in live) > \
-            self.dead_after_s * ISOLATION_QUIET_DEAD_WINDOWS
-        if suspect and not self.isolation_suspected:
-            log.warning("none of %d live daemons heard for %.1f s: this coordinator may be the "
-                        "one cut off; holding their death for up to %.1f s", len(live),
-                        now - max(m.last_heartbeat_s for m in live),
-                        self.dead_after_s * ISOLATION_HOLD_DEAD_WINDOWS)
-        elif not suspect and self.isolation_suspected:
-            self.heard_again_s = now
-            if len(silent) < len(live):   # else they were all declared dead past the hold
-                log.info("daemons are heard again: those still silent have %.1f s more to be "
-                         "heard before they are declared dead",
-                         self.dead_after_s * ISOLATION_HOLD_DEAD_WINDOWS)
-        self.isolation_suspected = suspect
-        return suspect
-
     # ------------------------------------------------------------------ forgetting members
     def expire_members(self, now: float) -> list[Member]:
         """Forget dead daemons unheard of for MEMBER_EXPIRY_S that hold nothing."""
@@ -666,12 +346,12 @@ class Coordinator:
             for member in list(table.values()):
                 heard_s = member.last_heartbeat_s
                 silent_s = now - (self.started_s if heard_s is None else heard_s)
-                if silent_s > MEMBER_EXPIRY_S and not self._kept_because(member, scan_replicas=True):
-                    self._forget_member(member, f"expired after {silent_s:.0f} s unheard of")
+                if silent_s > MEMBER_EXPIRY_S and not self.kept_because(member, scan_replicas=True):
+                    self.forget_member(member, f"expired after {silent_s:.0f} s unheard of")
                     expired.append(member)
         return expired
 
-    def _kept_because(self, member: Member, scan_replicas: bool) -> str | None:
+    def kept_because(self, member: Member, scan_replicas: bool) -> str | None:
         """Why `member` must stay in the table, or None. With `scan_replicas`, a backup named
         in the replica map and a broker with replica map entries stay too (expiry)."""
         if member.alive:
@@ -684,39 +364,22 @@ class Coordinator:
                         f"delete them")
             if any(b == member.id for b, _ in self.failover.sources_named()):
                 return "streamlets being recovered read from its replicas; wait for the recovery"
-            if scan_replicas and self.replicas.get(member.id):
+            if scan_replicas and self.replica_map.names("broker", member.id):
                 return "the replica map still holds its virtual segments"
-        elif scan_replicas and any(member.id in backups for table in self.replicas.values()
-                                   for backups in table.values()):
+        elif scan_replicas and self.replica_map.names("backup", member.id):
             return "the replica map names it as holding virtual segments"
         return None
 
-    def _forget_member(self, member: Member, why: str) -> None:
+    def forget_member(self, member: Member, why: str) -> None:
         del self.members[member.kind][member.id]
         if member.kind == "broker":
-            self.forget_replicas(member.id)
-        self._bump()
+            self.replica_map.forget(member.id)
+        self.bump()
         log.warning("%s %d (%s, node %s) %s: forgotten (its id is not reused)", member.kind,
                     member.id, member.address, member.node, why)
 
     # ------------------------------------------------------------------ replica map
-    def report_replicas(self, broker_id: int, entries) -> None:
-        """A broker's report: virtual segment (vlog, vseg) is now replicated on these backups."""
-        table = self.replicas.setdefault(broker_id, {})
-        for vlog, vseg, backups in entries:
-            table.pop((vlog, vseg), None)   # re-inserted last: eviction forgets the oldest
-            table[(vlog, vseg)] = list(backups)
-            self._journal(["rput", broker_id, vlog, vseg, list(backups)])
-        excess = len(table) - REPLICA_ENTRIES_PER_BROKER_MAX
-        if excess > 0:
-            log.warning("broker %d: forgetting the backups of its %d oldest virtual segments "
-                        "(at most %d kept)", broker_id, excess, REPLICA_ENTRIES_PER_BROKER_MAX)
-            for key in list(islice(table, excess)):   # oldest first, without copying them all
-                del table[key]
-                self._journal(["rdel", broker_id, key[0], key[1]])
-        self.replica_changes += 1
-
-    def _checked_floors(self, kind: str, entries) -> list:
+    def checked_floors(self, kind: str, entries) -> list:
         """A heartbeat's `floors` ([[stream id, streamlet, first group, [numbers]], ...]),
         checked against the streams; entries of streams that no longer exist are skipped."""
         if entries is None:
@@ -754,44 +417,7 @@ class Coordinator:
                 log.info("stream '%s' streamlet %d: retention emptied a slot; its numbering "
                          "goes on from group %d, numbers %s", stream.spec.name, sl, *merged)
         if changed:
-            self._bump()
-
-    def forget_replicas(self, broker_id: int) -> None:
-        if self.replicas.pop(broker_id, None):
-            self.replica_changes += 1
-            self._journal(["rclear", broker_id])
-
-    def _journal(self, change: list) -> None:
-        if self.replica_journal is not None:
-            self.replica_journal.append(change)
-            if len(self.replica_journal) > REPLICA_JOURNAL_MAX:
-                self.replica_journal = None
-
-    def take_replica_journal(self) -> list[list] | None:
-        """The replica map's changes since the last call; None: too many, snapshot instead."""
-        journal, self.replica_journal = self.replica_journal, []
-        return journal
-
-    def replica_entries(self, broker_id: int | None = None, backup_id: int | None = None,
-                        after: tuple[int, int, int] | None = None,
-                        limit: int | None = None) -> list[list]:
-        """`[[broker_id, vlog, vseg, [backup ids]], ...]`, sorted, optionally only one broker's
-        or only the virtual segments one backup holds; only those after `after` (a
-        (broker_id, vlog, vseg) cursor), at most `limit`."""
-        out: list[list] = []
-        for bid in sorted(self.replicas):
-            if (broker_id is not None and bid != broker_id) or (after and bid < after[0]):
-                continue
-            table = self.replicas[bid]
-            keys = sorted(table)
-            start = bisect_right(keys, after[1:]) if after and bid == after[0] else 0
-            for key in keys[start:]:
-                backups = table[key]
-                if backup_id is None or backup_id in backups:
-                    out.append([bid, key[0], key[1], list(backups)])
-                    if limit is not None and len(out) >= limit:
-                        return out
-        return out
+            self.bump()
 
     def live(self, kind: str) -> list[Member]:
         return [m for _, m in sorted(self.members[kind].items()) if m.alive]
@@ -825,7 +451,7 @@ class Coordinator:
         n = len(brokers)
         placement = [brokers[(self.rotation + i) % n].id for i in range(spec.streamlets)]
         self.rotation = (self.rotation + spec.streamlets) % n
-        self._bump()
+        self.bump()
         stream = Stream(spec, self.next_stream_id, placement, self.version)
         self.next_stream_id += 1
         self.streams[spec.name] = stream
@@ -874,7 +500,7 @@ class Coordinator:
         added = self._added_streamlets(stream, spec.streamlets)
         stream.spec = spec
         stream.placement += added
-        self._bump()
+        self.bump()
         stream.version = self.version
         log.info("stream '%s' (id %d) altered: %s%s", name, stream.id, changes,
                  f"; new streamlets on brokers {sorted(set(added))}" if added else "")
@@ -911,7 +537,7 @@ class Coordinator:
         self.failover.stream_deleted(stream.id)
         self.kafka_offsets.forget_topic(name)
         self.transactions.forget_stream(name, self.now)
-        self._bump()
+        self.bump()
         self.tombstones[stream.id] = self.version   # brokers drop exactly this stream
         while len(self.tombstones) > TOMBSTONES_MAX:
             del self.tombstones[next(iter(self.tombstones))]
@@ -989,21 +615,19 @@ class Coordinator:
     def _issue_token(self) -> str:
         return (self._token_source or new_token)()
 
-    def _bump(self) -> None:
+    def bump(self) -> None:
         self.version += 1
 
     # ------------------------------------------------------------------ persistence
     def to_state(self) -> dict:
         """Everything a restart must keep (identities, streams, counters), JSON-ready."""
         state = self.base_state()
-        state["replicas"] = {str(bid): [[vlog, vseg, backups]
-                                        for (vlog, vseg), backups in table.items()]
-                             for bid, table in sorted(self.replicas.items()) if table}
+        state["replicas"] = self.replica_map.to_state()
         return state
 
     def base_state(self) -> dict:
         """`to_state()` without the replica map (persisted change by change, see
-        `take_replica_journal`)."""
+        `ReplicaMap.take_journal`)."""
         return {
             "format": STATE_FORMAT,
             "metadata_version": self.version,
@@ -1097,13 +721,7 @@ class Coordinator:
             # Absent in files written before transactions existed.
             self.transactions.load(state.get("transactions", []), self.started_s)
             # Absent in files written before the replica map existed.
-            for bid, entries in state.get("replicas", {}).items():
-                broker_id = _nonneg(int(bid))
-                if broker_id not in self.members["broker"]:
-                    raise ValueError(f"replicas of unknown broker {broker_id}")
-                table = self.replicas[broker_id] = {}
-                for vlog, vseg, backups in entries:
-                    table[(_nonneg(vlog), _nonneg(vseg))] = [_nonneg(b) for b in backups]
+            self.replica_map.load(state.get("replicas", {}), self.members["broker"], _nonneg)
         except (KeyError, TypeError, AttributeError, BadRequest) as exc:
             raise ValueError(f"malformed coordinator state: {exc.__class__.__name__}: {exc}") from None
 
@@ -1126,13 +744,10 @@ def new_token() -> str:
     return os.urandom(TOKEN_BYTES).hex()
 
 
-def _sha256(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
 
 def _token_hash(value) -> str | None:
     """A persisted token hash or cluster id: None or a short string."""
-    if value is None or (isinstance(value, str) and 0 < len(value) <= TOKEN_CHARS_MAX * 2):
+    if value is None or (isinstance(value, str) and 0 < len(value) <= schema.TOKEN_CHARS_MAX * 2):
         return value
     raise ValueError(f"expected a token hash or id, got {value!r}")
 

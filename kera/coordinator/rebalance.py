@@ -123,7 +123,7 @@ class Rebalancer:
     def _replicas_unsafe(coord: "Coordinator", broker: int) -> str | None:
         """Why `broker` may not hand over: a backup its replica map names is dead."""
         backups = coord.members["backup"]
-        for (vlog, vseg), held_by in coord.replicas.get(broker, {}).items():
+        for (vlog, vseg), held_by in coord.replica_map.tables.get(broker, {}).items():
             dead = [b for b in held_by if b not in backups or not backups[b].alive]
             if dead:
                 return (f"broker {broker}'s virtual segment {vlog}/{vseg} has a replica on dead "

@@ -162,7 +162,7 @@ class Failover:
                 if not self.recovering[sid]:
                     del self.recovering[sid]
         del self.failed[broker_id]
-        coord._bump()
+        coord.bump()
         log.warning("broker %d (epoch %d) is back and nothing of it was taken over: it keeps "
                     "its %d streamlets", broker_id, epoch, len(named))
         return True
@@ -256,7 +256,7 @@ class Failover:
                    why: str) -> None:
         self.failed[broker_id] = epoch
         self.failovers += 1
-        coord._bump()
+        coord.bump()
         version = coord.version
         live = [m for m in self.live_brokers(coord) if m.id != broker_id or
                 self.epochs.get(broker_id) != epoch]
@@ -316,7 +316,7 @@ class Failover:
                     changes.append((stream, sl))
         if not changes:
             return False
-        coord._bump()
+        coord.bump()
         for stream, sl in changes:
             target = min(loads, key=lambda b: (loads[b], b))
             loads[target] += 1

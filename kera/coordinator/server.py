@@ -196,7 +196,7 @@ class CoordinatorServer:
         started on a thread (kera.coordinator.store)."""
         started = self.clock.monotonic()
         try:
-            journal = self.core.take_replica_journal()
+            journal = self.core.replica_map.take_journal()
             if self._saved_version is None or journal is None:
                 self.store.snapshot(self.core.to_state())
                 self.counters.add("snapshots")
@@ -209,7 +209,7 @@ class CoordinatorServer:
                 if not self.store.commit(self.core.base_state() if moved else None, journal):
                     return
                 if self.store.wants_snapshot():
-                    tables = {bid: dict(t) for bid, t in self.core.replicas.items()}
+                    tables = {bid: dict(t) for bid, t in self.core.replica_map.tables.items()}
                     self.store.start_snapshot(self.core.base_state(), tables)
                     self.counters.add("snapshots")
         except (OSError, StorageError) as exc:
@@ -251,7 +251,7 @@ class CoordinatorServer:
                     brokers_alive=len(self.core.live("broker")),
                     backups=len(self.core.members["backup"]),
                     backups_alive=len(self.core.live("backup")),
-                    replica_entries=sum(map(len, self.core.replicas.values())),
+                    replica_entries=sum(map(len, self.core.replica_map.tables.values())),
                     metadata_log_bytes=self.store.log_bytes,
                     failovers=self.core.failover.failovers,
                     streamlets_recovering=sum(map(len, self.core.failover.recovering.values())))

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from kera.net import rpc
-from kera.coordinator.core import STREAMS_PAGE_MAX
+from kera.coordinator.ops import STREAMS_PAGE_MAX
 from kera.cli.local import LocalCluster
 
 pytestmark = pytest.mark.timeout(300)

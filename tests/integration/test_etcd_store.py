@@ -56,7 +56,7 @@ def busy_core() -> Coordinator:
     register(c, "backup", 7200)
     for name in ("orders", "clicks"):
         c.handle("create_stream", {"name": name, "streamlets": STREAMLETS}, 0.0)
-    c.report_replicas(brokers[0], [[0, v, [0]] for v in range(300)])   # > one transaction
+    c.replica_map.report(brokers[0], [[0, v, [0]] for v in range(300)])   # > one transaction
     c.handle("acl_add", {"acls": [ACL]}, 0.0)
     joined = c.groups.heartbeat("g", "", 0, 0.0, streams=("orders",))
     c.groups.commit("g", joined["member_id"], joined["member_epoch"],
@@ -83,11 +83,11 @@ def test_the_whole_state_round_trips_through_etcd(etcd_cluster):
     c = busy_core()
     store = EtcdStore.from_url(etcd.url, "roundtrip")
     assert store.load() is None, "an empty prefix is a first start"
-    c.take_replica_journal()
+    c.replica_map.take_journal()
     store.snapshot(c.to_state())
     c.handle("delete_stream", {"name": "clicks"}, 0.0)
-    c.report_replicas(1, [[1, 0, [0]]])
-    assert store.commit(c.base_state(), c.take_replica_journal()) > 0
+    c.replica_map.report(1, [[1, 0, [0]]])
+    assert store.commit(c.base_state(), c.replica_map.take_journal()) > 0
     store.close()
 
     again = EtcdStore.from_url(etcd.url, "roundtrip")
@@ -95,7 +95,7 @@ def test_the_whole_state_round_trips_through_etcd(etcd_cluster):
     assert state == c.to_state()
     restored = Coordinator(1.0, state=state)
     assert sorted(restored.streams) == ["orders"]
-    assert restored.replica_entries() == c.replica_entries()
+    assert restored.replica_map.entries() == c.replica_map.entries()
     assert restored.access.to_state() == c.access.to_state()
     assert restored.groups.to_state() == c.groups.to_state()
     keys = stored_keys(etcd.url, "roundtrip")
@@ -109,15 +109,15 @@ def test_a_commit_behind_a_newer_claim_is_refused_and_changes_nothing(etcd_clust
     c = busy_core()
     old = EtcdStore.from_url(etcd.url, "fence")
     old.load()
-    c.take_replica_journal()
+    c.replica_map.take_journal()
     old.snapshot(c.to_state())
     newer = EtcdStore.from_url(etcd.url, "fence")
     newer.load()                       # claims the fence: `old` holds a stale revision now
     before = stored_keys(etcd.url, "fence")
     c.handle("create_stream", {"name": "late", "streamlets": 1}, 0.0)
-    c.report_replicas(0, [[5, 5, [0]]])
+    c.replica_map.report(0, [[5, 5, [0]]])
     with pytest.raises(Fenced, match="taken over"):
-        old.commit(c.base_state(), c.take_replica_journal())
+        old.commit(c.base_state(), c.replica_map.take_journal())
     assert stored_keys(etcd.url, "fence") == before
     c.handle("delete_stream", {"name": "late"}, 0.0)   # `newer` still writes
     assert newer.commit(c.base_state(), []) > 0

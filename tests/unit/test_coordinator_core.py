@@ -65,19 +65,19 @@ def test_reregister_keeps_identity_and_new_address():
 
 
 def test_a_coordinator_hearing_no_daemon_at_all_suspects_itself_before_declaring_them_dead():
-    from kera.coordinator.core import ISOLATION_HOLD_DEAD_WINDOWS
+    from kera.coordinator.liveness import ISOLATION_HOLD_DEAD_WINDOWS
     c = make()
     join(c, "broker", 2)
     join(c, "backup", 2)
     hold_s = DEAD_AFTER_S * ISOLATION_HOLD_DEAD_WINDOWS
-    assert c.tick(DEAD_AFTER_S + 0.01) == [] and c.isolation_suspected, "all four silent: held"
+    assert c.tick(DEAD_AFTER_S + 0.01) == [] and c.death_watch.isolation_suspected, "all four silent: held"
 
     def beat(kind, i, now):
         c.handle("heartbeat", {"token": TOKEN, "kind": kind, "daemon_id": i, "metadata_version": 0}, now)
 
     for b in (0, 1):   # heard again (the partition healed): nothing was declared
         beat("broker", b, 3.0)
-    assert c.tick(3.0) == [] and not c.isolation_suspected, \
+    assert c.tick(3.0) == [] and not c.death_watch.isolation_suspected, \
         "the backups' connections may still be backing off: they get the hold again"
     beat("backup", 0, 3.0 + hold_s)        # its retransmission got through in time
     for b in (0, 1):
@@ -85,11 +85,11 @@ def test_a_coordinator_hearing_no_daemon_at_all_suspects_itself_before_declaring
     assert c.tick(3.0 + hold_s) == []
     dead = c.tick(3.0 + hold_s + 0.01)
     assert [(m.kind, m.id) for m in dead] == [("backup", 1)], "silent past the second hold"
-    assert not c.isolation_suspected, "one of four silent is an ordinary failure"
+    assert not c.death_watch.isolation_suspected, "one of four silent is an ordinary failure"
     c3 = make()   # heartbeats are staggered: the daemons cross the dead window in turn
     join(c3, "broker", 2)
     join(c3, "backup", 1, now=INTERVAL_S)
-    assert c3.tick(DEAD_AFTER_S + 0.01) == [] and c3.isolation_suspected, \
+    assert c3.tick(DEAD_AFTER_S + 0.01) == [] and c3.death_watch.isolation_suspected, \
         "two past the window, the third about to be, none heard lately: held"
     c2 = make()
     join(c2, "broker", 3)
@@ -496,10 +496,10 @@ def test_raising_the_streamlet_count_places_new_streamlets_on_the_least_loaded_l
     assert c.describe_stream("s")["placement"] == [1, 2, 0, 1]
     # Dead brokers get none (all three silent at once is held as a suspected isolation,
     # and the two still silent once broker 2 is heard get the hold again: core.tick).
-    from kera.coordinator.core import ISOLATION_HOLD_DEAD_WINDOWS
+    from kera.coordinator.liveness import ISOLATION_HOLD_DEAD_WINDOWS
     heard_again = DEAD_AFTER_S + 1
     later = heard_again + DEAD_AFTER_S * ISOLATION_HOLD_DEAD_WINDOWS + 0.01
-    assert c.tick(heard_again) == [] and c.isolation_suspected
+    assert c.tick(heard_again) == [] and c.death_watch.isolation_suspected
     for now in (heard_again, later):
         c.handle("heartbeat", {"token": TOKEN, "kind": "broker", "daemon_id": 2,
                                "metadata_version": c.version}, now)

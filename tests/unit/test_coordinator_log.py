@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from kera.coordinator import core as core_module
+from kera.coordinator import replica_map
 from kera.coordinator import store
 from kera.coordinator.core import Coordinator
 
@@ -21,7 +21,7 @@ def register(c: Coordinator, kind: str, port: int) -> int:
 def start(tmp_path, c: Coordinator):
     """A store holding `c` as a snapshot (the journal so far is in it)."""
     s = store.MetadataStore(tmp_path)
-    c.take_replica_journal()
+    c.replica_map.take_journal()
     s.snapshot(c.to_state())
     return s, [c.version]
 
@@ -31,7 +31,7 @@ def commit(s: store.MetadataStore, c: Coordinator, saved: list) -> int:
     replica journal."""
     moved = c.version != saved[0]
     saved[0] = c.version
-    return s.commit(c.base_state() if moved else None, c.take_replica_journal())
+    return s.commit(c.base_state() if moved else None, c.replica_map.take_journal())
 
 
 def random_changes(c: Coordinator, rng: random.Random, steps: int, s, saved) -> list[dict]:
@@ -68,27 +68,27 @@ def test_commits_replay_to_the_committed_state(tmp_path):
     states = random_changes(c, rng, 300, s, saved)
     assert store.MetadataStore(tmp_path).load() == states[-1]
     restored = Coordinator(1.0, state=store.load(tmp_path))
-    assert restored.replica_entries() == c.replica_entries()
+    assert restored.replica_map.entries() == c.replica_map.entries()
     assert restored.list_streams()  # and it starts
 
 
 def test_replayed_eviction_forgets_the_same_entries(tmp_path, monkeypatch):
-    monkeypatch.setattr(core_module, "REPLICA_ENTRIES_PER_BROKER_MAX", 10)
+    monkeypatch.setattr(replica_map, "REPLICA_ENTRIES_PER_BROKER_MAX", 10)
     c = Coordinator(0.0)
     register(c, "broker", 7100)
     s, saved = start(tmp_path, c)
     for n in range(5):
-        c.report_replicas(0, [[0, n * 7 + k, [1]] for k in range(7)])
-        c.report_replicas(0, [[0, 3, [2]]])   # moved to the newest end again
+        c.replica_map.report(0, [[0, n * 7 + k, [1]] for k in range(7)])
+        c.replica_map.report(0, [[0, 3, [2]]])   # moved to the newest end again
         commit(s, c, saved)
     assert store.load(tmp_path)["replicas"] == c.to_state()["replicas"]
-    assert len(c.replicas[0]) == 10
+    assert len(c.replica_map.tables[0]) == 10
 
 
 def test_a_heartbeat_commit_is_a_small_record(tmp_path):
     c = Coordinator(0.0)
     register(c, "broker", 7100)
-    c.report_replicas(0, [[0, n, [0, 1]] for n in range(60_000)])
+    c.replica_map.report(0, [[0, n, [0, 1]] for n in range(60_000)])
     s, saved = start(tmp_path, c)
     c.handle("heartbeat", {"kind": "broker", "daemon_id": 0, "metadata_version": c.version,
                            "token": c.members["broker"][0].token,
@@ -137,7 +137,7 @@ def test_long_log_folds_into_a_snapshot(tmp_path, monkeypatch):
     register(c, "broker", 7100)
     s, saved = start(tmp_path, c)
     for n in range(100):
-        c.report_replicas(0, [[0, n, [1]]])
+        c.replica_map.report(0, [[0, n, [1]]])
         commit(s, c, saved)
         if s.wants_snapshot():
             s.snapshot(c.to_state())
@@ -151,7 +151,7 @@ def test_crash_between_new_log_and_snapshot_keeps_the_old_pair(tmp_path):
     c = Coordinator(0.0)
     register(c, "broker", 7100)
     s, saved = start(tmp_path, c)
-    c.report_replicas(0, [[0, 1, [1]]])
+    c.replica_map.report(0, [[0, 1, [1]]])
     commit(s, c, saved)
     # The next snapshot's empty log exists, its snapshot was never written.
     (tmp_path / store.log_name(s.generation + 1)).write_bytes(b"")
@@ -170,11 +170,11 @@ def _fill_then_switch(tmp_path, monkeypatch, write: bool):
     if not write:   # the coordinator dies before the snapshot thread writes anything
         monkeypatch.setattr(store.MetadataStore, "_write_snapshot", lambda self, *a: None)
     for n in range(50):
-        c.report_replicas(0, [[0, n, [1]]])
+        c.replica_map.report(0, [[0, n, [1]]])
         commit(s, c, saved)
-    s.start_snapshot(c.base_state(), {b: dict(t) for b, t in c.replicas.items()})
+    s.start_snapshot(c.base_state(), {b: dict(t) for b, t in c.replica_map.tables.items()})
     for n in range(50, 80):     # appended to the new log while the snapshot is written
-        c.report_replicas(0, [[0, n, [2]]])
+        c.replica_map.report(0, [[0, n, [2]]])
         commit(s, c, saved)
     s.close_writer()
     return c, s

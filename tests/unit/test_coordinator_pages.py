@@ -6,8 +6,9 @@ import pytest
 from kera.codec import wire
 from kera.coordinator import core as core_module
 from kera.coordinator import validate
-from kera.coordinator.core import (MEMBER_EXPIRY_S, REPLICA_ENTRIES_PER_BROKER_MAX,
-                                   REPLICAS_PAGE_MAX, Coordinator)
+from kera.coordinator.core import MEMBER_EXPIRY_S, Coordinator
+from kera.coordinator.ops import REPLICAS_PAGE_MAX
+from kera.coordinator.replica_map import REPLICA_ENTRIES_PER_BROKER_MAX
 from kera.errors import BadRequest
 
 LONG_HOST = ".".join(["a" * 63] * 3 + ["b" * 61])   # 253 characters, the DNS maximum
@@ -96,16 +97,16 @@ def test_replicas_pages_walk_every_entry_under_the_header_limit():
     register_many(c, "broker", 2)
     backups = list(range(2**32 - validate.VSEG_BACKUPS_MAX, 2**32))   # the widest entries
     for b in range(2):
-        c.report_replicas(b, [[2**32 - 1, 2**64 - 1 - n, backups]
+        c.replica_map.report(b, [[2**32 - 1, 2**64 - 1 - n, backups]
                               for n in range(REPLICA_ENTRIES_PER_BROKER_MAX)])
     entries, largest = all_pages(c, "replicas", "replicas")
     print(f"replicas of 2 brokers at the map limit: {len(entries)} entries, "
           f"largest page {largest} bytes")
-    assert entries == c.replica_entries()
+    assert entries == c.replica_map.entries()
     assert len(entries) == 2 * REPLICA_ENTRIES_PER_BROKER_MAX
     assert largest < wire.MAX_HEADER_BYTES
     one, _ = all_pages(c, "replicas", "replicas", {"broker_id": 1})
-    assert one == c.replica_entries(broker_id=1)
+    assert one == c.replica_map.entries(broker_id=1)
     page = c.handle("replicas", {"limit": 3, "after": [0, 2**32 - 1, 0]}, 0.0)
     assert len(page["replicas"]) == 3 and page["next"] == page["replicas"][-1][:3]
     assert len(c.handle("replicas", {}, 0.0)["replicas"]) == REPLICAS_PAGE_MAX
@@ -118,7 +119,7 @@ def test_deregister_refuses_live_and_owning_daemons_and_forgets_a_dead_one():
     c.handle("create_stream", {"name": "s", "streamlets": 1, "replication": 1}, 0.0)
     owner = c.streams["s"].placement[0]
     idle = 1 - owner
-    c.report_replicas(idle, [[0, 1, [0]]])
+    c.replica_map.report(idle, [[0, 1, [0]]])
     with pytest.raises(BadRequest, match="alive"):
         c.handle("deregister", {"kind": "broker", "daemon_id": idle}, 0.0)
     c.tick(100.0)    # everyone silent: declared dead (R=1 streamlets stay with their broker)
@@ -130,7 +131,7 @@ def test_deregister_refuses_live_and_owning_daemons_and_forgets_a_dead_one():
     c.handle("deregister", {"kind": "broker", "daemon_id": idle}, 100.0)
     c.handle("deregister", {"kind": "backup", "daemon_id": 0}, 100.0)
     assert idle not in c.members["broker"] and not c.members["backup"]
-    assert idle not in c.replicas and c.version > version
+    assert idle not in c.replica_map.tables and c.version > version
     # Its id is never handed out again.
     c.handle("register", {"kind": "broker", "address": "127.0.0.1:1", "node": "n"}, 100.0)
     assert max(c.members["broker"]) == 2
@@ -144,7 +145,7 @@ def test_dead_members_holding_nothing_expire():
     c.handle("create_stream", {"name": "s", "streamlets": 1, "replication": 1}, 0.0)
     owner = c.streams["s"].placement[0]
     holder = next(b for b in range(3) if b != owner)
-    c.report_replicas(holder, [[0, 1, [1]]])          # backup 1 is named, broker holder has entries
+    c.replica_map.report(holder, [[0, 1, [1]]])          # backup 1 is named, broker holder has entries
     c.tick(30.0)     # everyone silent: declared once past the isolation hold (core.tick)
     assert not c.live("broker")
     assert c.tick(10.0 + MEMBER_EXPIRY_S - 100) == [] and len(c.members["broker"]) == 3

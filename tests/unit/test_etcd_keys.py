@@ -49,7 +49,7 @@ class DictEtcd:
 
 
 def start(c: Coordinator, etcd: DictEtcd) -> list:
-    c.take_replica_journal()
+    c.replica_map.take_journal()
     etcd.snapshot(c.to_state())
     return [c.version]
 
@@ -68,7 +68,7 @@ def test_commits_load_back_to_the_committed_state():
     states = random_changes(c, random.Random(7), 300, etcd, saved)
     assert etcd.load() == states[-1]
     restored = Coordinator(1.0, state=etcd.load())
-    assert restored.replica_entries() == c.replica_entries()
+    assert restored.replica_map.entries() == c.replica_map.entries()
 
 
 def test_every_prefix_of_a_split_commit_loads():
@@ -89,9 +89,9 @@ def test_replica_entries_keep_their_age_order():
     c, etcd = cluster(), DictEtcd()
     saved = start(c, etcd)
     for entries in ([[0, 5, [3]], [0, 1, [3]]], [[0, 2, [3]]], [[0, 5, [3]]]):
-        c.report_replicas(0, entries)
-        etcd.commit(None, c.take_replica_journal())
-    assert list(Coordinator(1.0, state=etcd.load()).replicas[0]) == [(0, 1), (0, 2), (0, 5)]
+        c.replica_map.report(0, entries)
+        etcd.commit(None, c.replica_map.take_journal())
+    assert list(Coordinator(1.0, state=etcd.load()).replica_map.tables[0]) == [(0, 1), (0, 2), (0, 5)]
     assert saved == [c.version]
 
 
@@ -108,10 +108,10 @@ def test_a_commit_writes_only_what_changed():
 def test_forgetting_a_broker_deletes_its_replicas_before_its_member():
     c, etcd = cluster(), DictEtcd()
     start(c, etcd)
-    c.report_replicas(2, [[0, v, [3]] for v in range(5)])
-    etcd.commit(None, c.take_replica_journal())
-    c.forget_replicas(2)
-    writes = etcd_keys.plan(etcd.stored, None, c.take_replica_journal(), etcd.seq)
+    c.replica_map.report(2, [[0, v, [3]] for v in range(5)])
+    etcd.commit(None, c.replica_map.take_journal())
+    c.replica_map.forget(2)
+    writes = etcd_keys.plan(etcd.stored, None, c.replica_map.take_journal(), etcd.seq)
     writes["members/broker/2"] = None
     order = [k for batch in etcd_keys.batches(writes) for k, _ in batch]
     assert order[-1] == "members/broker/2"
@@ -141,7 +141,7 @@ def test_a_snapshot_of_the_stored_state_writes_nothing():
     saved = start(c, etcd)
     random_changes(c, random.Random(3), 50, etcd, saved)
     assert etcd_keys.snapshot_writes(etcd.stored, c.to_state(), etcd.seq) == {}
-    c.report_replicas(1, [[0, 0, [3]]])        # an entry moves last: the map is written again
-    c.take_replica_journal()
+    c.replica_map.report(1, [[0, 0, [3]]])        # an entry moves last: the map is written again
+    c.replica_map.take_journal()
     etcd.snapshot(c.to_state())
     assert etcd.load() == c.to_state()

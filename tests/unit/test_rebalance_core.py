@@ -160,7 +160,7 @@ def test_no_step_while_a_backup_may_be_down():
         c.handle("rebalance", {}, silent_s)
     # A replica of broker 0 on a backup the coordinator holds dead: broker 0 must keep it.
     beat(c, 1, silent_s, kind="backup")
-    c.replicas[0] = {(0, 1): [1]}
+    c.replica_map.tables[0] = {(0, 1): [1]}
     c.members["backup"][1].alive = False
     p = c.handle("rebalance", {"dry_run": True}, silent_s)
     assert "dead backup 1" in p["busy"] and c.rebalancer.pending is None

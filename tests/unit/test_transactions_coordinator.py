@@ -291,13 +291,13 @@ def commit_like_the_server(s, c: Coordinator, saved: list) -> None:
     moved = (c.groups.take_dirty() | c.kafka_offsets.take_dirty()
              | c.transactions.take_dirty() or c.version != saved[0])
     saved[0] = c.version
-    s.commit(c.base_state() if moved else None, c.take_replica_journal())
+    s.commit(c.base_state() if moved else None, c.replica_map.take_journal())
 
 
 def test_a_restart_mid_commit_through_the_file_store(tmp_path):
     c = cluster()
     s = store.MetadataStore(tmp_path)
-    c.take_replica_journal()
+    c.replica_map.take_journal()
     s.snapshot(c.to_state())
     saved = [c.version]
     pid, epoch = read_write(c)
@@ -314,7 +314,7 @@ def test_a_restart_mid_commit_through_the_file_store(tmp_path):
 def test_a_restart_mid_commit_through_etcd_keys():
     etcd = DictEtcd()
     c, (pid, epoch) = mid_commit()
-    c.take_replica_journal()
+    c.replica_map.take_journal()
     etcd.snapshot(c.to_state())
     assert any(k.startswith("transactions/") for k in etcd.kv)
     check_restored(Coordinator(50.0, state=etcd.load()), pid, epoch)
@@ -323,7 +323,7 @@ def test_a_restart_mid_commit_through_etcd_keys():
 def test_every_prefix_of_a_split_commit_with_transactions_loads():
     c = cluster()
     etcd = DictEtcd(ops_max=2)
-    c.take_replica_journal()
+    c.replica_map.take_journal()
     etcd.snapshot(c.to_state())
     rng = random.Random(5)
     for step in range(40):
@@ -336,7 +336,7 @@ def test_every_prefix_of_a_split_commit_with_transactions_loads():
                              "commit": rng.random() < 0.5}, step)
         for marker in c.transactions.markers_due(step):
             c.transactions.marker_written(marker, step)
-        etcd.commit(c.base_state(), c.take_replica_journal())
+        etcd.commit(c.base_state(), c.replica_map.take_journal())
     for state in etcd.split_prefixes:
         Coordinator(1.0, state=state)
     assert etcd.load()["transactions"] == c.to_state()["transactions"]
