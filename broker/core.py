@@ -216,7 +216,7 @@ class Broker:
                 stream.info = info
         for sid in [sid for sid in self.streams if sid not in seen]:
             if sid in tombstones:
-                self._drop_stream(sid)
+                self.drop_stream(sid)
             else:
                 self._disown_stream(sid)
         self._delete_reloaded(tombstones)
@@ -254,7 +254,9 @@ class Broker:
                     del table[key]
             self.tier.delete_stream(sid)
 
-    def _drop_stream(self, sid: int) -> None:
+    def drop_stream(self, sid: int) -> None:
+        """Forget stream `sid` here (its data, producers and transactions); produce requests
+        waiting on it fail unknown_stream."""
         stream = self.streams.pop(sid)
         log.info("stream %s (id %d) deleted", stream.info.name, sid)
         err = UnknownStream(f"stream {stream.info.name!r} was deleted", retriable=False)
@@ -263,7 +265,7 @@ class Broker:
         self.retention.stream_deleted(sid)
         for streamlet in stream.streamlets.values():
             for waiter in streamlet.release():
-                self._fail(waiter, err)
+                self.fail_waiter(waiter, err)
         self.producers.drop_stream(sid)
         self.txn.drop_stream(sid)
 
@@ -674,11 +676,19 @@ class Broker:
                         self._pending_count -= 1
                         self._replies.append((waiter.token, waiter.results))
 
-    def _fail(self, waiter: Pending, err: KeraError) -> None:
+    def fail_waiter(self, waiter: Pending, err: KeraError) -> None:
+        """Answer a produce request still waiting for durability with `err`."""
         if not waiter.done:
             waiter.done = True
             self._pending_count -= 1
             self._replies.append((waiter.token, err))
+
+    def fail_in_flight(self, err: KeraError) -> None:
+        """Fail every produce request still waiting and forget the replication writes in
+        flight (the incarnation that sent them is gone, kera.broker.recovery)."""
+        for p in list(self._pending):
+            self.fail_waiter(p, err)
+        self._writes.clear()
 
     def take_replies(self) -> list:
         """Deferred produce answers ready to send: (token, results list | KeraError)."""
@@ -718,7 +728,7 @@ class Broker:
             p = pending.popleft()
             if not p.done:
                 self.counters.add("produce_replication_failed")
-                self._fail(p, ReplicationFailed(
+                self.fail_waiter(p, ReplicationFailed(
                     f"not replicated to enough backups within {self.cfg.produce_timeout_s} s "
                     f"({self.pool.live_count()} live backups)"))
 

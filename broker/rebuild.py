@@ -474,7 +474,7 @@ def install(core, rebuild: StreamletRebuild) -> Installed | None:
         log.warning("stream %s streamlet %d: replacing what was loaded with the data "
                     "recovered from the backups", info.name, sl)
         for waiter in old.release():
-            core._fail(waiter, _not_ready())
+            core.fail_waiter(waiter, _not_ready())
     groups = _above_floor(info, sl, groups)
     streamlet = Streamlet(info.id, sl, info.active_groups, info.group_segments,
                           info.segment_size_bytes, core.placement, core.segment_pool)

@@ -516,7 +516,7 @@ class Recovery:
         chunks = None
         if error is None:
             try:
-                end, chunks = _parse_read(header, frames, t.offset)
+                end, chunks = parse_read_reply(header, frames, t.offset)
             except CorruptChunk as err:
                 error = err
         if error is not None:
@@ -684,7 +684,7 @@ def _disk_length(r: dict, length: int) -> int:
     return disk if _u64(disk) and disk <= length else 0
 
 
-def _parse_read(header, frames, offset: int):
+def parse_read_reply(header, frames, offset: int):
     """(end, [(chunk view, header)]) of a read_replica reply, every chunk verified."""
     end = header.get("end") if isinstance(header, dict) else None
     if not _u64(end) or end < offset:
@@ -727,14 +727,12 @@ def reset_incarnation(core) -> None:
     for sid in replicated:
         for streamlet in core.streams[sid].streamlets.values():
             for waiter in streamlet.release():
-                core._fail(waiter, err)
+                core.fail_waiter(waiter, err)
     for sid in replicated:
-        core._drop_stream(sid)
-    for p in list(core._pending):
-        core._fail(p, err)
+        core.drop_stream(sid)
+    core.fail_in_flight(err)
     core.vlogs.clear()
     core.vlog_list.clear()
-    core._writes.clear()
     core.recovering.clear()
     core.metadata_version = 0
     core.counters.add("incarnation_resets")

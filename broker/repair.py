@@ -78,13 +78,13 @@ class Repairs:
 
     def done(self, req: RepairRead, header, frames, error: KeraError | None) -> None:
         """The outcome of a repair read: keep the verified copy, or try the next replica."""
-        from kera.broker.recovery import _parse_read   # one parser of read_replica replies
+        from kera.broker.recovery import parse_read_reply   # one parser of read_replica replies
         tf = req.seg.tier
         if tf is None:
             return                  # deleted meanwhile (retention, stream deleted)
         if error is None:
             try:
-                _, chunks = _parse_read(header, frames, req.fields["offset"])
+                _, chunks = parse_read_reply(header, frames, req.fields["offset"])
                 error = self._accept(req, chunks)
             except CorruptChunk as err:
                 error = err

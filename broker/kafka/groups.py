@@ -32,7 +32,9 @@ def coordinator_of(ctx: Context, group_id: str) -> dict | None:
     return live[zlib.crc32(group_id.encode()) % len(live)]
 
 
-def _not_here(ctx: Context, group_id: str) -> ErrorCode | None:
+def not_here(ctx: Context, group_id: str) -> ErrorCode | None:
+    """Kafka's refusal of a group request sent to a broker that does not coordinate the
+    group (NOT_COORDINATOR, or COORDINATOR_NOT_AVAILABLE while none does); None here."""
     owner = coordinator_of(ctx, group_id)
     if owner is None:
         return ErrorCode.coordinator_not_available
@@ -71,7 +73,7 @@ def _coordinator(ctx: Context, key: str, key_type: int) -> dict:
 # ---------------------------------------------------------------------- membership
 def handle_join_group(ctx: Context, call: Call) -> None:
     b = call.body
-    refused = _not_here(ctx, b.group_id)
+    refused = not_here(ctx, b.group_id)
     if refused is not None:
         call.answer({"error_code": refused, "generation_id": -1, "member_id": b.member_id})
         return
@@ -108,7 +110,7 @@ def _park_or_answer(ctx: Context, call: Call, result) -> None:
 
 def handle_sync_group(ctx: Context, call: Call) -> None:
     b = call.body
-    refused = _not_here(ctx, b.group_id)
+    refused = not_here(ctx, b.group_id)
     if refused is not None:
         call.answer({"error_code": refused})
         return
@@ -121,7 +123,7 @@ def handle_sync_group(ctx: Context, call: Call) -> None:
 
 def handle_heartbeat(ctx: Context, call: Call) -> None:
     b = call.body
-    code = _not_here(ctx, b.group_id) or ctx.groups.heartbeat(
+    code = not_here(ctx, b.group_id) or ctx.groups.heartbeat(
         b.group_id, b.generation_id, b.member_id, ctx.clock.monotonic())
     call.answer({"error_code": code})
     pump(ctx)
@@ -130,7 +132,7 @@ def handle_heartbeat(ctx: Context, call: Call) -> None:
 def handle_leave_group(ctx: Context, call: Call) -> None:
     b = call.body
     members = [m.member_id for m in b.members] if hasattr(b, "members") else [b.member_id]
-    refused = _not_here(ctx, b.group_id)
+    refused = not_here(ctx, b.group_id)
     if refused is not None:
         call.answer({"error_code": refused, "members": []})
         return
@@ -160,7 +162,7 @@ def pump(ctx: Context) -> None:
 def handle_offset_commit(ctx: Context, call: Call) -> None:
     b = call.body
     generation = getattr(b, "generation_id_or_member_epoch", getattr(b, "generation_id", -1))
-    code = _not_here(ctx, b.group_id) or ctx.groups.commit_allowed(
+    code = not_here(ctx, b.group_id) or ctx.groups.commit_allowed(
         b.group_id, generation, b.member_id, ctx.clock.monotonic())
     parts = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata or "")
              for t in b.topics for p in t.partitions]
@@ -229,7 +231,7 @@ def handle_list_groups(ctx: Context, call: Call) -> None:
     def done(header, error) -> None:
         stored = header.get("groups", []) if error is None else []
         # each broker lists the groups it coordinates, as Kafka's do (clients merge the lists)
-        names = set(local) | {g for g in stored if _not_here(ctx, g) is None}
+        names = set(local) | {g for g in stored if not_here(ctx, g) is None}
         call.answer({"error_code": ErrorCode.none, "groups": [
             {"group_id": g, "protocol_type": local.get(g, ("consumer", ""))[0],
              "group_state": local.get(g, ("", "Empty"))[1]} for g in sorted(names)]})
@@ -242,7 +244,7 @@ def handle_describe_groups(ctx: Context, call: Call) -> None:
 
 
 def _described(ctx: Context, group_id: str) -> dict:
-    refused = _not_here(ctx, group_id)
+    refused = not_here(ctx, group_id)
     if refused is not None:
         return {"error_code": refused, "group_id": group_id, "group_state": "",
                 "protocol_type": "", "protocol_data": "", "members": []}
@@ -261,7 +263,7 @@ def handle_delete_groups(ctx: Context, call: Call) -> None:
         {"group_id": g, "error_code": code} for g, code in zip(names, codes)]}))
     done = gather.put
     for i, group in enumerate(names):
-        code = _not_here(ctx, group) or ctx.groups.delete(group)
+        code = not_here(ctx, group) or ctx.groups.delete(group)
         if code and code != ErrorCode.group_id_not_found:
             done(i, code)
             continue
@@ -275,7 +277,7 @@ def handle_offset_delete(ctx: Context, call: Call) -> None:
     (NON_EMPTY_GROUP) while members of another protocol than "consumer" are in it."""
     b = call.body
     parts = [(t.name, p.partition_index) for t in b.topics for p in t.partitions]
-    code = _not_here(ctx, b.group_id)
+    code = not_here(ctx, b.group_id)
     subscribed = ctx.groups.subscribed(b.group_id) if code is None else set()
     if subscribed is None:
         code = ErrorCode.non_empty_group

@@ -26,7 +26,7 @@ from kio.schema.errors import ErrorCode
 
 from kera.broker.kafka.context import Call, Context, Gather
 from kera.broker.kafka.errors import kafka_code
-from kera.broker.kafka.groups import _not_here, coordinator_of
+from kera.broker.kafka.groups import not_here, coordinator_of
 from kera.coordinator.kafka_offsets import METADATA_CHARS_MAX
 from kera.errors import KeraError
 
@@ -128,7 +128,7 @@ def handle_txn_offset_commit(ctx: Context, call: Call) -> None:
             by_topic.setdefault(topic, []).append({"partition_index": index, "error_code": code})
         call.answer({"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]})
 
-    code = _not_here(ctx, b.group_id) or _member_refusal(ctx, call)
+    code = not_here(ctx, b.group_id) or _member_refusal(ctx, call)
     if not code and any(len(meta) > METADATA_CHARS_MAX for *_, meta in parts):
         code = ErrorCode.offset_metadata_too_large
     if code:

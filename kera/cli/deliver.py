@@ -83,7 +83,7 @@ def cmd_deliver(args) -> int:
                           batch_records_max=args.batch_records_max, retries_max=args.retries_max,
                           progress_interval_s=args.progress_interval_s, key_file=args.key_file,
                           fetch_wait_ms=args.fetch_wait_ms)
-    stop_on_sigterm(deliverer._stop.set)
+    stop_on_sigterm(deliverer.stop_event.set)
     deliverer.start()
     try:
         deliverer.wait()

@@ -467,7 +467,7 @@ def ops(groups: Groups, caller_may_read: Callable[[], Callable[[str], bool] | No
 
     def commit(f, now):
         positions = _positions(f)
-        _check_readable(caller_may_read(), {s for s, _sl in positions}, name(f))
+        check_readable(caller_may_read(), {s for s, _sl in positions}, name(f))
         groups.commit(name(f), f.str("member_id", "", hi=MEMBER_ID_CHARS_MAX),
                       f.int("member_epoch", 0, lo=0, hi=2**62), positions)
         return {}
@@ -498,7 +498,7 @@ def _name(value, hi: int = NAME_CHARS_MAX) -> str:
     return value
 
 
-def _check_readable(may_read: Callable[[str], bool] | None, streams, group: str) -> None:
+def check_readable(may_read: Callable[[str], bool] | None, streams, group: str) -> None:
     """A commit on a stream its principal cannot read would hold back that stream's
     retain-until-consumed retention: refused."""
     hidden = sorted(s for s in streams if may_read is not None and not may_read(s))
@@ -526,11 +526,12 @@ def _positions(f) -> dict[Part, list[list]]:
         if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], list)
                 and 0 < len(entry[2]) <= GROUPS_PER_POSITION_MAX):
             raise BadRequest("positions are [stream, streamlet, [[group, offset, epoch], ...]]")
-        out[_part_field(entry[:2])] = [_group_position(g) for g in entry[2]]
+        out[_part_field(entry[:2])] = [group_position(g) for g in entry[2]]
     return out
 
 
-def _group_position(value) -> list:
+def group_position(value) -> list:
+    """A group position from the wire, checked: [group, offset, history epoch or None]."""
     ok = (isinstance(value, list) and len(value) == 3
           and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value[:2])
           and (value[2] is None or (isinstance(value[2], int) and value[2] >= 0)))

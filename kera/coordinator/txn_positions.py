@@ -75,7 +75,7 @@ class TxnPositions:
     def _check_kera(self, f, group: str, positions: dict) -> None:
         for part, position in positions.items():
             positions[part] = _kera_position(position)
-        groups_module._check_readable(self.caller_may("read", "stream"),
+        groups_module.check_readable(self.caller_may("read", "stream"),
                                       {s for s, _ in positions}, group)
         if group in self.offsets.groups:
             raise BadRequest(f"group {group!r} is a Kafka consumer group (its offsets were "
@@ -130,4 +130,4 @@ def _kera_position(value) -> list:
             and 0 < len(value) <= groups_module.GROUPS_PER_POSITION_MAX):
         raise BadRequest("a kera group's transaction position is what group_commit takes: "
                          "[[group, offset, epoch], ...]")
-    return [groups_module._group_position(g) for g in value]
+    return [groups_module.group_position(g) for g in value]

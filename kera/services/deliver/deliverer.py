@@ -64,7 +64,7 @@ class Deliverer:
         self.request_timeout_s, self.fetch_wait_ms = request_timeout_s, fetch_wait_ms
         self.batch_records_max = batch_records_max
         self.progress_interval_s = progress_interval_s
-        self._stop = threading.Event()
+        self.stop_event = threading.Event()
         self.workers = [_TargetWorker(self, t, TargetCursor(t.name, retries_max))
                         for t in targets]
 
@@ -82,7 +82,7 @@ class Deliverer:
         return not any(w.thread.is_alive() for w in self.workers)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        self._stop.set()
+        self.stop_event.set()
         self.wait(timeout_s)
 
     def status(self) -> dict[str, dict]:
@@ -109,7 +109,7 @@ class _TargetWorker:
 
     def _run(self) -> None:
         try:
-            while not self.d._stop.wait(max(0.0, self.cursor.retry_at_s - time.monotonic())):
+            while not self.d.stop_event.wait(max(0.0, self.cursor.retry_at_s - time.monotonic())):
                 try:
                     self._session()
                 except DeliveryGap as err:   # retrying cannot fill a hole
@@ -151,7 +151,7 @@ class _TargetWorker:
             for streamlet, number in resume_numbers(self.cursor.applied, self.d.stream).items():
                 consumer.seek_to_number(self.d.stream, streamlet, number)
             progress = _Progress(self.cursor, self.d.progress_interval_s)
-            while not self.d._stop.is_set():
+            while not self.d.stop_event.is_set():
                 batch = self.cursor.fresh(self._collect(consumer))
                 if batch:
                     self.target.apply(batch)
