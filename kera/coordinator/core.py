@@ -49,6 +49,7 @@ from kera.coordinator.replica_map import ReplicaMap
 from kera.coordinator.recovery import Failover
 from kera.coordinator.validate import KINDS, StreamSpec
 from kera.errors import BadRequest, NotReady, StreamExists, UnknownStream, WrongCluster
+from kera.net import quota
 from kera.net.fence import FENCE_KEY_BYTES, fence_key_from, fence_token
 from kera.codec.wire import Fields
 
@@ -126,7 +127,10 @@ class Stream:
 class Coordinator:
     def __init__(self, now: float, *, heartbeat_interval_s: float = config.HEARTBEAT_INTERVAL_S,
                  heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX,
-                 state: dict | None = None, token_source=None, auto_rebalance: bool = True):
+                 state: dict | None = None, token_source=None, auto_rebalance: bool = True,
+                 client_ops_per_s: int = quota.CLIENT_OPS_PER_S):
+        """`client_ops_per_s`: requests per second each client principal may make (secure
+        clusters; 0: no limit)."""
         if heartbeat_interval_s <= 0 or heartbeat_missed_max < 1:
             raise ValueError("heartbeat interval and missed count must be positive")
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -180,6 +184,7 @@ class Coordinator:
         # request being handled (None in plaintext).
         self.access = acl_ops.AccessState()
         self.caller = None
+        self.client_ops = quota.RequestRate(client_ops_per_s) if client_ops_per_s else None
         if state is not None:
             self._load(state)
             # The restart itself is a change: liveness is unknown until daemons heartbeat, and
@@ -206,6 +211,8 @@ class Coordinator:
         fn = self._ops.get(op)
         if fn is None:
             raise BadRequest(f"unknown op '{op}'")
+        if principal is not None and principal.role == "client" and self.client_ops:
+            self.client_ops.admit(principal.name, now)   # before it changes anything
         f = header if isinstance(header, Fields) else Fields(header)
         self.caller = principal
         self.now = max(self.now, now)

@@ -22,6 +22,7 @@ import time
 import zmq
 
 from kera import config
+from kera.net import quota
 from kera.net import security as daemon_security
 from kera.coordinator.core import Coordinator
 from kera.coordinator.markers import MARKER_REQUEST_TIMEOUT_S, MarkerChannel
@@ -33,7 +34,7 @@ from kera.errors import Fenced, KeraError, StorageError
 from kera.coordinator.group_lag import GroupLagExporter
 from kera.daemon.metrics import Counters, add_stream_labels_argument, serve_metrics
 from kera.daemon.env import DaemonEnv, real_if_none
-from kera.daemon.flags import add_common_arguments, setup_logging
+from kera.daemon.flags import add_common_arguments, count, setup_logging
 from kera.net.server import DEFERRED, FAILURE_REPLY_LINGER_MS, Request
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class CoordinatorServer:
                  heartbeat_missed_max: int = config.HEARTBEAT_MISSED_MAX,
                  security: daemon_security.Security | None = None,
                  env: DaemonEnv | None = None, store=None, leadership=None,
-                 auto_rebalance: bool = True):
+                 auto_rebalance: bool = True, client_ops_per_s: int = quota.CLIENT_OPS_PER_S):
         self.env = env = real_if_none(env)
         # kera.coordinator.leadership.Leadership when elected among several coordinators: the
         # store's commits are guarded by the leader key, and serving ends with the lease.
@@ -76,7 +77,8 @@ class CoordinatorServer:
         state = self.store.load()
         self.core = Coordinator(self.clock.monotonic(), heartbeat_interval_s=heartbeat_interval_s,
                                 heartbeat_missed_max=heartbeat_missed_max, state=state,
-                                token_source=env.new_token, auto_rebalance=auto_rebalance)
+                                token_source=env.new_token, auto_rebalance=auto_rebalance,
+                                client_ops_per_s=client_ops_per_s)
         if state is not None:
             log.info("loaded %d streams, %d brokers, %d backups from %s", len(self.core.streams),
                      len(self.core.members["broker"]), len(self.core.members["backup"]), self.where)
@@ -320,6 +322,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "2 or more streamlets more than another, a loaded broker hands its "
                              "replicated streamlets over; `kera cluster rebalance` does it on "
                              "demand)")
+    parser.add_argument("--client-ops-per-s", type=count, default=quota.CLIENT_OPS_PER_S,
+                        metavar="N",
+                        help="secure clusters: requests per second each client key may make of "
+                             "the coordinator (group heartbeats and commits, stream and "
+                             "transaction ops); over it a request is refused 'throttled' with "
+                             "the wait, which clients retry. Brokers, backups and admins are not "
+                             "limited. 0: no limit (default: %(default)s)")
     daemon_security.add_arguments(parser)
     etcd_access.add_arguments(parser)
 
@@ -372,7 +381,7 @@ def _start(args: argparse.Namespace, leadership=None):
             args.dir, args.host, args.port, store=open_store(args), leadership=leadership,
             heartbeat_interval_s=args.heartbeat_interval_ms / 1000,
             heartbeat_missed_max=args.heartbeat_missed_max,
-            auto_rebalance=not args.no_auto_rebalance,
+            auto_rebalance=not args.no_auto_rebalance, client_ops_per_s=args.client_ops_per_s,
             security=daemon_security.from_args(args, "coordinator")))
     except Fenced as exc:
         log.warning("deposed while loading: %s: standing by", exc.message)

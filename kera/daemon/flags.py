@@ -57,6 +57,17 @@ def port_number(text: str) -> int:
     return port
 
 
+def count(text: str) -> int:
+    """An argparse `type`: a whole number, 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more")
+    return n
+
+
 def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int = 0,
                          coordinator: bool = True, advertise: bool = True) -> None:
     """The shared daemon flags. `coordinator`: the daemon registers with one (--coordinator,

@@ -29,7 +29,7 @@ class Quotas:
 
     def __init__(self):
         self.rates: dict[str, dict[str, int]] = {}
-        self._buckets: dict[tuple[str, str], list[float]] = {}   # (name, kind) -> [tokens, at]
+        self.buckets = Buckets(QUOTA_BURST_S)   # by (name, kind)
 
     def set(self, principal: str, kind: str, bytes_per_s: int | None) -> None:
         if principal != DEFAULT_PRINCIPAL:
@@ -57,7 +57,7 @@ class Quotas:
             for kind, rate in kinds.items():
                 fresh.set(principal, kind, rate)
         self.rates = fresh.rates
-        self._buckets = {k: v for k, v in self._buckets.items() if self.rate(*k) is not None}
+        self.buckets.keep(lambda key: self.rate(*key) is not None)
 
     def rate(self, name: str, kind: str) -> int | None:
         own = self.rates.get(name)
@@ -78,7 +78,7 @@ class Quotas:
                              f"{name!r}'s quota allows in one burst ({rate} bytes/s x "
                              f"{QUOTA_BURST_S:g} s = {capacity:.0f} bytes): send smaller "
                              f"batches, or raise the quota (kera quota set)")
-        tokens = self._refill(name, kind, rate, now)
+        tokens = self.buckets.level((name, kind), rate, now)
         if tokens < 0:
             wait_ms = max(1, round(-tokens / rate * 1000))
             raise Throttled(f"principal {name!r} is over its {kind} quota of {rate} bytes/s: "
@@ -90,18 +90,64 @@ class Quotas:
         rate = self.rate(name, kind)
         if rate is None:
             return 0
-        tokens = self._refill(name, kind, rate, now)
+        tokens = self.buckets.level((name, kind), rate, now)
         return 0 if tokens >= 0 else max(1, round(-tokens / rate * 1000))
 
     def charge(self, name: str, kind: str, nbytes: int, now: float) -> None:
         rate = self.rate(name, kind)
         if rate is not None:
-            self._buckets[(name, kind)][0] = self._refill(name, kind, rate, now) - nbytes
+            self.buckets.take((name, kind), rate, nbytes, now)
 
-    def _refill(self, name: str, kind: str, rate: int, now: float) -> float:
-        bucket = self._buckets.get((name, kind))
+
+class Buckets:
+    """Token buckets by key: each fills at its rate (units per second) up to `burst_s` seconds
+    of it, starts full, and may go into debt (a request charged after it was admitted)."""
+
+    def __init__(self, burst_s: float):
+        self.burst_s = burst_s
+        self._levels: dict[object, list[float]] = {}   # key -> [tokens, when last filled]
+
+    def level(self, key, rate: float, now: float) -> float:
+        """The tokens in `key`'s bucket at `now`."""
+        bucket = self._levels.get(key)
         if bucket is None:
-            bucket = self._buckets[(name, kind)] = [rate * QUOTA_BURST_S, now]
-        bucket[0] = min(rate * QUOTA_BURST_S, bucket[0] + (now - bucket[1]) * rate)
+            bucket = self._levels[key] = [rate * self.burst_s, now]
+        bucket[0] = min(rate * self.burst_s, bucket[0] + (now - bucket[1]) * rate)
         bucket[1] = now
         return bucket[0]
+
+    def take(self, key, rate: float, amount: float, now: float) -> None:
+        self._levels[key] = [self.level(key, rate, now) - amount, now]
+
+    def keep(self, wanted) -> None:
+        """Forget the buckets whose key `wanted(key)` refuses."""
+        self._levels = {k: v for k, v in self._levels.items() if wanted(k)}
+
+
+# Control requests one client principal may make of the coordinator per second, by default
+# (`kera coordinator --client-ops-per-s`): far above what its consumers' heartbeats and commits
+# and a transactional producer's few ops per transaction need, yet one key cannot keep the
+# coordinator busy for everyone else. Brokers and backups (their heartbeats, Kafka listeners'
+# group ops) and admins are not limited.
+CLIENT_OPS_PER_S = 5000
+# Seconds of its rate a principal may spend at once after being idle.
+CLIENT_OPS_BURST_S = 1.0
+
+
+class RequestRate:
+    """Requests per second per principal: over its rate, a request is refused `throttled`
+    (retriable, naming the wait) and changes nothing."""
+
+    def __init__(self, per_s: int = CLIENT_OPS_PER_S, burst_s: float = CLIENT_OPS_BURST_S):
+        if per_s < 1:
+            raise ValueError("a request rate is at least 1 per second")
+        self.per_s = per_s
+        self.buckets = Buckets(burst_s)
+
+    def admit(self, name: str, now: float) -> None:
+        tokens = self.buckets.level(name, self.per_s, now)
+        if tokens < 1:
+            wait_ms = max(1, round((1 - tokens) / self.per_s * 1000))
+            raise Throttled(f"principal {name!r} is over its {self.per_s} coordinator "
+                            f"requests per second: retry in {wait_ms} ms")
+        self.buckets.take(name, self.per_s, 1, now)
