@@ -35,6 +35,7 @@ from kera.producer import batch as batching
 from kera.producer.accumulator import Accumulator, StreamState
 from kera.producer.delivery import DeliveryFuture, on_delivery_callback
 from kera.producer.pipeline import Failure, Pipeline
+from kera.producer.sender import Sender, Shared, StreamHooks
 from kera.producer.transaction import TransactionState
 from kera.producer import transaction as txns
 from kera.codec.txn import TXN_SEQUENCE_BIT
@@ -166,21 +167,23 @@ class Producer:
                                 max_record_bytes=max_record_bytes, linger_s=linger_ms / 1000,
                                 compression=compression, clock=self._env.clock,
                                 key_hash=self._key_hash)
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)  # completions: flush and full-buffer waits
+        lock = threading.Lock()
+        # With the request thread, under one lock: the pipeline, the accumulator and the
+        # thread's flags (kera.producer.sender.Shared); `_cond` wakes flush and full-buffer waits.
+        self._shared = Shared(lock, threading.Condition(lock), self._pipe, self._acc)
+        self._lock, self._cond = lock, self._shared.cond
         self._streams: dict[str, StreamState] = {}
         self._closed = False
-        self._stopping = False
-        self._fatal: BaseException | None = None
         self._batch_records = 0
         self._bootstrap = bootstrap
         self._appender = None   # kera.services.conditional.ConditionalAppender, made at the first append
-        # The request thread sleeps in a zmq poll; a byte on this pipe wakes it (`_idle` says
-        # whether it is asleep, so a busy thread is not woken once per chunk).
+        # The request thread sleeps in a zmq poll; a byte on this pipe wakes it (`Shared.idle`
+        # says whether it is asleep, so a busy thread is not woken once per chunk).
         self._waker = self._env.waker()
-        self._idle = False
-        from kera.producer.sender import Sender
-        self._sender = Sender(self)
+        self._sender = Sender(f"kera-producer-{self.producer_id:016x}", self._shared,
+                              self._meta, self._waker, StreamHooks(self._grow, self._stream_gone),
+                              request_timeout_s=request_timeout_s, key_file=key_file,
+                              env=self._env)
         self._sender.start_engine()
 
     # ------------------------------------------------------------------ send
@@ -222,8 +225,8 @@ class Producer:
             if self._acc.open_bytes + self._pipe.pending_bytes > self.buffer_bytes or self._closed:
                 self._wait_for_room()
             event = self._acc.append(st, value, key, timestamp, headers or None, streamlet, future)
-            if event and self._idle:
-                self._idle = False
+            if event and self._shared.idle:
+                self._shared.idle = False
                 self._wake()
         return future
 
@@ -267,8 +270,8 @@ class Producer:
             future = DeliveryFuture()
             self._pipe.add(lane, data, lane.next_sequence, piece.count, [(-1, piece.count, future)])
             self._batch_records += piece.count
-            if self._idle:
-                self._idle = False
+            if self._shared.idle:
+                self._shared.idle = False
                 self._wake()
         return future
 
@@ -294,8 +297,8 @@ class Producer:
                 self._wait_for_room()
             self._pipe.add_foreign(stream, chunk)
             self._batch_records += header.record_count
-            if self._idle:
-                self._idle = False
+            if self._shared.idle:
+                self._shared.idle = False
                 self._wake()
 
     def send_batch_as(self, stream: str, streamlet: int, values, *, producer_id: int,
@@ -542,11 +545,11 @@ class Producer:
         with self._lock:
             self._acc.seal_all()
             target = self._pipe.last_serial
-            self._idle = False
+            self._shared.idle = False
             self._wake()
             while not self._pipe.done_through(target):
-                if self._fatal is not None:
-                    raise KeraError(f"producer request thread died: {self._fatal!r}")
+                if self._shared.fatal is not None:
+                    raise KeraError(f"producer request thread died: {self._shared.fatal!r}")
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise self._undelivered(target, timeout)
@@ -574,12 +577,12 @@ class Producer:
         if self._closed:
             return
         try:
-            if self._fatal is None:
+            if self._shared.fatal is None:
                 self.flush(timeout)
         finally:
             with self._lock:
                 self._closed = True
-                self._stopping = True
+                self._shared.stopping = True
                 self._wake()
             self._sender.join(self.request_timeout_s + 5)
             self._meta.close()
@@ -647,8 +650,8 @@ class Producer:
         while True:
             if self._closed:
                 raise ClientClosed("producer is closed")
-            if self._fatal is not None:
-                raise KeraError(f"producer request thread died: {self._fatal!r}")
+            if self._shared.fatal is not None:
+                raise KeraError(f"producer request thread died: {self._shared.fatal!r}")
             if self._acc.open_bytes + self._pipe.pending_bytes <= self.buffer_bytes:
                 return
             left = deadline - time.monotonic()
@@ -656,8 +659,8 @@ class Producer:
                 raise Timeout(f"send: buffer of {self.buffer_bytes} bytes still full after "
                               f"{self.send_timeout_s:.1f} s")
             self._acc.seal_all()  # lingering open chunks hold buffer space too
-            if self._idle:   # else a wake-up is pending: its turn sends what was sealed
-                self._idle = False
+            if self._shared.idle:   # else a wake-up is pending: its turn sends what was sealed
+                self._shared.idle = False
                 self._wake()
             self._cond.wait(left)
 

@@ -8,55 +8,82 @@ and takes the producer's lock around each Pipeline call.
 from __future__ import annotations
 
 import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable
 
-from kera.errors import KeraError, Timeout, UnknownStream
-from kera.producer import delivery
 from kera.client.request_thread import RequestThread
 from kera.codec.schema import StreamInfo
+from kera.errors import KeraError, Timeout, UnknownStream
+from kera.producer import delivery
+from kera.producer.accumulator import Accumulator
+from kera.producer.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 1000  # nothing to wait for: wake up now and then anyway
 
 
+@dataclass(eq=False, slots=True)
+class Shared:
+    """What a producer and its request thread share: every field is read and written under
+    `lock`; `cond` (on it) wakes the producer's waits (flush, a full buffer) as requests end."""
+    lock: threading.Lock
+    cond: threading.Condition
+    pipe: Pipeline
+    acc: Accumulator
+    idle: bool = False       # the thread sleeps in its poll: new work must wake it
+    stopping: bool = False   # close() asked the thread to finish
+    fatal: BaseException | None = None   # why the thread died, if it did
+
+
+@dataclass(frozen=True)
+class StreamHooks:
+    """The producer's side of a metadata refresh, called by the request thread."""
+    grow: Callable[[StreamInfo], None]                # a stream's new descriptor
+    gone: Callable[[str, int, KeraError], None]       # its chunks' stream was deleted (locked)
+
+
 class Sender(RequestThread):
-    def __init__(self, producer):
-        super().__init__(f"kera-producer-{producer.producer_id:016x}", producer._meta,
-                         producer._waker, request_timeout_s=producer.request_timeout_s,
-                         key_file=producer.key_file, idle_poll_ms=IDLE_POLL_MS,
-                         env=producer._env)
-        self.p = producer
+    def __init__(self, name: str, shared: Shared, meta, waker, hooks: StreamHooks, *,
+                 request_timeout_s: float, key_file: str | None, env):
+        """`meta`: the producer's kera.client.metadata.Metadata; `waker`: its wake-up pipe."""
+        super().__init__(name, meta, waker, request_timeout_s=request_timeout_s,
+                         key_file=key_file, idle_poll_ms=IDLE_POLL_MS, env=env)
+        self.shared = shared
+        self.hooks = hooks
         self.refreshing: dict[str, int] = {}   # stream name -> the id its chunks were built for
 
     def stopping(self) -> bool:
-        with self.p._lock:
-            return self.p._stopping
+        with self.shared.lock:
+            return self.shared.stopping
 
     def on_crash(self, exc: BaseException) -> None:
-        with self.p._lock:
-            self.p._fatal = exc
-            self.p._cond.notify_all()
+        with self.shared.lock:
+            self.shared.fatal = exc
+            self.shared.cond.notify_all()
 
     def on_exit(self) -> None:
-        p = self.p
-        with p._lock:  # outcomes of the last loop turn: settle them before exiting
-            settled, p._pipe.settled = p._pipe.settled, []
+        s = self.shared
+        with s.lock:  # outcomes of the last loop turn: settle them before exiting
+            settled, s.pipe.settled = s.pipe.settled, []
         delivery.settle(settled)
 
     def turn(self, now: float) -> float | None:
-        p, pipe, acc = self.p, self.p._pipe, self.p._acc
-        with p._lock:
-            p._idle = False
+        s = self.shared
+        pipe, acc = s.pipe, s.acc
+        with s.lock:
+            s.idle = False
             acc.seal_lingering(now)
             before = len(pipe.incomplete)
-            refresh = pipe.expire(now) | pipe.probe_stalled(now, p._meta.address_of)
-            out = pipe.build(now, p._meta.address_of)
+            refresh = pipe.expire(now) | pipe.probe_stalled(now, self.meta.address_of)
+            out = pipe.build(now, self.meta.address_of)
             refresh |= pipe.want_refresh
             pipe.want_refresh = set()
             if len(pipe.incomplete) != before:
-                p._cond.notify_all()
+                s.cond.notify_all()
             wake_at = [t for t in (pipe.next_deadline(now), acc.next_linger_deadline()) if t is not None]
-            p._idle = True
+            s.idle = True
             settled, pipe.settled = pipe.settled, []
         if settled:
             delivery.settle(settled)
@@ -66,7 +93,8 @@ class Sender(RequestThread):
         return min(wake_at) if wake_at else None
 
     def _send(self, out: list) -> None:
-        p, pipe = self.p, self.p._pipe
+        s = self.shared
+        pipe = s.pipe
         sent, failed = [], []
         for o in out:
             try:
@@ -77,23 +105,24 @@ class Sender(RequestThread):
                 sent.append((o, req_id))
         now = self.clock()
         refresh = set()
-        with p._lock:
+        with s.lock:
             for o, req_id in sent:
                 pipe.sent(o, req_id, now)
             for o in failed:
                 refresh |= pipe.on_request_failed(o, Timeout(f"broker {o.broker} is not reachable"), now)
             if failed:
-                p._cond.notify_all()
+                s.cond.notify_all()
         self._refresh(refresh)
 
     def on_replies(self, replies: list) -> None:
-        p, pipe = self.p, self.p._pipe
+        s = self.shared
+        pipe = s.pipe
         now = self.clock()
         refresh = set()
-        with p._lock:
+        with s.lock:
             for address, header, _ in replies:
                 refresh |= pipe.on_reply(address, header, now)
-            p._cond.notify_all()
+            s.cond.notify_all()
             settled, pipe.settled = pipe.settled, []
         delivery.settle(settled)  # outside the lock: callbacks may send
         self._refresh(refresh)
@@ -108,7 +137,7 @@ class Sender(RequestThread):
 
     def on_stream(self, name: str, result: StreamInfo | KeraError) -> None:
         if isinstance(result, StreamInfo):
-            self.p._grow(result)
+            self.hooks.grow(result)
         stream_id = self.refreshing.get(name)
         if stream_id is None:
             return
@@ -125,5 +154,5 @@ class Sender(RequestThread):
         else:
             gone = UnknownStream(f"stream '{name}' (id {stream_id}) was deleted")
         del self.refreshing[name]
-        with self.p._lock:
-            self.p._stream_gone(name, stream_id, gone)
+        with self.shared.lock:
+            self.hooks.gone(name, stream_id, gone)
