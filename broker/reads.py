@@ -62,9 +62,19 @@ class Reads:
             raise NotReady(f"streamlet {sl} of {info.name!r} is being recovered")
         return stream.streamlets.get(sl)
 
-    def offsets(self, sid: int, sl: int) -> list:
+    def offsets(self, sid: int, sl: int, isolation: str | None = None) -> list:
+        """The streamlet's groups as `[g, slot, start, durable_end, closed]`; read_committed:
+        each durable end at its stable bound (a group with an open transaction's records ends
+        before them and is not closed yet), what such a reader can read now."""
         streamlet = self.streamlet(sid, sl)
-        return [] if streamlet is None else streamlet.describe_groups()
+        if streamlet is None:
+            return []
+        if isolation is not None and isolation not in ISOLATIONS:
+            raise BadRequest(f"'isolation' must be one of {', '.join(ISOLATIONS)}")
+        idx = self.txn.indexes.get((sid, sl)) if isolation == READ_COMMITTED else None
+        if idx is None:
+            return streamlet.describe_groups()
+        return [_stable_entry(g, idx) for g in streamlet.groups]
 
     def cursor_at_time(self, sid: int, sl: int, timestamp_us: int) -> tuple[int, dict[int, int]]:
         """(low, offsets): a reader's cursor at the first record whose timestamp is at or after
@@ -343,6 +353,15 @@ def check_uint(value, name: str, hi: int) -> None:
         return
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
         raise BadRequest(f"'{name}' must be an integer in [0, {hi}]")
+
+
+def _stable_entry(group, idx) -> list:
+    """A group's `describe()` entry as a read_committed reader sees it (TxnIndex idx)."""
+    entry = group.describe()
+    end = idx.stable_end(group.slot, group.id, group.durable)
+    if end < entry[3]:
+        entry[3], entry[4] = end, False
+    return entry
 
 
 def streamlet_unknown(info: StreamInfo, sl: int) -> NotReady:

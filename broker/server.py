@@ -259,7 +259,9 @@ class BrokerDaemon:
         if check is not None:
             self.core.reads.check_stream(sid, check)
         reads = self.core.reads
-        reply = {"groups": reads.offsets(sid, sl), "first_group": reads.first_group(sid, sl),
+        isolation = f.str("isolation", None, hi=32)
+        reply = {"groups": reads.offsets(sid, sl, isolation),
+                 "first_group": reads.first_group(sid, sl),
                  "epoch": reads.history_epoch(sid, sl)}
         at = f.dict("at", None)
         if at is not None:   # a reader's cursor: also its lag in bytes

@@ -28,7 +28,7 @@ from kera.errors import KeraError, OffsetOutOfRange, Timeout
 from kera.spark.columns import chunk_rows, concat
 from kera.client.metadata import Metadata
 from kera.client.request_thread import RequestThread, Waker
-from kera.spark.offsets import DataLoss
+from kera.spark.offsets import ISOLATION, DataLoss
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,6 @@ EMPTY_PAUSE_MAX_S = 0.1
 # works while Spark consumes, in bounded memory.
 READ_AHEAD_BATCHES = 4
 IDLE_POLL_MS = 200
-# The fetch isolation (kera.consumer.consumer.ISOLATION_LEVELS): committed transactions only.
-ISOLATION = "read_committed"
 
 
 class GroupRange(InputPartition):

@@ -20,7 +20,8 @@ from kera.codec import wire
 from kera.client.coordinator_client import CoordinatorClient
 from kera.client.stream_cache import StreamCache
 from kera.errors import KeraError, NotReady, Timeout, UnknownStream
-from kera.spark.offsets import Cursor, GroupInfo, Groups, cursor_from_time, group_infos
+from kera.spark.offsets import (ISOLATION, Cursor, GroupInfo, Groups, cursor_from_time,
+                                group_infos)
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,9 @@ class Metadata:
     def groups(self, info: StreamInfo, streamlet: int) -> tuple[StreamInfo, list[GroupInfo]]:
         """Groups of one streamlet from its owner, following the stream if it moved. Returns
         the (possibly refreshed) descriptor with them."""
-        info, reply = self._owner_call(info, streamlet, "offsets", {})
+        # Each group's end at its stable bound: a batch never ends inside an open transaction
+        # (its fetches would wait for the transaction to end).
+        info, reply = self._owner_call(info, streamlet, "offsets", {"isolation": ISOLATION})
         fields = wire.Fields(reply)
         infos = Groups(group_infos(fields.list("groups", max_len=1 << 20)))
         infos.first_group = fields.int("first_group", 0, hi=2**32 - 1)  # retention

@@ -39,6 +39,9 @@ from typing import Mapping
 from kera.consumer.cursor import GroupInfo, parse_groups
 from kera.errors import KeraError
 
+# What the source reads (kera.consumer.consumer.ISOLATION_LEVELS), as Spark's Kafka source
+# does: committed transactions only, in its fetches and in the latest offsets it plans to.
+ISOLATION = "read_committed"
 EARLIEST = -2  # per-streamlet shorthand in user JSON, as in Spark's Kafka source
 LATEST = -1
 
