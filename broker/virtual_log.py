@@ -14,9 +14,12 @@ empty: everything the virtual segment holds is sent again from offset 0, and the
 waits for the new replica, so nothing is acknowledged on fewer than R copies. With no other
 backup free, the same one is retried after a pause (see _replica_failed). Every write at offset
 0 carries `reset`: the broker is the only writer of its virtual segments, so a backup discards
-whatever it still holds of the replica (in memory or on disk; chunks deleted since may shift
-offsets) and takes the write as its new content, rather than comparing it with a copy it may
-no longer have in memory.
+whatever it still holds of the replica (in memory or on disk) and takes the write as its new
+content, rather than comparing it with a copy it may no longer have in memory. A chunk released
+before a replica got it (compacted away, deleted by retention) goes there as a void chunk of its
+size (kera.codec.chunk.void), so every copy of a virtual segment has one byte layout: a copy the
+broker abandoned is a prefix of the current ones, and recovery, which reads the longest, finds
+every acknowledged chunk.
 
 Choice (documented in broker/README): one virtual log carries one replication factor and one
 durability mode; the broker keeps V logs per (R, durability) pair that occurs. A log's writes
@@ -31,7 +34,7 @@ from bisect import insort
 from dataclasses import dataclass
 
 from kera.codec import wire
-from kera.codec.chunk import crc32c
+from kera.codec.chunk import crc32c, void
 from kera.codec.frame_pack import pack
 from kera.errors import BadRequest, KeraError, Throttled
 from kera.daemon.metrics import Counters
@@ -143,16 +146,24 @@ def _runs(segs: list, idxs, start: int, end: int) -> tuple[list, int, int]:
     run_start = run_end = 0
     for k in range(start, end):
         seg = segs[k]
+        i = idxs[k]
+        size = seg.sizes[i]
+        chunks += 1
+        nbytes += size
         mv = seg.mv
         if mv is None:
             mv = seg.mapped()   # tiered to the broker's disk (kera.broker.tier): map it
             if mv is None:
-                continue   # deleted (stream deleted, retention): no more copies needed
-        i = idxs[k]
+                # Released (compacted away, retention, stream deleted) before this replica got
+                # it: a void chunk of its size keeps every copy of the virtual segment in one
+                # byte layout, so that a copy the broker abandoned is a prefix of the current
+                # ones and recovery's longest copy holds every acknowledged chunk.
+                if run_seg is not None:
+                    frames.append(run_mv[run_start:run_end])
+                    run_seg = None
+                frames.append(void(size))
+                continue
         pos = seg.positions[i]
-        size = seg.sizes[i]
-        chunks += 1
-        nbytes += size
         if seg is run_seg and pos == run_end:
             run_end += size
             continue

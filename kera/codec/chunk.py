@@ -748,6 +748,24 @@ def seal_parts(flags: int, body: list, producer_id: int, sequence: int, stream_i
     return b"".join([head, U32.pack(crc32c(rest, crc32c(head))), rest, *body])
 
 
+# The stream id of a void chunk: no stream has it (stream ids start at 1).
+VOID_STREAM_ID = 0
+# The smallest void chunk: a header and the value-offsets column of no record (a chunk with a
+# record is larger).
+VOID_SIZE_MIN = HEADER_SIZE + 4
+
+
+def void(size: int) -> bytes:
+    """A chunk of exactly `size` bytes holding no record, of no stream (VOID_STREAM_ID): what a
+    virtual segment's replica gets in place of a chunk the broker released before sending it
+    there (compacted away, deleted), so every copy of a virtual segment keeps one byte layout
+    and recovery may read any of them from any offset. Readers of replicas skip it (no stream
+    of theirs). `size` is at least VOID_SIZE_MIN."""
+    if size < VOID_SIZE_MIN:
+        raise ValueError(f"a void chunk is at least {VOID_SIZE_MIN} bytes, not {size}")
+    return seal(0, bytes(size - HEADER_SIZE), COMPACTED_PRODUCER_ID, 0, VOID_STREAM_ID, 0, 0)
+
+
 def reseal(chunk, producer_id: int, sequence: int) -> bytes:
     """A copy of `chunk` with a new producer identity (header CRC recomputed)."""
     buf = bytearray(chunk)

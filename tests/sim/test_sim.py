@@ -183,6 +183,14 @@ def test_catches_a_commit_marked_on_one_streamlet(monkeypatch):
 # ---------------------------------------------------------------------------- scenarios
 
 
+def test_a_rereplicated_copy_keeps_the_layout_of_an_abandoned_one():
+    """Seed 566: compaction released chunks of a virtual segment whose replica was then
+    re-written from offset 0 on another backup; the copy the broker had abandoned was longer,
+    recovery read it, and acknowledged chunks of the compacted stream were lost. Released
+    chunks now go as void chunks of their size (kera.codec.chunk.void)."""
+    Cluster(566).run()
+
+
 def test_one_lost_heartbeat_is_not_a_failover():
     """A broker whose heartbeat is lost once must not be declared dead: its next heartbeats go
     out before the coordinator's dead window ends (the broker used to wait out a 2 s timeout,
