@@ -15,7 +15,7 @@ demo: setup
 	$(PYTHON) -m kera.demo --records 1000000
 
 test: setup
-	$(PYTHON) -m pytest tests -q -m "not slow"
+	$(PYTHON) -m pytest tests -q -m "not slow" --durations=40
 
 # Long soaks (e.g. the 50,000-message control-plane fuzz), kept out of `make test`.
 test-slow: setup
