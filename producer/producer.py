@@ -180,11 +180,16 @@ class Producer:
         # The request thread sleeps in a zmq poll; a byte on this pipe wakes it (`Shared.idle`
         # says whether it is asleep, so a busy thread is not woken once per chunk).
         self._waker = self._env.waker()
-        self._sender = Sender(f"kera-producer-{self.producer_id:016x}", self._shared,
-                              self._meta, self._waker, StreamHooks(self._grow, self._stream_gone),
-                              request_timeout_s=request_timeout_s, key_file=key_file,
-                              env=self._env)
-        self._sender.start_engine()
+        self._sender = self._start_sender()
+
+    def _start_sender(self) -> Sender:
+        """The request thread, given what it shares with this producer and nothing else."""
+        sender = Sender(f"kera-producer-{self.producer_id:016x}", self._shared, self._meta,
+                        self._waker, StreamHooks(self._grow, self._stream_gone),
+                        request_timeout_s=self.request_timeout_s, key_file=self.key_file,
+                        env=self._env)
+        sender.start_engine()
+        return sender
 
     # ------------------------------------------------------------------ send
     def send(self, stream: str, value: bytes | None, key: bytes | None = None,
