@@ -141,6 +141,12 @@ def kafka_consumer_settings() -> dict:
         "auto.offset.reset": "earliest",
         "enable.partition.eof": False,
         "fetch.wait.max.ms": 100,
+        # Past queued.min.messages (100k) queued records librdkafka waits fetch.queue.backoff.ms
+        # (1000 by default) before it fetches a partition again, and one fetch of a lagging
+        # consumer (16 partitions x 1 MiB, ~150k records) is over it: measured, a consumer then
+        # read one fetch a second, whatever the system (issue 35). A wait as long as
+        # fetch.wait.max.ms keeps the queue from running dry; the same for every system.
+        "fetch.queue.backoff.ms": 100,
     }
 
 

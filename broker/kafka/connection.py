@@ -44,6 +44,10 @@ READ_BYTES = 1 << 20
 # Bytes handed to one TLS write: OpenSSL retries a write that would block with the same bytes,
 # so each attempt takes a bounded slice of the head of the queue (16 TLS records).
 TLS_SEND_BYTES = 256 << 10
+# Buffers handed to one plain sendmsg (scatter/gather): the queued replies, a Fetch's records
+# among them, go out without being copied into one buffer first; Linux takes up to 1024
+# (IOV_MAX), and 64 small replies fill a write anyway.
+SEND_BUFFERS_MAX = 64
 # What a non-blocking socket raises when it cannot go on now; TLS adds OpenSSL's two, which
 # also come from a read that needs a write (a key update) and the reverse.
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
@@ -80,7 +84,41 @@ class Slot:
     __slots__ = ("reply",)
 
     def __init__(self):
-        self.reply: bytes | None = PENDING
+        self.reply: bytes | list | None = PENDING   # bytes, or buffers to send in order
+
+
+class Outbox:
+    """Sans-IO: reply bytes not sent yet, as a queue of buffers kept by reference (a reply's
+    parts, kera.broker.kafka.messages.encode_parts), taken from the head as they are sent."""
+    __slots__ = ("buffers", "size")
+
+    def __init__(self):
+        self.buffers: collections.deque[memoryview] = collections.deque()
+        self.size = 0       # bytes queued
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, reply: bytes | list) -> None:
+        for part in ((reply,) if isinstance(reply, (bytes, bytearray)) else reply):
+            if len(part):
+                self.buffers.append(memoryview(part))
+                self.size += len(part)
+
+    def head(self, count: int) -> list[memoryview]:
+        """The first `count` buffers at most."""
+        return [self.buffers[i] for i in range(min(count, len(self.buffers)))]
+
+    def sent(self, n: int) -> None:
+        """Drop the first `n` bytes, sent."""
+        self.size -= n
+        while n:
+            first = self.buffers[0]
+            if n < len(first):
+                self.buffers[0] = first[n:]
+                return
+            n -= len(first)
+            self.buffers.popleft()
 
 
 class Connection:
@@ -100,7 +138,7 @@ class Connection:
         self.on_close = on_close        # (connection) -> None
         self.framer = Framer()
         self.slots: collections.deque[Slot] = collections.deque()
-        self.out = bytearray()
+        self.out = Outbox()
         self.closed = False
         self.finishing: str | None = None   # why it closes once its replies are sent
         self.state: dict = {}           # what the protocol keeps per connection (SASL, producer ids)
@@ -112,8 +150,9 @@ class Connection:
         self.slots.append(slot)
         return slot
 
-    def fill(self, slot: Slot, reply: bytes) -> None:
-        """Answer a slot (SILENT: no bytes) and send what the queue's head allows."""
+    def fill(self, slot: Slot, reply: bytes | list) -> None:
+        """Answer a slot (SILENT: no bytes; a list: buffers sent in order, kept by reference)
+        and send what the queue's head allows."""
         slot.reply = reply
         if not self.closed:
             self._flush()
@@ -201,7 +240,7 @@ class Connection:
 
     def _flush(self) -> None:
         while self.slots and self.slots[0].reply is not PENDING:
-            self.out += self.slots.popleft().reply
+            self.out.add(self.slots.popleft().reply)
         self._send_out()
         self._finish_if_sent()
         self._update_events()
@@ -214,17 +253,16 @@ class Connection:
         while self.out:
             try:
                 if self.tls:
-                    with memoryview(self.out) as view, view[:TLS_SEND_BYTES] as head:
-                        sent = self.sock.send(head)
+                    sent = self.sock.send(self.out.head(1)[0][:TLS_SEND_BYTES])
                 else:
-                    sent = self.sock.send(self.out)
+                    sent = self.sock.sendmsg(self.out.head(SEND_BUFFERS_MAX))
             except _WOULD_BLOCK:
                 return
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                     self.close(f"write failed: {exc}")
                 return
-            del self.out[:sent]
+            self.out.sent(sent)
 
     def _update_events(self) -> None:
         if self.closed or self.handshaking:

@@ -16,7 +16,7 @@ from kera.broker.core import Broker
 from kera.broker.kafka.classic_groups import ClassicGroups
 from kera.broker.kafka.catalog import Catalog, KafkaBroker
 from kera.broker.kafka.connection import SILENT, Connection, Slot
-from kera.broker.kafka.messages import KafkaRequest, encode_response, response
+from kera.broker.kafka.messages import KafkaRequest, encode_parts, response
 
 # Partitions a Kafka-created topic gets when CreateTopics or auto-creation does not say:
 # Kafka's num.partitions default (`--kafka-default-partitions` changes it).
@@ -106,7 +106,7 @@ class Call:
         if self.amend is not None:
             data = self.amend(data)
         entity = response(self.req.api_key, self.req.api_version, data)
-        self.conn.fill(self.slot, encode_response(self.req.correlation_id, entity))
+        self.conn.fill(self.slot, encode_parts(self.req.correlation_id, entity))
 
 
 class Gather:

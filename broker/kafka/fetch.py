@@ -72,7 +72,7 @@ class FetchRequest(Deferred):
         reads = [r for r in reads if r is not None]
         results, frames = self.ctx.core.reads.fetch(reads, again=again) if reads else ([], [])
         batches = self._batches(results, frames)
-        if self._hold(reads, sum(len(b) for bs in batches.values() for b in bs)):
+        if self._hold(reads, sum(len(b) for parts in batches.values() for b in parts)):
             return
         self.call.answer(self._response(batches))
 
@@ -132,13 +132,13 @@ class FetchRequest(Deferred):
             if error is not None:
                 p.error = kafka_code(error[0])
             limit = p.lso if self.committed else p.end
-            out[id(p)] = batches = []
+            out[id(p)] = parts = []
             for f in frames[at:at + count]:
                 for c in frame_chunks(f):
                     h = read_header(c)
                     if h.number >= limit:
                         break   # whole chunks below the LSO: chunks do not straddle it
-                    batches.append(as_batch(c, h))
+                    parts.extend(batch_parts(c, h))
                     p.served_end = h.number + h.record_count
             at += count
         return out
@@ -151,7 +151,10 @@ class FetchRequest(Deferred):
                 "last_stable_offset": p.lso if p.lso >= 0 else p.end,
                 "log_start_offset": p.start,
                 "aborted_transactions": aborted(p) if self.committed else None,
-                "preferred_read_replica": -1, "records": b"".join(batches.get(id(p), ()))})
+                "preferred_read_replica": -1,
+                # The one copy of the records: from the segments (and a Kafka batch's new
+                # offset), into the reply, which goes out by reference (messages.encode_parts).
+                "records": b"".join(batches.get(id(p), ()))})
         return {"responses": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
                 "session_id": 0, "error_code": ErrorCode.none}
 
@@ -175,21 +178,27 @@ def aborted(p: Part) -> list[dict]:
 
 
 def as_batch(view, h=None) -> bytes:
-    """A stored chunk (header `h`, read when not given) as one Kafka record batch whose base
-    offset is its record number. A compacted chunk's records keep their offset deltas and its
-    last offset delta is its span's (docs/COMPACTION.md), even with no record left: Kafka's
+    """`batch_parts` joined: the stored chunk as one Kafka record batch."""
+    return b"".join(batch_parts(view, h))
+
+
+def batch_parts(view, h=None) -> tuple:
+    """A stored chunk (header `h`, read when not given) as the buffers of one Kafka record
+    batch whose base offset is its record number: a Kafka client's chunk as views of it around
+    its new base offset (the caller's join is its one copy), any other built anew. A
+    compacted chunk's records keep their offset deltas and its last offset delta is its span's (docs/COMPACTION.md), even with no record left: Kafka's
     consumers go on at the batch's last offset + 1, so a reader in a compacted range never
     fetches it again. A kera transactional chunk is a transactional batch of its producer."""
     h = read_header(view) if h is None else h
     if h.flags & FLAG_KAFKA:
-        return kafka_batch.with_offset(view[h.header_size:h.size], h.number)
+        return kafka_batch.offset_parts(view[h.header_size:h.size], h.number)
     c = Chunk(view, check=False)
     if h.flags & FLAG_SPARSE:
-        return kafka_batch.build(kafka_rows(c), base_offset=h.number,
-                                 offset_deltas=c.record_offsets().tolist(),
-                                 last_offset_delta=c.span - 1)
+        return (kafka_batch.build(kafka_rows(c), base_offset=h.number,
+                                  offset_deltas=c.record_offsets().tolist(),
+                                  last_offset_delta=c.span - 1),)
     if h.producer_id not in RESERVED_PRODUCER_IDS and txn.is_transactional(h.sequence):
         pid, epoch = txn.split_producer_id(h.producer_id)
-        return kafka_batch.build(kafka_rows(c), base_offset=h.number, producer_id=pid,
-                                 producer_epoch=epoch, attributes=kafka_batch.TRANSACTIONAL)
-    return kafka_batch.build(kafka_rows(c), base_offset=h.number)
+        return (kafka_batch.build(kafka_rows(c), base_offset=h.number, producer_id=pid,
+                                  producer_epoch=epoch, attributes=kafka_batch.TRANSACTIONAL),)
+    return (kafka_batch.build(kafka_rows(c), base_offset=h.number),)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import io
 import struct
 import typing
 
@@ -78,15 +77,52 @@ def response(key: int, version: int, data: dict):
 
 def encode_response(correlation_id: int, entity) -> bytes:
     """The whole response on the wire: size prefix, the version's header, the body."""
+    return b"".join(encode_parts(correlation_id, entity))
+
+
+def encode_parts(correlation_id: int, entity) -> list:
+    """`encode_response`'s bytes as a list of buffers to send in order: a bytes field of at
+    least BY_REFERENCE_BYTES (a Fetch's records) is one of them, not copied."""
     cls = type(entity)
-    buf = io.BytesIO()
-    buf.write(b"\0\0\0\0")
+    buf = _Gather()
     header_cls = cls.__header_schema__
     entity_writer(header_cls)(buf, header_cls(correlation_id=correlation_id))
     entity_writer(cls)(buf, entity)
-    out = buf.getbuffer()
-    _SIZE.pack_into(out, 0, len(out) - 4)
-    return bytes(out)
+    return buf.finish()
+
+
+# A bytes value written into a response from this size on is sent as it is, by reference, not
+# copied into the response's buffer: a Fetch's records (megabytes). Smaller ones are copied:
+# each buffer costs a little in the send's scatter list, less than copying a few KiB.
+BY_REFERENCE_BYTES = 64 << 10
+
+
+class _Gather:
+    """A kio writable that keeps the large bytes values it is given by reference."""
+    __slots__ = ("parts", "tail", "size")
+
+    def __init__(self):
+        self.parts: list = [b""]      # the size prefix, set by finish()
+        self.tail = bytearray()
+        self.size = 0
+
+    def write(self, data) -> int:
+        n = len(data)
+        if n >= BY_REFERENCE_BYTES and type(data) is bytes:   # immutable: safe to keep
+            if self.tail:
+                self.parts.append(self.tail)
+                self.tail = bytearray()
+            self.parts.append(data)
+        else:
+            self.tail += data
+        self.size += n
+        return n
+
+    def finish(self) -> list:
+        if self.tail:
+            self.parts.append(self.tail)
+        self.parts[0] = _SIZE.pack(self.size)
+        return self.parts
 
 
 def build(cls, data: dict):

@@ -461,6 +461,12 @@ _VARINTS = tuple(_encode_varint(v) for v in range(-1, VARINT_TABLE_SIZE - 1))
 def with_offset(batch_view, base_offset: int, leader_epoch: int = -1) -> bytes:
     """A copy of the stored batch with its base offset and leader epoch set: both lie before
     the bytes its CRC covers, so the CRC stays valid. One copy (the join)."""
+    return b"".join(offset_parts(batch_view, base_offset, leader_epoch))
+
+
+def offset_parts(batch_view, base_offset: int, leader_epoch: int = -1) -> tuple:
+    """`with_offset`'s batch as four buffers, two of them views of `batch_view`: a caller
+    joining many batches (a Fetch reply) copies each once, in its own join."""
     view = memoryview(batch_view)
-    return b"".join((_OFFSET.pack(base_offset), view[8:EPOCH_AT], _EPOCH.pack(leader_epoch),
-                     view[EPOCH_AT + 4:]))
+    return (_OFFSET.pack(base_offset), view[8:EPOCH_AT], _EPOCH.pack(leader_epoch),
+            view[EPOCH_AT + 4:])
