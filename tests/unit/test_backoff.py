@@ -34,6 +34,6 @@ def test_the_retry_loops_wait_what_their_own_formulas_did():
         # The Spark connector's metadata calls: 50 ms doubling to 1 s.
         assert spark_metadata._pause(n) == min(1.0, 0.05 * 2 ** min(n, 10))
     for n in range(1, 40):
-        assert txns.retry_backoff_s(n) == min(500, 20 << min(n - 1, 16)) / 1000
+        assert txns.retry_backoff_s(n) == min(500, txns.RETRY_BACKOFF_MS_FIRST << min(n - 1, 16)) / 1000
         assert deliver.BACKOFF.delay_s(n) == min(5000, 100 * 2 ** min(n - 1, 16)) / 1000
 
