@@ -27,6 +27,7 @@ from kera.net import keys
 
 from kera.codec import wire
 from kera.net.access import Guard
+from kera.net.inflow import CHECK_INTERVAL_S, UNREAD_SLACK_BYTES, InflowWatch
 from kera.errors import BadRequest, KeraError, NotAuthorized, PeerUnreachable, Throttled, Timeout
 from kera.net.keys import Principal
 from kera.net.security import Security, ZapHandler, key_of, principal_of, warn_if_open
@@ -261,7 +262,8 @@ class Server:
                  security: Security | None = None,
                  frame_bytes_max: int = wire.MAX_FRAME_BYTES):
         """`frame_bytes_max`: the largest frame a peer may send before zmq drops it; a daemon
-        that takes no chunks (the coordinator) sets it far below a broker's."""
+        that takes no chunks (the coordinator) sets it far below a broker's, and then no
+        request of it is larger either (`message_bytes_max`)."""
         self.name = name
         self.security = security
         # A secure daemon has a context of its own: ZeroMQ allows one ZAP handler per context.
@@ -276,14 +278,15 @@ class Server:
             warn_if_open(name, host)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.MAXMSGSIZE, frame_bytes_max)
+        self.frame_bytes_max = frame_bytes_max
+        # zmq bounds frames, not messages: a connection holding more than a message's worth
+        # of an incomplete one is cut (kera.net.inflow).
+        self.inflow = InflowWatch(self.router, name, self.message_bytes_max + UNREAD_SLACK_BYTES)
         self.router.setsockopt(zmq.RCVHWM, ROUTER_HWM_MESSAGES)
         self.router.setsockopt(zmq.SNDHWM, ROUTER_HWM_MESSAGES)
         self.router.copy_threshold = ZERO_COPY_MIN_BYTES
-        if port:
-            self.router.bind(f"tcp://{host}:{port}")
-            self.port = port
-        else:
-            self.port = self.router.bind_to_random_port(f"tcp://{host}")
+        self.port = self._bind(host, port)
+        self.inflow.bound(self.port)
         self.host = host
         self.handlers: dict[str, Callable[[Request], object]] = {}
         self.after_batch: list[Callable[[], None]] = []
@@ -309,6 +312,23 @@ class Server:
         self._watched: dict[int, Callable[[int], None]] = {}
         if self.zap is not None:
             self.poller.register(self.zap.zap_socket, zmq.POLLIN)
+        if self.inflow.monitor is not None:
+            self.poller.register(self.inflow.monitor, zmq.POLLIN)
+
+    def _bind(self, host: str, port: int) -> int:
+        """Bind the router (to `port`, else a free one); closes what it made when it cannot
+        (a standby coordinator retries while the port is still held)."""
+        try:
+            if port:
+                self.router.bind(f"tcp://{host}:{port}")
+                return port
+            return self.router.bind_to_random_port(f"tcp://{host}")
+        except zmq.ZMQError:
+            self.inflow.close()
+            self.router.close(linger=0)
+            if self.zap is not None:
+                self.zap.stop()
+            raise
 
     def _secure(self) -> None:
         """CURVE on the listening socket, before it binds, with the ZAP handler in place."""
@@ -323,6 +343,10 @@ class Server:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def message_bytes_max(self) -> int:
+        return message_bytes_max(self.frame_bytes_max)
 
     # ------------------------------------------------------------------ registration
     def on(self, op: str, handler: Callable[[Request], object]) -> None:
@@ -435,7 +459,9 @@ class Server:
         if self.failure is not None:
             return   # a bug: nothing more runs on the state it may have broken
         now = time.monotonic()
-        wait = max_wait_s
+        # Connections are checked for incomplete messages often enough to bound what one
+        # gathers between checks (kera.net.inflow).
+        wait = min(max_wait_s, CHECK_INTERVAL_S) if self.inflow.conns else max_wait_s
         if self._timers:
             wait = max(0.0, min(wait, self._timers[0][0] - now))
         wakes = self._wakes
@@ -448,8 +474,11 @@ class Server:
         events = dict(self.poller.poll(int(wait * 1000)))
         if self.zap is not None and self.zap.zap_socket in events:
             self.guarded(self.zap.on_readable)
-        if self.router in events:
-            self._drain_router()
+        inflow = self.inflow
+        if inflow.monitor is not None and inflow.monitor in events:
+            inflow.on_events()
+        if self.router not in events or self._drain_router():
+            inflow.check(time.monotonic())
         for fd, mask in events.items() if self._watched else ():
             on_event = self._watched.get(fd) if type(fd) is int else None
             if on_event is not None:
@@ -468,37 +497,46 @@ class Server:
         for hook in self.after_turn:
             self.guarded(hook)
 
-    def _drain_router(self) -> None:
+    def _drain_router(self) -> bool:
+        """Read and handle up to MAX_BATCH_MESSAGES; whether every whole message waiting was
+        read (so what connections hold now is incomplete messages: kera.net.inflow)."""
+        drained = False
         for _ in range(MAX_BATCH_MESSAGES):
             try:
                 parts = self._recv_message()
             except zmq.Again:
+                drained = True
                 break
             if parts is not None:
                 self._dispatch(parts)
             if self.failure is not None:
-                return
+                return False
         for hook in self.after_batch:
             self.guarded(hook)
+        return drained
 
     def _recv_message(self) -> list | None:
         """One whole message, read frame by frame so its size and frame count are checked
         before the rest of it is kept: an over-limit message is read to its end, dropped and
         answered with one error (None returned). Raises zmq.Again when nothing is waiting.
 
-        zmq hands over a multipart message only once all of it has arrived, so its own
-        buffering is bounded by wire.MAX_FRAME_BYTES per frame and the HWM, not here."""
+        zmq hands over a multipart message only once all of it has arrived, buffering every
+        frame until then: what it holds of one message is bounded by kera.net.inflow (which
+        counts the message read here against its connection), not here."""
         frame = self.router.recv(copy=False, flags=zmq.NOBLOCK)
         parts, size, more = [frame], 0, frame.more
+        size_max = self.message_bytes_max
         while more:
             frame = self.router.recv(copy=False)   # the rest of a message is already queued
             more = frame.more
             parts.append(frame)
             size += len(frame)
-            if len(parts) - 2 > wire.MAX_FRAMES or size > wire.MESSAGE_BYTES_MAX:
+            if len(parts) - 2 > wire.MAX_FRAMES or size > size_max:
                 frames_total = len(parts) + self._discard_rest(more)
+                self.inflow.read_from(frame)
                 self._refuse_oversized(parts, size, frames_total)
                 return None
+        self.inflow.read_from(frame)
         return parts
 
     def _discard_rest(self, more: bool) -> int:
@@ -510,14 +548,14 @@ class Server:
 
     def _refuse_oversized(self, parts: list, size: int, frames_total: int) -> None:
         log.warning("%s: refused a message of %d frames (over %d payload frames or %d bytes)",
-                    self.name, frames_total, wire.MAX_FRAMES, wire.MESSAGE_BYTES_MAX)
+                    self.name, frames_total, wire.MAX_FRAMES, self.message_bytes_max)
         req_id = None
         try:
             req_id = wire.request_id_of(wire.unpack_header(parts[1].buffer))
         except BadRequest:
             pass
         err = BadRequest(f"message of {frames_total} frames is over the limit of "
-                         f"{wire.MAX_FRAMES} payload frames and {wire.MESSAGE_BYTES_MAX} bytes")
+                         f"{wire.MAX_FRAMES} payload frames and {self.message_bytes_max} bytes")
         self._send(parts[0].bytes, wire.error_reply(req_id, err), ())
 
     def _dispatch(self, parts: list) -> None:
@@ -580,11 +618,22 @@ class Server:
         for address in list(self.peers):
             self.drop_peer(address)
         linger_ms = self.close_linger_ms if self.failure is None else FAILURE_REPLY_LINGER_MS
+        if self.inflow.monitor is not None:
+            self.poller.unregister(self.inflow.monitor)
+        self.inflow.close()   # before the router (InflowWatch.close)
         self.router.close(linger=linger_ms)
         if self.zap is not None:
             self.poller.unregister(self.zap.zap_socket)
             self.zap.stop()
             self.zap = None
+
+
+def message_bytes_max(frame_bytes_max: int) -> int:
+    """The largest request a daemon takes, all frames: a daemon whose frames are bounded
+    below a chunk takes headers alone (the coordinator), others a replication write."""
+    if frame_bytes_max < wire.MAX_FRAME_BYTES:
+        return frame_bytes_max
+    return wire.MESSAGE_BYTES_MAX
 
 
 def _check_current(zap: ZapHandler | None, frame, principal) -> None:
