@@ -616,8 +616,16 @@ class Coordinator:
     def _stream(self, name: str) -> Stream:
         stream = self.streams.get(name)
         if stream is None:
-            raise UnknownStream(f"no stream named '{name}'{_closest(name, self.streams)}")
+            raise UnknownStream(f"no stream named '{name}'{_closest(name, self._visible())}")
         return stream
+
+    def _visible(self):
+        """The stream names the caller may describe: a suggestion never names one the ACLs
+        hide from it."""
+        may = ops.caller_may(self, "describe", "stream")
+        if may is None or len(self.streams) > SUGGEST_AMONG_MAX:
+            return self.streams
+        return [n for n in self.streams if may(n)]
 
     def _issue_token(self) -> str:
         return (self._token_source or new_token)()
