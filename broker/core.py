@@ -21,7 +21,8 @@ from kera.broker.group import Group
 from kera.broker.locks import check_condition
 from kera.broker.placement import Placement
 from kera.broker.producers import APPEND, DUPLICATE, GAP, Entry, ProducerTable
-from kera.broker.reads import U32_MAX, U64_MAX, Reads, check_uint, streamlet_unknown
+from kera.broker.reads import (U32_MAX, U64_MAX, Reads, check_named, check_uint,
+                               streamlet_unknown)
 from kera.broker.repair import Repairs
 from kera.broker.retention import Retention
 from kera.broker.segment_pool import SEGMENT_POOL_BYTES, SegmentPool
@@ -372,7 +373,7 @@ class Broker:
             raise UnknownStream(f"unknown stream id {h.stream_id}", retriable=True)
         info = stream.info
         if check is not None:
-            check(info.name)
+            check_named(check, info.name, h.stream_id)
         sl = h.streamlet
         if sl >= info.streamlets:
             raise streamlet_unknown(info, sl)

@@ -20,8 +20,8 @@ from kera.broker.txn_writes import ISOLATIONS, READ_COMMITTED, TxnWrites, filter
 from kera.codec import wire
 from kera.codec.frame_pack import pack
 from kera.daemon.metrics import Counters
-from kera.errors import (BadRequest, KeraError, NotOwner, NotReady, OffsetOutOfRange,
-                         PositionLost, UnknownStream)
+from kera.errors import (BadRequest, KeraError, NotAuthorized, NotOwner, NotReady,
+                         OffsetOutOfRange, PositionLost, UnknownStream)
 
 FETCH_GROUPS_MAX = 64                    # groups described per fetch read (protocol)
 FETCH_READS_MAX = 4096                   # reads in one fetch request
@@ -217,7 +217,7 @@ class Reads:
         """Apply an access check to stream `sid`'s name (an unknown id is left to the read)."""
         stream = self.streams.get(sid)
         if stream is not None:
-            check(stream.info.name)
+            check_named(check, stream.info.name, sid)
 
     def _check_epoch(self, sid: int, sl: int, epoch: int | None, current: int | None) -> None:
         """A cursor of another history than the streamlet's `current` one is refused: its
@@ -362,6 +362,19 @@ def _stable_entry(group, idx) -> list:
     if end < entry[3]:
         entry[3], entry[4] = end, False
     return entry
+
+
+def check_named(check, name: str, sid: int) -> None:
+    """`check(name)` for stream `sid`; a stream whose name the caller may not even describe is
+    refused exactly as an unknown id, so stream ids cannot be probed for which exist and what
+    they are called (a check without `may_describe` refuses as it is)."""
+    try:
+        check(name)
+    except NotAuthorized:
+        may_describe = getattr(check, "may_describe", None)
+        if may_describe is not None and not may_describe(name):
+            raise UnknownStream(f"unknown stream id {sid}", retriable=True) from None
+        raise
 
 
 def streamlet_unknown(info: StreamInfo, sl: int) -> NotReady:

@@ -173,4 +173,25 @@ class Guard:
         if principal is None or principal.role == "admin" or \
                 (op is not None and principal.role in RULES.get(op, Rule()).roles):
             return None
-        return lambda name: self.require(principal, operation, resource_type, name)
+        return ResourceCheck(self, principal, operation, resource_type)
+
+
+class ResourceCheck:
+    """`check(name)`: NotAuthorized unless the principal may do the operation to the resource.
+    `may_describe(name)` tells a daemon that knows resources by id whether the principal may
+    even learn the name: a broker answers a stream it may not describe as an unknown id."""
+
+    __slots__ = ("guard", "principal", "operation", "resource_type")
+
+    def __init__(self, guard: "Guard", principal: Principal, operation: str, resource_type: str):
+        self.guard = guard
+        self.principal = principal
+        self.operation = operation
+        self.resource_type = resource_type
+
+    def __call__(self, name: str) -> None:
+        self.guard.require(self.principal, self.operation, self.resource_type, name)
+
+    def may_describe(self, name: str) -> bool:
+        return self.guard.acls.allowed(self.principal, "describe", self.resource_type, name)
+

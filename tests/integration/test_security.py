@@ -142,6 +142,42 @@ def test_a_client_key_cannot_delete_or_read_a_stream_without_a_grant(cluster, ad
     assert name in [s["name"] for s in admin.list_streams()]
 
 
+def test_a_broker_answers_a_stream_id_the_key_may_not_describe_as_an_unknown_one(cluster, admin):
+    """Probing ids tells a client key nothing: a stream it may not describe is answered exactly
+    as an id no stream has (same code, same message shape), on every broker op that takes an
+    id; once it may describe the stream, a refusal names what is missing."""
+    name = stream(admin, streamlets=2)   # one per broker: later tests' placements stay even
+    info = admin.describe_stream(name)
+    sid, owner = info["id"], info["brokers"][str(info["placement"][0])]
+    absent = sid + 100_000
+
+    def refusals(target: int) -> list:
+        out = []
+        with client_conn(cluster, owner) as conn:
+            with pytest.raises(KeraError) as exc:
+                conn.call("offsets", {"sid": target, "sl": 0})
+            out.append((exc.value.code, exc.value.message))
+            header, _ = conn.call("fetch", {"reads": [[target, 0, {"low": 0, "offsets": {}},
+                                                       1 << 16]]})
+            error = header["results"][0][0]
+            out.append((error[0], error[1]))
+            header, _ = conn.call("produce", None,
+                                  [chunk.encode(77, 0, target, 0, [b"probe"])])
+            result = header["results"][0]
+            out.append((result[0], result[1]))
+        return [(code, text.replace(str(target), "ID")) for code, text in out]
+
+    hidden, unknown = refusals(sid), refusals(absent)
+    assert hidden == unknown and all(code == "unknown_stream" for code, _ in hidden), hidden
+    assert not any(name in text for _, text in hidden)
+    admin.add_acls([["client", "allow", "describe", "stream", name, "literal"]])
+    wait_brokers_caught_up(cluster, admin)
+    with client_conn(cluster, owner) as conn:
+        conn.call("offsets", {"sid": sid, "sl": 0})             # may describe: answered
+        header, _ = conn.call("fetch", {"reads": [[sid, 0, {"low": 0, "offsets": {}}, 1 << 16]]})
+        assert header["results"][0][0][0] == "not_authorized" and name in header["results"][0][0][1]
+
+
 def test_a_deny_overrides_an_allow(cluster, admin):
     name = stream(admin)
     admin.add_acls([["client", "allow", "all", "stream", "sec-", "prefixed"]])
@@ -167,7 +203,9 @@ def test_a_deny_overrides_an_allow(cluster, admin):
 
 
 def test_a_broker_key_cannot_act_as_another_broker(cluster, admin):
-    name = stream(admin, replication=2, streamlets=2)
+    # Four streamlets: broker 0 owns some (its replicas are read below) however uneven the
+    # module's earlier streams left the placement.
+    name = stream(admin, replication=2, streamlets=4)
     values = [b"kept-%d" % i for i in range(200)]
     with Producer(cluster.bootstrap, key_file=str(cluster.keys.admin)) as p:
         p.send_batch(name, values)
